@@ -1,0 +1,119 @@
+"""BandwidthMap: what preflight measured, as versioned JSON; the planner's input.
+
+Bandwidths are nccl-tests bus bandwidths in GB/s (busbw, which is comparable across
+collective sizes and ranks): `intra_node_busbw_gbs` from all_reduce_perf over all GPUs of one
+node, `inter_node_busbw_gbs` from all_reduce_perf over all GPUs of a node pair. The planner
+derives the per-GPU network bandwidth as inter / gpus_per_node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BWMAP_VERSION = 1
+
+
+class BandwidthMapError(ValueError):
+    """A BandwidthMap file that cannot be used; the message names the file and field."""
+
+
+@dataclass
+class NodeReport:
+    host: str
+    gpus: int = 0
+    gpu_model: str | None = None
+    driver: str | None = None
+    links: dict[str, dict[str, str]] = field(default_factory=dict)
+    nvlink_groups: list[list[int]] = field(default_factory=list)
+    gpu_nic: dict[str, str] = field(default_factory=dict)
+    intra_busbw_gbs: float | None = None
+    status: str = "pass"
+
+
+@dataclass
+class PairReport:
+    a: str
+    b: str
+    busbw_gbs: float
+    status: str = "pass"
+
+
+@dataclass
+class CheckResult:
+    node: str
+    check: str
+    status: str  # pass | warn | fail
+    value: Any = None
+    threshold: Any = None
+    message: str = ""
+
+
+@dataclass
+class BandwidthMap:
+    nodes: dict[str, NodeReport] = field(default_factory=dict)
+    pairs: list[PairReport] = field(default_factory=list)
+    checks: list[CheckResult] = field(default_factory=list)
+    intra_node_busbw_gbs: float | None = None
+    inter_node_busbw_gbs: float | None = None
+    exclude: list[str] = field(default_factory=list)
+    commands: list[str] = field(default_factory=list)
+    created: str | None = None
+    source: str = "preflight"
+    version: int = BWMAP_VERSION
+
+    @property
+    def ratio(self) -> float | None:
+        if self.intra_node_busbw_gbs and self.inter_node_busbw_gbs:
+            return self.intra_node_busbw_gbs / self.inter_node_busbw_gbs
+        return None
+
+    @property
+    def healthy_hosts(self) -> list[str]:
+        return [h for h in self.nodes if h not in self.exclude]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["ratio"] = self.ratio
+        return d
+
+    def save(self, path: str | Path) -> None:
+        p = Path(path)
+        tmp = p.with_suffix(p.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        tmp.replace(p)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "bandwidth map") -> BandwidthMap:
+        if not isinstance(data, dict):
+            raise BandwidthMapError(f"{where}: expected a JSON object")
+        if data.get("version") != BWMAP_VERSION:
+            raise BandwidthMapError(f"{where}: version {data.get('version')!r} is not supported "
+                                    f"(expected {BWMAP_VERSION})")
+        try:
+            return cls(
+                nodes={h: NodeReport(**n) for h, n in data.get("nodes", {}).items()},
+                pairs=[PairReport(**p) for p in data.get("pairs", [])],
+                checks=[CheckResult(**c) for c in data.get("checks", [])],
+                intra_node_busbw_gbs=data.get("intra_node_busbw_gbs"),
+                inter_node_busbw_gbs=data.get("inter_node_busbw_gbs"),
+                exclude=list(data.get("exclude", [])),
+                commands=list(data.get("commands", [])),
+                created=data.get("created"),
+                source=data.get("source", "preflight"),
+            )
+        except TypeError as exc:
+            raise BandwidthMapError(f"{where}: malformed ({exc})") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> BandwidthMap:
+        try:
+            data = json.loads(Path(path).read_text())
+        except OSError as exc:
+            raise BandwidthMapError(f"{path}: cannot read bandwidth map ({exc.strerror})") from None
+        except json.JSONDecodeError as exc:
+            raise BandwidthMapError(f"{path}: not JSON (line {exc.lineno}: {exc.msg})") from None
+        return cls.from_dict(data, where=str(path))

@@ -1,0 +1,17 @@
+"""User-facing errors: the CLI turns these into one line on stderr and exit code 2."""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Bad input from a person (a job file, a flag, a missing file): no traceback, exit 2."""
+
+    exit_code = 2
+
+
+class SpecError(UserError):
+    """A job-file value is wrong; the message starts with its dotted path."""
+
+    def __init__(self, path: str, message: str):
+        self.path = path
+        super().__init__(f"{path}: {message}" if path else message)

@@ -1,0 +1,105 @@
+"""Rank layout: which global rank sits on which node and GPU, and which ranks form each group.
+
+The rank grid is one row-major array over `mesh_order` (outer→inner, default pp, dp, cp, tp),
+as picotron's `arange(world).view(...)`: consecutive ranks form a TP group, and with
+gpus_per_node divisible by tp every TP group lands on one node. Inside a node, GPUs are taken
+in `gpu_order`, which puts NVLink-connected GPUs next to each other when the BandwidthMap says
+the node is not fully connected.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from launcher.plan import RankPlacement
+
+DEFAULT_ORDER = ("pp", "dp", "cp", "tp")
+
+
+def strides(degrees: dict[str, int], mesh_order: Sequence[str]) -> dict[str, int]:
+    out, acc = {}, 1
+    for dim in reversed(mesh_order):
+        out[dim] = acc
+        acc *= degrees[dim]
+    return out
+
+
+def coords_of(rank: int, degrees: dict[str, int], mesh_order: Sequence[str]) -> dict[str, int]:
+    st = strides(degrees, mesh_order)
+    return {dim: (rank // st[dim]) % degrees[dim] for dim in mesh_order}
+
+
+def groups(degrees: dict[str, int], mesh_order: Sequence[str], dim: str) -> list[list[int]]:
+    """Every group of ranks that differ only in coordinate `dim` (e.g. all TP groups)."""
+    st = strides(degrees, mesh_order)
+    others = [d for d in mesh_order if d != dim]
+    out = []
+    for combo in itertools.product(*(range(degrees[d]) for d in others)):
+        base = sum(c * st[d] for c, d in zip(combo, others))
+        out.append([base + i * st[dim] for i in range(degrees[dim])])
+    return out
+
+
+def placements(degrees: dict[str, int], mesh_order: Sequence[str], gpus_per_node: int,
+               gpu_order: Sequence[int] | None = None) -> list[RankPlacement]:
+    world = 1
+    for dim in mesh_order:
+        world *= degrees[dim]
+    order = list(gpu_order) if gpu_order else list(range(gpus_per_node))
+    return [RankPlacement(rank=r, node=r // gpus_per_node, local_rank=r % gpus_per_node,
+                          gpu=order[r % gpus_per_node], coords=coords_of(r, degrees, mesh_order))
+            for r in range(world)]
+
+
+def groups_node_local(group_list: list[list[int]], gpus_per_node: int) -> bool:
+    return all(len({r // gpus_per_node for r in g}) == 1 for g in group_list)
+
+
+def nodes_spanned(group: Sequence[int], gpus_per_node: int) -> int:
+    return len({r // gpus_per_node for r in group})
+
+
+def gpu_order_from_nvlink_groups(nvlink_groups: Sequence[Sequence[int]], gpus_per_node: int) -> list[int]:
+    """GPU indices ordered so NVLink-connected GPUs are adjacent (islands first, largest first).
+
+    On a fully connected NVSwitch node this is the identity. On a PCIe box with bridged pairs
+    ([[0, 2], [1, 3]]) it gives [0, 2, 1, 3], so TP=2 groups land on bridged pairs.
+    """
+    seen: list[int] = []
+    for grp in sorted((sorted(g) for g in nvlink_groups), key=lambda g: (-len(g), g)):
+        seen.extend(i for i in grp if i not in seen and i < gpus_per_node)
+    seen.extend(i for i in range(gpus_per_node) if i not in seen)
+    return seen
+
+
+def tp_blocks_on_nvlink(gpu_order: Sequence[int], nvlink_groups: Sequence[Sequence[int]], tp: int) -> bool:
+    """True when every block of `tp` consecutive local ranks lies inside one NVLink island."""
+    if tp == 1:
+        return True
+    island = {g: i for i, grp in enumerate(nvlink_groups) for g in grp}
+    for start in range(0, len(gpu_order), tp):
+        block = gpu_order[start:start + tp]
+        if len({island.get(g, ("alone", g)) for g in block}) != 1:
+            return False
+    return True
+
+
+def rank_map_table(ranks: Sequence[RankPlacement], mesh_order: Sequence[str], gpus_per_node: int,
+                   max_nodes: int = 8) -> str:
+    """A compact nodes × GPUs grid, each cell the rank's coordinates (e.g. p0d1c0t3)."""
+    letters = {"pp": "p", "dp": "d", "cp": "c", "tp": "t"}
+    by_node: dict[int, list[RankPlacement]] = {}
+    for r in ranks:
+        by_node.setdefault(r.node, []).append(r)
+    node_ids = sorted(by_node)
+    cells = {r.rank: "".join(f"{letters[d]}{r.coords[d]}" for d in mesh_order) for r in ranks}
+    width = max(len(c) for c in cells.values())
+    lines = ["node  " + " ".join(f"gpu{g}".ljust(width) for g in range(gpus_per_node))]
+    shown = node_ids if len(node_ids) <= max_nodes else node_ids[: max_nodes // 2] + node_ids[-max_nodes // 2:]
+    for i, n in enumerate(shown):
+        if len(node_ids) > max_nodes and i == max_nodes // 2:
+            lines.append(f"...   ({len(node_ids) - max_nodes} more nodes)")
+        row = sorted(by_node[n], key=lambda r: r.gpu)
+        lines.append(f"{n:<5} " + " ".join(cells[r.rank].ljust(width) for r in row))
+    return "\n".join(lines)
