@@ -1,0 +1,31 @@
+# The two commands a new user needs:  `make demo` (install, then run the main job here)
+# and `make test` (install what the tests need, start their services, run them).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+
+.PHONY: install demo test lint bench clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch pinned to the CPU build (a bare range would pull a multi-GB CUDA build)
+	$(PIP) install -q "torch==2.13.0" numpy
+	$(PIP) install -q -e '.[train,test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(VENV)/bin/launch plan examples/llama3-70b-64xh100.yaml
+
+test: install
+	bash .ci/setup-services.sh
+	$(VENV)/bin/ruff check launcher checks tests benchmarks
+	$(PY) -m pytest -q -p no:cacheprovider
+
+bench: install
+	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info
