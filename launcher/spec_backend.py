@@ -35,6 +35,13 @@ class SlurmSpec:
     gres_gpus: bool = True
     python: str = "python3"
     setup: list[str] = field(default_factory=list)
+    # SSH submission (login_host set): host keys are checked against known_hosts; an unknown
+    # host is refused unless accept_unknown_host is true. identity_file names a key file.
+    identity_file: str | None = None
+    known_hosts: str | None = None
+    accept_unknown_host: bool = False
+    ssh_timeout_s: int = bounded(15, 1)
+    master_port: int | None = bounded(None, 1024, 65535)
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,11 @@ class K8sSpec:
     backoff_limit: int = bounded(3, 0)
     ttl_seconds_after_finished: int | None = bounded(None, 0)
     env_from_secrets: list[str] = field(default_factory=list)
+    restart_policy: Literal["OnFailure", "Never", "ExitCode", "Always"] = "OnFailure"
+    pvc: str | None = None
+    master_port: int = bounded(23456, 1024, 65535)
+    kubeconfig: str | None = None
+    context: str | None = None
 
 
 @dataclass(frozen=True)

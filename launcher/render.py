@@ -1,0 +1,355 @@
+"""Render a Plan into an sbatch script or a PyTorchJob manifest (Jinja over templates/).
+
+The user's `--templates DIR` is searched first, file by file, then the templates shipped in the
+wheel. Values are shaped here, in Python, so templates stay declarative and the checks can be
+tested: every user string that reaches a shell goes through `q` (shlex.quote), every value on an
+#SBATCH line through `sbatch` (a strict character set), every Kubernetes name through `k8sname`
+(RFC 1123), every YAML scalar through `yq` (JSON, which is YAML). Undefined variables are errors.
+Nothing depends on the clock: the same input renders the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import UserError
+from launcher.plan import Plan
+from launcher.spec import JobSpec
+
+PLAN_MOUNT = "/etc/launch4d"
+SBATCH_SAFE = re.compile(r"^[A-Za-z0-9._:+@,=/%\[\]-]+$")
+RFC1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Names that look like credentials are refused in backend.env: reference a Secret instead.
+SECRET_WORDS = re.compile(r"(SECRET|PASSWORD|PASSWD|TOKEN|API_?KEY|CREDENTIAL|PRIVATE_KEY)", re.I)
+# A PyTorchJob's pods are named <name>-worker-<i>; keep the name short enough for that.
+K8S_NAME_MAX = 50
+
+
+@dataclass
+class Rendered:
+    """What `launch render` writes into a run dir: file name -> text; `main` is the script/manifest."""
+
+    backend: str
+    run_dir: str
+    main: str
+    files: dict[str, str] = field(default_factory=dict)
+
+    def write(self, directory: str | Path) -> list[Path]:
+        """Write every file atomically; the run dir's logs/ is created for Slurm's output files."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "logs").mkdir(exist_ok=True)
+        out = []
+        for name, text in sorted(self.files.items()):
+            p = d / name
+            tmp = p.with_name(p.name + ".tmp")
+            tmp.write_text(text)
+            if name.endswith(".sbatch"):
+                tmp.chmod(0o755)
+            tmp.replace(p)
+            out.append(p)
+        return out
+
+
+# --- filters ---------------------------------------------------------------------------------
+def shell_quote(value: Any) -> str:
+    return shlex.quote(str(value))
+
+
+def sbatch_value(value: Any) -> str:
+    s = str(value)
+    if not SBATCH_SAFE.match(s):
+        raise UserError(f"{s!r} cannot go on an #SBATCH line (allowed: letters, digits and ._:+@,=/%[]-)")
+    return s
+
+
+def check_k8s_name(value: Any, what: str = "name", limit: int = 63) -> str:
+    s = str(value)
+    if len(s) > limit or not RFC1123_LABEL.match(s):
+        raise UserError(f"{what}: {s!r} is not a valid Kubernetes name (RFC 1123: lowercase letters, digits "
+                        f"and '-', starting and ending with a letter or digit, at most {limit} characters)")
+    return s
+
+
+def yaml_scalar(value: Any) -> str:
+    """JSON is YAML: any string, list or mapping renders safely on one line."""
+    return json.dumps(value, sort_keys=True)
+
+
+@cache
+def _package_dir() -> Path:
+    import templates
+
+    return Path(templates.__file__).resolve().parent
+
+
+def environment(user_dir: str | Path | None = None):
+    import jinja2
+
+    search = []
+    if user_dir is not None:
+        p = Path(user_dir)
+        if not p.is_dir():
+            raise UserError(f"--templates {user_dir}: not a directory")
+        search.append(str(p))
+    search.append(str(_package_dir()))
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(search), undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                             autoescape=False)
+    env.filters.update(q=shell_quote, sbatch=sbatch_value, k8sname=check_k8s_name, yq=yaml_scalar)
+    return env
+
+
+def render_template(name: str, context: dict[str, Any], user_dir: str | Path | None = None) -> str:
+    import jinja2
+
+    env = environment(user_dir)
+    try:
+        return env.get_template(name).render(**context)
+    except jinja2.TemplateNotFound:
+        raise UserError(f"template {name} not found (searched {user_dir or ''} and the shipped templates)") from None
+    except jinja2.UndefinedError as exc:
+        raise UserError(f"template {name}: {exc.message}") from None
+    except jinja2.TemplateSyntaxError as exc:
+        raise UserError(f"template {exc.filename or name}:{exc.lineno}: {exc.message}") from None
+
+
+# --- shared context -------------------------------------------------------------------------
+def diagnostics_env(spec: JobSpec, run_dir: str, extra: dict[str, str] | None = None) -> list[tuple[str, str]]:
+    """NCCL / PyTorch observability variables from the job's `diagnostics` section."""
+    d = spec.diagnostics
+    env: list[tuple[str, str]] = []
+    if d.nccl_debug != "off":
+        env.append(("NCCL_DEBUG", d.nccl_debug))
+        if d.nccl_debug_subsys:
+            env.append(("NCCL_DEBUG_SUBSYS", d.nccl_debug_subsys))
+        env.append(("NCCL_DEBUG_FILE", f"{run_dir}/logs/nccl/%h.%p.log"))
+    env.append(("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"))
+    if d.flight_recorder:
+        env += [("TORCH_NCCL_TRACE_BUFFER_SIZE", str(d.flight_recorder_entries)),
+                ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"),
+                ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", f"{run_dir}/logs/flight/rank_")]
+    env += [("LAUNCH4D_INIT_TIMEOUT_S", str(d.init_timeout_s)),
+            ("LAUNCH4D_COLLECTIVE_TIMEOUT_S", str(d.collective_timeout_s)),
+            ("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", str(max(d.collective_timeout_s, 60)))]
+    measured = extra or {}
+    ifname = d.socket_ifname or measured.get("NCCL_SOCKET_IFNAME")
+    hca = d.ib_hca or measured.get("NCCL_IB_HCA")
+    if ifname:
+        env.append(("NCCL_SOCKET_IFNAME", ifname))
+    if hca:
+        env.append(("NCCL_IB_HCA", hca))
+    return env
+
+
+def user_env(spec: JobSpec) -> list[tuple[str, str]]:
+    out = []
+    for key, value in sorted(spec.backend.env.items()):
+        if not ENV_NAME.match(key):
+            raise UserError(f"backend.env.{key}: not a valid environment variable name")
+        if SECRET_WORDS.search(key):
+            raise UserError(f"backend.env.{key}: looks like a secret and would be written into the rendered "
+                            "file; pass it from the submitting shell (Slurm exports it) or name a Kubernetes "
+                            "Secret in backend.k8s.env_from_secrets")
+        out.append((key, value))
+    return out
+
+
+def gpu_lists(plan: Plan) -> list[str]:
+    """Per node (in plan node order), the physical GPU indices in local-rank order."""
+    by_node: dict[int, list[tuple[int, int]]] = {}
+    for r in plan.ranks:
+        by_node.setdefault(r.node, []).append((r.local_rank, r.gpu))
+    return [",".join(str(g) for _, g in sorted(by_node[n])) for n in sorted(by_node)]
+
+
+def _check_plan(spec: JobSpec, plan: Plan) -> None:
+    if len(plan.ranks) != plan.world_size or plan.nodes * plan.gpus_per_node != plan.world_size:
+        raise UserError(f"plan {plan.name}: {len(plan.ranks)} ranks for {plan.nodes} node(s) x "
+                        f"{plan.gpus_per_node} GPU(s); re-run `launch plan`")
+    if plan.hosts and len(plan.hosts) != plan.nodes:
+        raise UserError(f"plan {plan.name}: {len(plan.hosts)} hosts for {plan.nodes} nodes")
+
+
+def default_run_dir(spec: JobSpec, stamp: str) -> str:
+    return str(Path(spec.backend.log_dir).expanduser().resolve() / f"{spec.name}-{stamp}")
+
+
+# --- Slurm ------------------------------------------------------------------------------------
+def slurm_context(spec: JobSpec, plan: Plan, run_dir: str, exclude: list[str] | None = None,
+                  measured_env: dict[str, str] | None = None) -> dict[str, Any]:
+    _check_plan(spec, plan)
+    s = spec.backend.slurm
+    sbatch_value(spec.name)
+    excluded = sorted(set(s.exclude) | set(exclude or []))
+    nodelist = list(s.nodelist) or list(plan.hosts or [])
+    clash = sorted(set(nodelist) & set(excluded))
+    if clash:
+        raise UserError(f"backend.slurm.nodelist: {', '.join(clash)} also excluded (preflight or backend.slurm.exclude)")
+    return {
+        "name": spec.name,
+        "source_name": Path(spec.source).name if spec.source else spec.name,
+        "nodes": plan.nodes,
+        "nproc": plan.gpus_per_node,
+        "gpus_per_node": plan.gpus_per_node if s.gres_gpus else None,
+        "s": s,
+        "exclude": excluded,
+        "nodelist": nodelist,
+        "plan_hosts": list(plan.hosts or []),
+        "gpu_lists": gpu_lists(plan),
+        "run_dir": run_dir,
+        "plan_path": f"{run_dir}/plan.json",
+        "python": s.python,
+        "master_port": s.master_port,
+        "grace_seconds": max(s.signal_seconds - 10, 5),
+        "diag_env": diagnostics_env(spec, run_dir, measured_env),
+        "user_env": user_env(spec),
+    }
+
+
+def bash_syntax_check(script: str, what: str = "sbatch script") -> None:
+    try:
+        proc = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True, timeout=30)
+    except FileNotFoundError:
+        return  # no bash here (a login shell elsewhere will check it); nothing else can
+    if proc.returncode != 0:
+        raise UserError(f"rendered {what} does not parse: {proc.stderr.strip().splitlines()[0]}")
+
+
+def render_slurm(spec: JobSpec, plan: Plan, run_dir: str, templates: str | Path | None = None,
+                 exclude: list[str] | None = None, measured_env: dict[str, str] | None = None) -> Rendered:
+    ctx = slurm_context(spec, plan, run_dir, exclude, measured_env)
+    script = render_template("slurm/train.sbatch.j2", ctx, templates)
+    bash_syntax_check(script)
+    return Rendered("slurm", run_dir, "train.sbatch",
+                    {"train.sbatch": script, "plan.json": plan.to_json() + "\n"})
+
+
+# --- Kubernetes -------------------------------------------------------------------------------
+def k8s_log_dir(spec: JobSpec) -> str:
+    """backend.log_dir inside the pods: a relative one is taken under /workspace."""
+    d = spec.backend.log_dir.rstrip("/") or "/"
+    return d if d.startswith("/") else f"/workspace/{d}"
+
+
+def k8s_context(spec: JobSpec, plan: Plan, run_dir: str) -> dict[str, Any]:
+    _check_plan(spec, plan)
+    k = spec.backend.k8s
+    name = check_k8s_name(spec.name, "name", K8S_NAME_MAX)
+    check_k8s_name(k.namespace, "backend.k8s.namespace")
+    for i, s in enumerate(k.image_pull_secrets):
+        check_k8s_name(s, f"backend.k8s.image_pull_secrets[{i}]", 253)
+    for i, s in enumerate(k.env_from_secrets):
+        check_k8s_name(s, f"backend.k8s.env_from_secrets[{i}]", 253)
+    g = plan.gpus_per_node
+    resources: dict[str, str] = {"nvidia.com/gpu": str(g)}
+    if k.rdma_resource:
+        resources[k.rdma_resource] = "1"
+    if k.cpu:
+        resources["cpu"] = k.cpu
+    if k.memory:
+        resources["memory"] = k.memory
+    plan_path = f"{PLAN_MOUNT}/plan.json"
+    env = [("LAUNCH4D_RUN_DIR", run_dir), ("LAUNCH4D_PLAN", plan_path)]
+    env += diagnostics_env(spec, run_dir) + user_env(spec)
+    lists = gpu_lists(plan)
+    if any(lst != ",".join(str(i) for i in range(g)) for lst in lists):
+        env.append(("LAUNCH4D_GPU_LISTS", " ".join(lists)))
+    q = shell_quote
+    script = "\n".join([
+        "set -euo pipefail",
+        f"mkdir -p {q(run_dir)}/logs/nccl {q(run_dir)}/logs/flight {q(run_dir)}/heartbeat",
+        "node_rank=${PET_NODE_RANK:-${RANK:-0}}",
+        "if [ -n \"${LAUNCH4D_GPU_LISTS:-}\" ]; then lists=( $LAUNCH4D_GPU_LISTS ); "
+        "export CUDA_VISIBLE_DEVICES=${lists[$node_rank]}; fi",
+        f"exec python -m torch.distributed.run --nnodes={plan.nodes} --nproc-per-node={g} "
+        "--node-rank=\"$node_rank\" --rdzv-backend=static --master-addr=\"$MASTER_ADDR\" "
+        "--master-port=\"$MASTER_PORT\" --max-restarts=0 --tee=3 "
+        f"-m launcher.trainer --plan {q(plan_path)} --run-dir {q(run_dir)} --resume auto",
+    ])
+    bash_syntax_check(script, "pod command")
+    return {
+        "name": name,
+        "configmap_name": check_k8s_name(f"{name}-plan", "name"),
+        "k": k,
+        "nodes": plan.nodes,
+        "nproc": g,
+        "resources": resources,
+        "env": env,
+        "command": ["bash", "-c", script],
+        "plan_mount": PLAN_MOUNT,
+        "plan_json": plan.to_json() + "\n",
+        "log_dir": k8s_log_dir(spec),
+        "master_port": k.master_port,
+    }
+
+
+def render_k8s(spec: JobSpec, plan: Plan, run_dir: str | None = None,
+               templates: str | Path | None = None) -> Rendered:
+    run_dir = run_dir or f"{k8s_log_dir(spec)}/{spec.name}"
+    ctx = k8s_context(spec, plan, run_dir)
+    configmap = render_template("k8s/configmap.yaml.j2", ctx, templates)
+    job = render_template("k8s/pytorchjob.yaml.j2", ctx, templates)
+    manifests = parse_manifests(configmap + "---\n" + job)
+    check_manifests(manifests)
+    return Rendered("k8s", run_dir, "manifest.yaml",
+                    {"manifest.yaml": configmap + "---\n" + job, "plan.json": plan.to_json() + "\n"})
+
+
+def parse_manifests(text: str) -> list[dict]:
+    import yaml
+
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise UserError(f"rendered manifest is not valid YAML: {exc}") from None
+    return docs
+
+
+def check_manifests(docs: list[dict]) -> None:
+    """What the PyTorchJob CRD requires, and the pod templates through the kubernetes client's
+    models (which reject unknown fields and wrong shapes as the API server would)."""
+    kinds = [d.get("kind") for d in docs]
+    if kinds != ["ConfigMap", "PyTorchJob"]:
+        raise UserError(f"rendered manifest holds {kinds}; expected a ConfigMap then a PyTorchJob")
+    job = docs[1]
+    if job.get("apiVersion") != "kubeflow.org/v1":
+        raise UserError(f"PyTorchJob apiVersion {job.get('apiVersion')!r}; expected kubeflow.org/v1")
+    specs = (job.get("spec") or {}).get("pytorchReplicaSpecs") or {}
+    if "Master" not in specs or set(specs) - {"Master", "Worker"}:
+        raise UserError(f"PyTorchJob replica types {sorted(specs)}; expected Master and optional Worker")
+    if specs["Master"].get("replicas") != 1:
+        raise UserError("PyTorchJob Master must have exactly 1 replica")
+    for role, rs in specs.items():
+        containers = rs["template"]["spec"]["containers"]
+        if not any(c.get("name") == "pytorch" for c in containers):
+            raise UserError(f"PyTorchJob {role}: no container named 'pytorch' (the operator requires it)")
+        to_model(rs["template"], "V1PodTemplateSpec")
+    to_model(docs[0], "V1ConfigMap")
+
+
+def to_model(obj: dict, kind: str) -> Any:
+    """Deserialize through the kubernetes client's models (validates shapes and required fields)."""
+    import inspect
+
+    from kubernetes.client import ApiClient
+
+    class _Resp:  # older clients deserialize a response object
+        def __init__(self, data: str):
+            self.data = data
+
+    client = ApiClient()
+    try:
+        if "response_text" in inspect.signature(client.deserialize).parameters:
+            return client.deserialize(json.dumps(obj), kind, "application/json")
+        return client.deserialize(_Resp(json.dumps(obj)), kind)
+    except (ValueError, TypeError) as exc:
+        raise UserError(f"rendered {kind} is invalid: {exc}") from None
