@@ -1,0 +1,63 @@
+"""Pure parsers for the outputs of the tools preflight runs (one module per tool).
+
+Each parser takes the text a tool printed and returns a dataclass; input it cannot make sense of
+raises ParseError naming the line, never another exception, so a garbled probe output becomes a
+failed check with a reason instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from typing import Any
+
+ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+class ParseError(ValueError):
+    """Output a parser cannot use; `line_no` (1-based) and `line` say where."""
+
+    def __init__(self, kind: str, message: str, line_no: int | None = None, line: str | None = None):
+        self.kind = kind
+        self.message = message
+        self.line_no = line_no
+        self.line = line
+        where = f" line {line_no}" if line_no is not None else ""
+        shown = f": {line[:120]!r}" if line is not None else ""
+        super().__init__(f"{kind}:{where}: {message}{shown}")
+
+
+def strip_ansi(text: str) -> str:
+    return ANSI_RE.sub("", text)
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Dataclasses (and their `to_dict`) to plain JSON values."""
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [to_jsonable(v) for v in obj]
+    return obj
+
+
+def parser_for(kind: str) -> Callable[[str], Any]:
+    """The parser for a KIND as the CLI names it (topo, nccl-tests, gpu-query, nvlink, ibstat, xid)."""
+    from checks.parsers import gpu_query, ibstat, nccl_tests, nvlink, topo, xid
+
+    table: dict[str, Callable[[str], Any]] = {
+        "topo": topo.parse_topo,
+        "nccl-tests": nccl_tests.parse_nccl_tests_file,
+        "gpu-query": gpu_query.parse_gpu_query,
+        "nvlink": nvlink.parse_nvlink_status,
+        "ibstat": ibstat.parse_ibstat,
+        "xid": xid.parse_xid,
+    }
+    return table[kind]
+
+
+KINDS = ("topo", "nccl-tests", "gpu-query", "nvlink", "ibstat", "xid")

@@ -1,0 +1,182 @@
+"""`ibstat` (infiniband-diags) and `ibv_devinfo` (rdma-core): HCA ports, state, rate, link layer.
+
+ibstat prints, per CA, `CA 'mlx5_0'` then indented `Key: value` lines, with a `Port N:` block per
+port (State, Physical state, Rate, ..., Link layer). ibv_devinfo prints `hca_id: mlx5_0` then
+`port: N` blocks with `state: PORT_ACTIVE (4)`, `active_width: 4X (2)`, `active_speed: 100.0 Gbps
+(64)`, `phys_state: LINK_UP (5)`, `link_layer: InfiniBand`. Both become the same dataclasses.
+A port block without its state, physical state or rate means the output was cut: ParseError.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from checks.parsers import ParseError, strip_ansi
+
+KIND = "ibstat"
+KV_RE = re.compile(r"^([A-Za-z][A-Za-z _-]*?)\s*:\s*(.*)$")
+
+
+@dataclass
+class IbPort:
+    ca: str
+    port: int
+    state: str | None = None  # Active, Down, Initializing, Armed
+    physical_state: str | None = None  # LinkUp, Polling, Disabled
+    rate_gbps: float | None = None
+    link_layer: str | None = None  # InfiniBand | Ethernet
+
+    @property
+    def active(self) -> bool:
+        return (self.state or "").lower() == "active" and (self.physical_state or "").lower() == "linkup"
+
+
+@dataclass
+class IbCa:
+    name: str
+    ca_type: str | None = None
+    firmware: str | None = None
+    ports: list[IbPort] = field(default_factory=list)
+
+
+@dataclass
+class IbStatus:
+    cas: list[IbCa]
+
+    @property
+    def ports(self) -> list[IbPort]:
+        return [p for ca in self.cas for p in ca.ports]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cas": [{"name": c.name, "ca_type": c.ca_type, "firmware": c.firmware,
+                         "ports": [{**vars(p), "active": p.active} for p in c.ports]} for c in self.cas]}
+
+
+def _rate(v: str, line_no: int, line: str) -> float:
+    m = re.match(r"^(\d+(?:\.\d+)?)", v.strip())
+    if not m:
+        raise ParseError(KIND, f"rate {v!r} is not a number", line_no, line)
+    return float(m.group(1))
+
+
+def _check_port(p: IbPort | None, line_no: int, line: str) -> None:
+    if p is None:
+        return
+    missing = [n for n, v in (("State", p.state), ("Physical state", p.physical_state), ("Rate", p.rate_gbps),
+                              ("Link layer", p.link_layer)) if v is None]
+    if missing:
+        raise ParseError(KIND, f"{p.ca} port {p.port}: {', '.join(missing)} missing (truncated?)", line_no, line)
+
+
+def parse_ibstat(text: str) -> IbStatus:
+    lines = strip_ansi(text).splitlines()
+    if any(ln.strip().startswith("hca_id:") for ln in lines):
+        return _parse_ibv_devinfo(lines)
+    cas: list[IbCa] = []
+    port: IbPort | None = None
+    last = (0, "")
+    for i, raw in enumerate(lines):
+        s = raw.strip()
+        if not s:
+            continue
+        m = re.match(r"^CA '([^']+)'$", s)
+        if m:
+            _check_port(port, *last)
+            port = None
+            cas.append(IbCa(name=m.group(1)))
+            last = (i + 1, raw)
+            continue
+        m = re.match(r"^Port (\d+):$", s)
+        if m:
+            if not cas:
+                raise ParseError(KIND, "Port block before any CA line", i + 1, raw)
+            _check_port(port, *last)
+            port = IbPort(ca=cas[-1].name, port=int(m.group(1)))
+            cas[-1].ports.append(port)
+            last = (i + 1, raw)
+            continue
+        m = KV_RE.match(s)
+        if not m or not cas:
+            raise ParseError(KIND, "expected \"CA 'name'\", 'Port N:' or 'Key: value'", i + 1, raw)
+        key, val = m.group(1).strip().lower(), m.group(2).strip()
+        last = (i + 1, raw)
+        if port is None:
+            if key == "ca type":
+                cas[-1].ca_type = val
+            elif key == "firmware version":
+                cas[-1].firmware = val
+            continue
+        if key == "state":
+            port.state = val
+        elif key == "physical state":
+            port.physical_state = val
+        elif key == "rate":
+            port.rate_gbps = _rate(val, i + 1, raw)
+        elif key == "link layer":
+            port.link_layer = val
+    _check_port(port, *last)
+    if not cas:
+        raise ParseError(KIND, "no \"CA '...'\" line: not ibstat output", 1, lines[0] if lines else "")
+    return IbStatus(cas=cas)
+
+
+IBV_STATE = {"PORT_ACTIVE": "Active", "PORT_DOWN": "Down", "PORT_INIT": "Initializing", "PORT_ARMED": "Armed"}
+IBV_PHYS = {"LINK_UP": "LinkUp", "POLLING": "Polling", "DISABLED": "Disabled", "SLEEP": "Sleep"}
+
+
+def _parse_ibv_devinfo(lines: list[str]) -> IbStatus:
+    cas: list[IbCa] = []
+    port: IbPort | None = None
+    width = speed = None
+    last = (0, "")
+
+    def close() -> None:
+        if port is not None and width is not None and speed is not None:
+            port.rate_gbps = width * speed
+        _check_port(port, *last)
+
+    for i, raw in enumerate(lines):
+        s = raw.strip()
+        if not s:
+            continue
+        m = KV_RE.match(s)
+        if not m:
+            raise ParseError(KIND, "expected 'key: value'", i + 1, raw)
+        key, val = m.group(1).strip().lower(), m.group(2).strip()
+        if key == "hca_id":
+            close()
+            port, width, speed = None, None, None
+            cas.append(IbCa(name=val))
+        elif not cas:
+            raise ParseError(KIND, "expected 'hca_id:' first", i + 1, raw)
+        elif key == "port":
+            close()
+            if not val.isdigit():
+                raise ParseError(KIND, f"port {val!r} is not a number", i + 1, raw)
+            port, width, speed = IbPort(ca=cas[-1].name, port=int(val)), None, None
+            cas[-1].ports.append(port)
+        elif key == "fw_ver":
+            cas[-1].firmware = val
+        elif port is not None:
+            word = val.split()[0] if val.split() else ""
+            if key == "state":
+                port.state = IBV_STATE.get(word, word)
+            elif key == "phys_state":
+                port.physical_state = IBV_PHYS.get(word, word)
+            elif key == "link_layer":
+                port.link_layer = val
+            elif key == "active_width":
+                mw = re.match(r"^(\d+)X", val)
+                if not mw:
+                    raise ParseError(KIND, f"active_width {val!r}", i + 1, raw)
+                width = int(mw.group(1))
+            elif key == "active_speed":
+                ms = re.match(r"^(\d+(?:\.\d+)?)\s*Gbps", val)
+                if not ms:
+                    raise ParseError(KIND, f"active_speed {val!r}", i + 1, raw)
+                speed = float(ms.group(1))
+        last = (i + 1, raw)
+    close()
+    return IbStatus(cas=cas)
