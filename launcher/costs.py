@@ -22,10 +22,13 @@ from launcher.ledger import Layout, ParamCounts, param_counts
 
 # --- calibration constants (fitted in benchmarks/calibrate_costs.py; errors printed there) -------
 #: Achievable fraction of peak for large matmul-dominated layers (kernels, norms, softmax included).
-COMPUTE_EFFICIENCY_MAX = 0.64
+COMPUTE_EFFICIENCY_MAX = 0.68
 #: Per-GPU weight-slice size (h·h/tp, millions of elements) at which efficiency is half the maximum:
 #: thin TP slices of small models leave the GPU underfed (Korthikanti 22B vs 530B).
 COMPUTE_EFFICIENCY_HALF_MELEM = 1.5
+#: Tokens per GPU per micro-batch (b·s/cp) at which efficiency is half the maximum: context
+#: parallelism and tiny micro-batches shrink the GEMMs' other dimension.
+COMPUTE_EFFICIENCY_HALF_TOKENS = 128
 #: Fraction of the advertised per-direction NVLink bandwidth an all-reduce reaches (nccl-tests: ~370-480
 #: GB/s busbw on 450 GB/s per direction).
 NVLINK_EFFICIENCY = 0.8
@@ -95,10 +98,13 @@ def step_flops(f: dict[str, float], global_batch: int, recompute: str) -> tuple[
     return 3 * fwd * global_batch, (3 * fwd + extra) * global_batch
 
 
-def compute_efficiency(model, lay: Layout, s: int) -> float:
-    """Achieved fraction of peak, rising with the per-GPU weight slice (thin slices starve the GPU)."""
+def compute_efficiency(model, lay: Layout, seq_len: int, efficiency_max: float | None = None) -> float:
+    """Achieved fraction of peak, rising with the per-GPU weight slice (thin slices starve the GPU).
+    `efficiency_max` (cluster.compute_efficiency) replaces the calibrated ceiling for other stacks."""
     slice_m = model.hidden * model.hidden / lay.tp / 1e6
-    return COMPUTE_EFFICIENCY_MAX * slice_m / (slice_m + COMPUTE_EFFICIENCY_HALF_MELEM)
+    tokens = lay.micro_batch * seq_len / lay.cp
+    return ((efficiency_max or COMPUTE_EFFICIENCY_MAX) * slice_m / (slice_m + COMPUTE_EFFICIENCY_HALF_MELEM)
+            * tokens / (tokens + COMPUTE_EFFICIENCY_HALF_TOKENS))
 
 
 # --- the estimate ---------------------------------------------------------------------------------
@@ -137,7 +143,7 @@ def strides_for(lay: Layout, mesh_order: tuple[str, ...]) -> dict[str, int]:
 
 def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
              mesh_order: tuple[str, ...] = ("pp", "dp", "cp", "tp"),
-             counts: ParamCounts | None = None) -> Estimate:
+             counts: ParamCounts | None = None, efficiency_max: float | None = None) -> Estimate:
     counts = counts or param_counts(model)
     s, b, h = train.seq_len, lay.micro_batch, model.hidden
     m, v, p = lay.grad_accum, lay.virtual_stages, lay.pp
@@ -147,9 +153,11 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
 
     fwd = forward_flops_per_sequence(model, s, counts)
     model_fl, hw_fl = step_flops(fwd, train.global_batch, lay.recompute)
-    eff = compute_efficiency(model, lay, s)
-    # Hardware FLOPs of one micro-batch on one GPU of the busiest stage (layers split evenly).
-    per_mb_gpu = hw_fl / train.global_batch * b / (lay.tp * lay.cp * p)
+    eff = compute_efficiency(model, lay, s, efficiency_max)
+    # Hardware FLOPs of one micro-batch on one GPU of the busiest stage: the last stage carries the
+    # logits and loss on top of its share of the layers, and the pipeline runs at its pace.
+    layer_fl = hw_fl / train.global_batch - 3 * fwd["logits"]
+    per_mb_gpu = (layer_fl / p + 3 * fwd["logits"]) * b / (lay.tp * lay.cp)
     compute_mb = per_mb_gpu / (peak * eff)
 
     layers_stage = model.layers / p

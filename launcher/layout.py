@@ -43,12 +43,14 @@ def groups(degrees: dict[str, int], mesh_order: Sequence[str], dim: str) -> list
 
 def placements(degrees: dict[str, int], mesh_order: Sequence[str], gpus_per_node: int,
                gpu_order: Sequence[int] | None = None) -> list[RankPlacement]:
+    st = strides(degrees, mesh_order)
     world = 1
     for dim in mesh_order:
         world *= degrees[dim]
     order = list(gpu_order) if gpu_order else list(range(gpus_per_node))
+    dims = [(dim, st[dim], degrees[dim]) for dim in mesh_order]
     return [RankPlacement(rank=r, node=r // gpus_per_node, local_rank=r % gpus_per_node,
-                          gpu=order[r % gpus_per_node], coords=coords_of(r, degrees, mesh_order))
+                          gpu=order[r % gpus_per_node], coords={d: (r // k) % n for d, k, n in dims})
             for r in range(world)]
 
 

@@ -15,6 +15,7 @@ Conventions (the seed's, which are Korthikanti et al.'s and the ZeRO paper's):
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 
 GB = 1e9
 GIB = 2**30
@@ -228,35 +229,48 @@ class MemoryLedger:
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in d.items()}
 
 
-def memory_ledger(model, train, gpu, lay: Layout, counts: ParamCounts | None = None) -> MemoryLedger:
-    """Peak bytes on the most loaded GPU: the first stage (embedding, most in-flight activations) or
-    the last (output head, logits), whichever is larger."""
-    counts = counts or param_counts(model)
+@lru_cache(maxsize=65536)
+def _stage_states(model, train, tp: int, pp: int, cp: int, dp: int, ep: int, zero: int) -> tuple[dict, dict]:
+    """State bytes of the first and last pipeline stage (cached: the search revisits them often)."""
+    counts = param_counts(model)
     bpp = bytes_per_param(train.optimizer, train.precision, train.grad_dtype)
-    shard = lay.dp * lay.cp                  # FSDP folds CP into the sharding group
-    layers_per_stage = model.layers / lay.pp
-    dense_stage = counts.layer_dense * layers_per_stage / lay.tp
-    expert_stage = counts.layer_expert * layers_per_stage / (lay.tp * lay.ep)
-    expert_shard = max(1, shard // lay.ep)
+    shard = dp * cp                       # FSDP folds CP into the sharding group
+    layers_per_stage = model.layers / pp
+    dense_stage = counts.layer_dense * layers_per_stage / tp
+    expert_stage = counts.layer_expert * layers_per_stage / (tp * ep)
+    expert_shard = max(1, shard // ep)
 
     def state(extra_dense: float) -> dict[str, float]:
-        a = state_bytes(dense_stage + extra_dense / lay.tp, shard, lay.zero, bpp)
-        b = state_bytes(expert_stage, expert_shard, lay.zero, bpp)
+        a = state_bytes(dense_stage + extra_dense / tp, shard, zero, bpp)
+        b = state_bytes(expert_stage, expert_shard, zero, bpp)
         return {k: a[k] + b[k] for k in a}
 
+    first = state(counts.embedding + (counts.head + counts.final_norm if pp == 1 else 0))
+    last = state(counts.head + counts.final_norm)
+    return first, last
+
+
+@lru_cache(maxsize=65536)
+def _layer_activations(model, s: int, b: int, mode: str, tp: int, cp: int) -> float:
+    return layer_activation_bytes(s, b, model.hidden, model.heads, mode, tp=tp, cp=cp,
+                                  ffn=model.ffn_hidden, mlp=model.mlp)
+
+
+def memory_ledger(model, train, gpu, lay: Layout) -> MemoryLedger:
+    """Peak bytes on the most loaded GPU: the first stage (embedding, most in-flight activations) or
+    the last (output head, logits), whichever is larger."""
+    first_state, last_state = _stage_states(model, train, lay.tp, lay.pp, lay.cp, lay.dp, lay.ep, lay.zero)
     s, b = train.seq_len, lay.micro_batch
-    per_layer = layer_activation_bytes(s, b, model.hidden, model.heads, lay.recompute, tp=lay.tp, cp=lay.cp,
-                                       ffn=model.ffn_hidden, mlp=model.mlp)
+    layers_per_stage = model.layers / lay.pp
+    per_layer = _layer_activations(model, s, b, lay.recompute, lay.tp, lay.cp)
     held = in_flight_microbatches(lay.schedule, lay.pp, lay.grad_accum, lay.virtual_stages)
     act_first = per_layer * layers_per_stage * held
     act_last = per_layer * layers_per_stage * (1.0 if lay.pp > 1 and lay.schedule != "gpipe" else held)
     logits = logits_bytes(s, b, model.vocab, tp=lay.tp, cp=lay.cp, chunk=train.loss_chunk)
     logits_full = logits_bytes(s, b, model.vocab, tp=lay.tp, cp=lay.cp)
-    zero3 = 2 * counts.per_layer / lay.tp * bpp.param if lay.zero >= 3 else 0.0
+    zero3 = 2 * _layer_params(model) / lay.tp * (4 if train.precision == "fp32" else 2) if lay.zero >= 3 else 0.0
     buffers = BUFFER_FIXED_GB * GB + BUFFER_FRACTION * gpu.memory_gb * GB
 
-    first_state = state(counts.embedding + (counts.head + counts.final_norm if lay.pp == 1 else 0))
-    last_state = state(counts.head + counts.final_norm)
     first = sum(first_state.values()) + act_first + (logits if lay.pp == 1 else 0)
     last = sum(last_state.values()) + act_last + logits
     if lay.pp == 1 or first >= last:
@@ -270,3 +284,8 @@ def memory_ledger(model, train, gpu, lay: Layout, counts: ParamCounts | None = N
         zero3_buffers_gb=zero3 / GB, buffers_gb=buffers / GB, per_gpu_gb=total / GB,
         capacity_gb=float(gpu.memory_gb), worst_stage=worst if lay.pp > 1 else "only",
     )
+
+
+@lru_cache(maxsize=256)
+def _layer_params(model) -> int:
+    return param_counts(model).per_layer

@@ -87,6 +87,7 @@ class ClusterSpec:
     gpu: Any = "h100-sxm"
     network_gbs_per_gpu: float | None = bounded(None, 0.001)
     bwmap: str | None = None
+    compute_efficiency: float | None = bounded(None, 0.01, 1.0)
 
     @property
     def world_size(self) -> int:

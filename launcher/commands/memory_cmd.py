@@ -1,0 +1,139 @@
+"""`launch memory`: the memory ledger — the seed's worked examples, a job's ledger, or ad-hoc figures."""
+
+from __future__ import annotations
+
+import click
+
+from launcher.commands import emit, json_option
+from launcher.ledger import (
+    act_gb,
+    bubble_ratio,
+    bytes_per_param,
+    layer_activation_bytes,
+    per_gpu_state_gb,
+    tp_bytes_per_step,
+)
+
+SEED_MODELS = (7, 13, 70)
+SEED_ACT = dict(s=4096, b=1, h=4096, a=32, layers=32)
+
+
+def seed_tables(world: int = 8) -> dict:
+    """Every table the seed prints, computed by the same functions the planner uses."""
+    bpp = bytes_per_param()
+    return {
+        "bytes_per_param": {"params": bpp.param, "grads": bpp.grad, "optimizer": bpp.optimizer, "total": bpp.total},
+        "state_gb": {n: per_gpu_state_gb(n, 1, 0) for n in SEED_MODELS},
+        "zero_table": [{"stage": st, "world": world,
+                        "gb": [round(per_gpu_state_gb(n, world, st), 1) for n in SEED_MODELS]} for st in range(4)],
+        "activations": [{"mode": mode, "gb_per_sample": round(act_gb(mode=mode, **SEED_ACT), 2)}
+                        for mode in ("none", "selective", "full")],
+        "activation_config": SEED_ACT,
+        "tp_bytes_per_step": tp_bytes_per_step(4096, 1, 4096, 32, tp=8),
+        # the seed's reading of that figure: NVLink 4 (900 GB/s advertised) vs one 400 Gb/s IB port
+        "tp_time_ms": {"nvlink_900gbs": tp_bytes_per_step(4096, 1, 4096, 32, tp=8) / 900e9 * 1e3,
+                       "ib_50gbs": tp_bytes_per_step(4096, 1, 4096, 32, tp=8) / 50e9 * 1e3},
+        "activations_micro_batch_4_gb": round(4 * act_gb(mode="none", **SEED_ACT), 1),
+        "zero1_floor_gb": {n: (bpp.param + bpp.grad) * n for n in SEED_MODELS},
+        "bubble": [{"stages": 8, "micro_batches": m, "bubble": round(bubble_ratio(8, m), 4)} for m in (4, 8, 16, 32, 64)],
+    }
+
+
+def render_seed(t: dict) -> str:
+    b = t["bytes_per_param"]
+    out = [f"bytes per parameter (Adam, bf16): params {b['params']:g} + grads {b['grads']:g} + "
+           f"optimizer {b['optimizer']:g} = {b['total']:g} B",
+           "state memory, one GPU: " + ", ".join(f"{n}B -> {gb:.0f} GB" for n, gb in t["state_gb"].items()),
+           "", "ZeRO stage, per-GPU state (GB) for 7B / 13B / 70B:"]
+    out += [f"  stage {r['stage']}  world={r['world']}  7B/13B/70B -> {r['gb']} GB" for r in t["zero_table"]]
+    c = t["activation_config"]
+    out += ["", f"activations, s={c['s']} b={c['b']} h={c['h']} a={c['a']} L={c['layers']}:"]
+    out += [f"  {r['mode']:10} {r['gb_per_sample']:7.2f} GB / sample" for r in t["activations"]]
+    out.append(f"  micro-batch 4, nothing recomputed: {t['activations_micro_batch_4_gb']:.0f} GB")
+    floor = t["zero1_floor_gb"]
+    out.append("ZeRO 1 never drops below params+grads: " + ", ".join(f"{n}B -> {gb:g} GB" for n, gb in floor.items()))
+    tm = t["tp_time_ms"]
+    out += ["", f"TP bytes per step (s=4096, b=1, h=4096, L=32, tp=8): {t['tp_bytes_per_step'] / 1e9} GB/step",
+            f"  over NVLink 900 GB/s: {tm['nvlink_900gbs']:.1f} ms; over one 400 Gb/s IB port (50 GB/s): "
+            f"{tm['ib_50gbs']:.0f} ms", "",
+            "pipeline bubble (p-1)/m:"]
+    out += [f"  micro_batches={r['micro_batches']:3}  8-stage bubble {r['bubble']:.1%}" for r in t["bubble"]]
+    return "\n".join(out)
+
+
+def adhoc(params: float, world: int, zero: int | None, optimizer: str, precision: str, grad_dtype: str,
+          seq: int | None, batch: int, hidden: int | None, heads: int | None, layers: int | None,
+          recompute: str | None, tp: int, cp: int) -> dict:
+    bpp = bytes_per_param(optimizer, precision, grad_dtype)
+    stages = [zero] if zero is not None else [0, 1, 2, 3]
+    out: dict = {"params": params, "world": world, "bytes_per_param": bpp.total,
+                 "state_gb": [{"stage": st, "gb": round(per_gpu_state_gb(params / 1e9, world, st, bpp), 3)} for st in stages]}
+    if seq and hidden and heads and layers:
+        modes = [recompute] if recompute else ["none", "selective", "full"]
+        out["activations"] = [{"mode": m, "gb": round(layer_activation_bytes(seq, batch, hidden, heads, m, tp=tp, cp=cp)
+                                                      * layers / 1e9, 3)} for m in modes]
+    return out
+
+
+def render_adhoc(d: dict) -> str:
+    out = [f"{d['params']:.3g} parameters at {d['bytes_per_param']:g} B/param over {d['world']} GPUs:"]
+    out += [f"  ZeRO {r['stage']}: {r['gb']:.2f} GB state per GPU" for r in d["state_gb"]]
+    for r in d.get("activations", []):
+        out.append(f"  activations ({r['mode']}): {r['gb']:.2f} GB per micro-batch")
+    return "\n".join(out)
+
+
+@click.command()
+@click.argument("job", required=False, type=click.Path(dir_okay=False))
+@click.option("--params", type=float, help="Parameter count (e.g. 7e9).")
+@click.option("--world", type=click.IntRange(1), default=8, show_default=True, help="GPUs in the sharding group.")
+@click.option("--zero", type=click.IntRange(0, 3), help="ZeRO stage (default: all four).")
+@click.option("--optimizer", type=click.Choice(["adam", "sgd", "adam8bit"]), default="adam", show_default=True)
+@click.option("--precision", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
+@click.option("--grad-dtype", type=click.Choice(["bf16", "fp32"]), default="bf16", show_default=True)
+@click.option("--seq", type=click.IntRange(1), help="Sequence length, for activations.")
+@click.option("--batch", type=click.IntRange(1), default=1, show_default=True, help="Micro-batch.")
+@click.option("--hidden", type=click.IntRange(1))
+@click.option("--heads", type=click.IntRange(1))
+@click.option("--layers", type=click.IntRange(1))
+@click.option("--recompute", type=click.Choice(["none", "selective", "full"]))
+@click.option("--tp", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--cp", type=click.IntRange(1), default=1, show_default=True)
+@json_option
+def memory(job, params, world, zero, optimizer, precision, grad_dtype, seq, batch, hidden, heads, layers,
+           recompute, tp, cp, as_json) -> None:
+    """Print the memory ledger.
+
+    With no arguments: the seed's worked examples (ZeRO table, activation modes, TP bytes, bubble).
+    With JOB: the ledger of the job's planned layout. With --params: state memory by ZeRO stage
+    (and activations with --seq --hidden --heads --layers)."""
+    if job:
+        from launcher.planner import plan_job
+        from launcher.spec import load_spec
+
+        spec = load_spec(job)
+        result = plan_job(spec, top=0)
+        if result.best is None:
+            emit({"fits": False, "memory": None}, as_json, lambda: "no layout fits")
+            raise click.exceptions.Exit(1)
+        p = result.best
+        payload = {"plan": {"degrees": p.degrees, "zero_stage": p.zero_stage, "recompute": p.recompute,
+                            "micro_batch": p.micro_batch}, "memory": p.memory, "fits": p.fits}
+
+        def human() -> str:
+            from launcher.commands.plan_cmd import plan_line
+
+            m = p.memory
+            rows = [(k[:-3], v) for k, v in m.items() if k.endswith("_gb") and k not in ("per_gpu_gb", "capacity_gb")]
+            return "\n".join([plan_line(p)] + [f"  {k:22} {v:9.2f} GB" for k, v in rows]
+                             + [f"  {'total per GPU':22} {m['per_gpu_gb']:9.2f} GB of {m['capacity_gb']:.0f}"])
+        emit(payload, as_json, human)
+        if not p.fits:
+            raise click.exceptions.Exit(1)
+        return
+    if params is not None:
+        d = adhoc(params, world, zero, optimizer, precision, grad_dtype, seq, batch, hidden, heads, layers, recompute, tp, cp)
+        emit(d, as_json, lambda: render_adhoc(d))
+        return
+    t = seed_tables()
+    emit(t, as_json, lambda: render_seed(t))

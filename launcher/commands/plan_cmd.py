@@ -1,0 +1,115 @@
+"""`launch plan`: choose the layout for a job and show why."""
+
+from __future__ import annotations
+
+import click
+
+from launcher.commands import emit, json_option
+from launcher.errors import UserError
+from launcher.plan import Plan
+
+
+def _gb(x: float) -> str:
+    return f"{x:.1f}"
+
+
+def plan_line(p: Plan) -> str:
+    d = p.degrees
+    sched = p.schedule + (f" v={p.virtual_stages}" if p.virtual_stages > 1 else "")
+    return (f"tp={d['tp']} cp={d['cp']} pp={d['pp']} dp={d['dp']} ep={d['ep']} | ZeRO {p.zero_stage} | "
+            f"recompute {p.recompute} | micro-batch {p.micro_batch} × {p.grad_accum} accum | schedule {sched}")
+
+
+def render_plan(p: Plan, title: str = "best") -> str:
+    from launcher.layout import rank_map_table
+
+    m, e = p.memory, p.estimate
+    lines = [
+        f"{title}: {plan_line(p)}",
+        f"  memory per GPU: {_gb(m['per_gpu_gb'])} / {m['capacity_gb']:.0f} GB"
+        f"{'' if p.fits else '  (DOES NOT FIT)'}  = params {_gb(m['params_gb'])} + grads {_gb(m['grads_gb'])}"
+        f" + optimizer {_gb(m['optimizer_gb'])} + activations {_gb(m['activations_gb'])}"
+        f" + logits {m['logits_gb']:.2f} + ZeRO-3 buffers {_gb(m['zero3_buffers_gb'])}"
+        f" + allowance {_gb(m['buffers_gb'])}  [{m['worst_stage']} stage]",
+        f"  estimate: step {e['step_time_s']:.3f} s | {e['tokens_per_s']:,.0f} tokens/s | "
+        f"{e['tflops_per_gpu']:.0f} TFLOP/s per GPU | MFU {e['mfu']:.1%} | HFU {e['hfu']:.1%}",
+        f"            compute {e['compute_s']:.3f} s, TP {e['tp_comm_s']:.3f} s, CP {e['cp_comm_s']:.3f} s, "
+        f"EP {e['ep_comm_s']:.3f} s, bubble {e['bubble_s']:.3f} s ({e['bubble_fraction']:.1%}), "
+        f"DP exposed {e['dp_exposed_s']:.3f} of {e['dp_comm_s']:.3f} s, efficiency {e['efficiency']:.0%}",
+    ]
+    if p.hosts:
+        lines.append(f"  hosts: {', '.join(p.hosts[:8])}{' ...' if len(p.hosts) > 8 else ''}")
+    for w in p.warnings:
+        lines.append(f"  warning: {w}")
+    lines.append("  rank map (cell = coordinates " + "".join(d[0] for d in p.mesh_order) + "):")
+    lines.extend("    " + row for row in rank_map_table(p.ranks, p.mesh_order, p.gpus_per_node).splitlines())
+    return "\n".join(lines)
+
+
+def render_result(spec, result) -> str:
+    c = spec.cluster
+    out = [f"{spec.name}: {spec.model.preset} on {c.nodes} × {c.gpus_per_node} {spec.gpu.name} "
+           f"({c.world_size} GPUs), seq {spec.train.seq_len}, global batch {spec.train.global_batch}",
+           f"bandwidth: {result.bandwidth.source} (intra {result.bandwidth.intra_gbs:.0f} GB/s, "
+           f"inter {result.bandwidth.net_per_gpu_gbs:.1f} GB/s per GPU, ratio {result.bandwidth.ratio:.1f}×)", ""]
+    if result.best is None:
+        out.append("no layout fits.")
+    else:
+        out.append(render_plan(result.best))
+    if result.alternatives:
+        out += ["", "alternatives:",
+                f"  {'tp':>3} {'cp':>3} {'pp':>3} {'dp':>5} {'ep':>3} {'zero':>4} {'recompute':>9} {'mb':>3} "
+                f"{'accum':>5} {'schedule':>18} {'mem GB':>7} {'step s':>8} {'MFU':>6}"]
+        for a in result.alternatives:
+            d = a.degrees
+            sched = a.schedule + (f" v={a.virtual_stages}" if a.virtual_stages > 1 else "")
+            out.append(f"  {d['tp']:>3} {d['cp']:>3} {d['pp']:>3} {d['dp']:>5} {d['ep']:>3} {a.zero_stage:>4} "
+                       f"{a.recompute:>9} {a.micro_batch:>3} {a.grad_accum:>5} {sched:>18} "
+                       f"{a.memory['per_gpu_gb']:>7.1f} {a.estimate['step_time_s']:>8.3f} {a.estimate['mfu']:>6.1%}")
+    rej = ", ".join(f"{k}: {v}" for k, v in sorted(result.rejected.items(), key=lambda kv: -kv[1]))
+    out += ["", f"searched {result.searched} layouts; rejected — {rej or 'none'}"]
+    return "\n".join(out)
+
+
+def previous_plan_warnings(previous: Plan, best: Plan) -> list[str]:
+    """A layout change that changes the global batch is a hyperparameter change (seed)."""
+    old_gb = previous.micro_batch * previous.grad_accum * previous.dp
+    new_gb = best.micro_batch * best.grad_accum * best.dp
+    out = []
+    if old_gb != new_gb or previous.train.get("seq_len") != best.train.get("seq_len"):
+        out.append(f"global batch changed from {old_gb} × {previous.train.get('seq_len')} to {new_gb} × "
+                   f"{best.train.get('seq_len')} tokens against {previous.name}'s plan: a hyperparameter change — "
+                   "re-tune the learning rate")
+    if previous.degrees != best.degrees:
+        out.append(f"degrees changed from {previous.degrees} to {best.degrees}: run a short job and check the loss "
+                   "curve overlaps the previous one (seed failure mode 5)")
+    return out
+
+
+@click.command()
+@click.argument("job", type=click.Path(dir_okay=False))
+@click.option("--bwmap", type=click.Path(dir_okay=False), help="A BandwidthMap from `launch preflight` (overrides cluster.bwmap).")
+@click.option("--top", default=5, show_default=True, type=click.IntRange(0, 100), help="Alternatives to show.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the best plan here (plan.json).")
+@click.option("--previous", type=click.Path(dir_okay=False), help="A previous plan.json to compare against.")
+@json_option
+def plan(job: str, bwmap: str | None, top: int, output: str | None, previous: str | None, as_json: bool) -> None:
+    """Choose TP/CP/PP/DP (+EP), ZeRO stage, recompute and micro-batch for JOB.
+
+    Exit 0 with a plan that fits; 1 when the (fixed) layout does not fit or nothing fits."""
+    from launcher.planner import load_bwmap, plan_job
+    from launcher.spec import load_spec
+
+    spec = load_spec(job)
+    bw, bw_name = load_bwmap(spec, bwmap)
+    prev = Plan.load(previous) if previous else None
+    result = plan_job(spec, bw, top=top, bwmap_name=bw_name)
+    if prev is not None and result.best is not None:
+        result.best.warnings.extend(previous_plan_warnings(prev, result.best))
+    if output:
+        if result.best is None:
+            raise UserError(f"{job}: no layout fits, so no plan was written to {output}")
+        result.best.save(output)
+    emit(result.to_dict(), as_json, lambda: render_result(spec, result))
+    if result.best is None or not result.best.fits:
+        raise click.exceptions.Exit(1)

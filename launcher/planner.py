@@ -1,0 +1,366 @@
+"""Planner: search every valid layout, keep what fits, rank by estimated step time.
+
+A layout is tp·cp·pp·dp = world (ep within dp·cp for MoE) × ZeRO stage × recompute mode ×
+micro-batch × pipeline schedule (× virtual stages). Memory falls monotonically with ZeRO stage
+and recompute, and the time model charges more for both, so for each layout and micro-batch only
+the lowest ZeRO stage that fits is estimated per recompute mode; the rest are counted as dominated.
+Every layout skipped is counted under the reason it was skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from checks.bwmap import BandwidthMap, BandwidthMapError
+from launcher import layout as lay_mod
+from launcher.costs import Bandwidth, Estimate, advertised_bandwidth, estimate
+from launcher.errors import UserError
+from launcher.ledger import Layout, MemoryLedger, ParamCounts, memory_ledger, param_counts
+from launcher.plan import Plan
+from launcher.spec import JobSpec
+
+RECOMPUTE_ORDER = ("none", "selective", "full")
+MAX_VIRTUAL_STAGES = 8
+
+
+def divisors(n: int) -> list[int]:
+    small, large = [], []
+    i = 1
+    while i * i <= n:
+        if n % i == 0:
+            small.append(i)
+            if i * i != n:
+                large.append(n // i)
+        i += 1
+    return small + large[::-1]
+
+
+@dataclass
+class Candidate:
+    layout: Layout
+    ledger: MemoryLedger
+    estimate: Estimate
+
+    def sort_key(self) -> tuple:
+        lay = self.layout
+        return (self.estimate.step_time_s, lay.pp, lay.tp, lay.cp, lay.zero,
+                RECOMPUTE_ORDER.index(lay.recompute), -lay.micro_batch)
+
+
+@dataclass
+class PlanResult:
+    best: Plan | None
+    alternatives: list[Plan]
+    searched: int
+    rejected: dict[str, int]
+    bandwidth: Bandwidth
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "best": self.best.to_dict() if self.best else None,
+            "alternatives": [p.to_dict() for p in self.alternatives],
+            "searched": self.searched,
+            "rejected": dict(sorted(self.rejected.items(), key=lambda kv: -kv[1])),
+            "bandwidth": self.bandwidth.to_dict(),
+            "notes": self.notes,
+        }
+
+
+# --- bandwidth and placement inputs -----------------------------------------------------------
+
+@dataclass
+class Cluster:
+    """What the planner knows about the machines: counts, bandwidth, hosts, GPU order."""
+
+    nodes: int
+    gpus_per_node: int
+    bandwidth: Bandwidth
+    hosts: list[str] | None = None
+    excluded: list[str] = field(default_factory=list)
+    gpu_order: list[int] | None = None
+    nvlink_groups: list[list[int]] | None = None
+
+
+def cluster_from(spec: JobSpec, bwmap: BandwidthMap | None, bwmap_name: str | None) -> Cluster:
+    c = spec.cluster
+    adv = advertised_bandwidth(spec.gpu)
+    if c.network_gbs_per_gpu is not None:
+        adv = dataclasses.replace(adv, source=adv.source + f"; network {c.network_gbs_per_gpu} GB/s per GPU from the job file")
+    if bwmap is None:
+        return Cluster(c.nodes, c.gpus_per_node, adv)
+    healthy = bwmap.healthy_hosts
+    if bwmap.nodes and len(healthy) < c.nodes:
+        raise UserError(f"{bwmap_name}: only {len(healthy)} healthy nodes ({len(bwmap.exclude)} excluded) "
+                        f"but cluster.nodes is {c.nodes}")
+    intra = bwmap.intra_node_busbw_gbs
+    inter = bwmap.inter_node_busbw_gbs
+    parts = []
+    if intra:
+        parts.append(f"intra-node {intra:.1f} GB/s busbw")
+    if inter:
+        parts.append(f"inter-node {inter:.1f} GB/s busbw (= {inter / c.gpus_per_node:.1f} GB/s per GPU)")
+    source = f"measured in {bwmap_name}: " + ", ".join(parts) if parts else adv.source
+    if parts and not (intra and inter):
+        source += "; the rest advertised"
+    bw = Bandwidth(intra_gbs=intra or adv.intra_gbs,
+                   net_per_gpu_gbs=(inter / c.gpus_per_node) if inter else adv.net_per_gpu_gbs,
+                   source=source)
+    hosts = healthy[: c.nodes] if bwmap.nodes else None
+    groups = None
+    order = None
+    if hosts:
+        first = bwmap.nodes[hosts[0]]
+        if first.nvlink_groups:
+            groups = first.nvlink_groups
+            order = lay_mod.gpu_order_from_nvlink_groups(groups, c.gpus_per_node)
+    return Cluster(c.nodes, c.gpus_per_node, bw, hosts=hosts, excluded=list(bwmap.exclude),
+                   gpu_order=order, nvlink_groups=groups)
+
+
+def load_bwmap(spec: JobSpec, override: str | None) -> tuple[BandwidthMap | None, str | None]:
+    path = override or spec.cluster.bwmap
+    if not path:
+        return None, None
+    try:
+        return BandwidthMap.load(path), path
+    except BandwidthMapError as exc:
+        raise UserError(str(exc)) from None
+
+
+# --- the search -------------------------------------------------------------------------------
+
+class Search:
+    def __init__(self, spec: JobSpec, cluster: Cluster):
+        self.spec = spec
+        self.cluster = cluster
+        self.model = spec.model
+        self.train = spec.train
+        self.gpu = spec.gpu
+        self.par = spec.parallel
+        self.counts: ParamCounts = param_counts(spec.model)
+        self.world = cluster.nodes * cluster.gpus_per_node
+        self.searched = 0
+        self.rejected: Counter[str] = Counter()
+        self.candidates: list[Candidate] = []
+        self.unfit: list[Candidate] = []
+        self.mesh_order = tuple(self.par.mesh_order)
+
+    def reject(self, reason: str, n: int = 1) -> None:
+        self.searched += n
+        self.rejected[reason] += n
+
+    # choices that do not depend on each other
+    def tp_choices(self) -> list[int]:
+        if self.par.tp is not None:
+            return [self.par.tp]
+        out = []
+        for tp in divisors(self.world):
+            if self.model.heads % tp or self.model.kv_heads % tp:
+                self.reject("tp does not divide heads/kv_heads")
+            elif self.cluster.gpus_per_node % tp:
+                self.reject("tp does not fit inside a node")
+            else:
+                out.append(tp)
+        return out
+
+    def schedule_choices(self, pp: int) -> list[tuple[str, int]]:
+        if pp == 1:
+            return [("none", 1)]
+        scheds = [self.par.schedule] if self.par.schedule else ["1f1b", "interleaved-1f1b", "gpipe"]
+        out = []
+        for sched in scheds:
+            if sched != "interleaved-1f1b":
+                out.append((sched, 1))
+                continue
+            if self.par.virtual_stages is not None:
+                vs = [self.par.virtual_stages]
+            else:
+                vs = [v for v in range(2, MAX_VIRTUAL_STAGES + 1) if self.model.layers % (pp * v) == 0]
+                if not vs:
+                    self.reject("layers not divisible by pp·virtual_stages")
+            out.extend((sched, v) for v in vs if v > 1 or self.par.virtual_stages is not None)
+        return out
+
+    def run(self) -> None:
+        p, m, t = self.par, self.model, self.train
+        for tp in self.tp_choices():
+            rest = self.world // tp
+            for cp in ([p.cp] if p.cp is not None else divisors(rest)):
+                if t.seq_len % (tp * (2 * cp if cp > 1 else 1)):
+                    self.reject("seq_len not divisible by 2·cp·tp")
+                    continue
+                for pp in ([p.pp] if p.pp is not None else divisors(rest // cp)):
+                    if pp > m.layers:
+                        self.reject("pp exceeds layers")
+                        continue
+                    if rest % (cp * pp):
+                        self.reject("degrees do not multiply to the world size")
+                        continue
+                    dp = rest // (cp * pp)
+                    if p.dp is not None and dp != p.dp:
+                        self.reject("dp differs from parallel.dp")
+                        continue
+                    if t.global_batch % dp:
+                        self.reject("global_batch not divisible by dp")
+                        continue
+                    for ep in self.ep_choices(dp, cp):
+                        self.layouts(tp, cp, pp, dp, ep)
+
+    def ep_choices(self, dp: int, cp: int) -> list[int]:
+        if self.par.ep is not None:
+            if (dp * cp) % self.par.ep:
+                self.reject("ep does not divide dp·cp")
+                return []
+            return [self.par.ep]
+        if not self.model.is_moe:
+            return [1]
+        return [e for e in divisors(self.model.experts) if (dp * cp) % e == 0]
+
+    def layouts(self, tp: int, cp: int, pp: int, dp: int, ep: int) -> None:
+        p, t = self.par, self.train
+        mbs = [p.micro_batch] if p.micro_batch is not None else divisors(t.global_batch // dp)
+        zeros = [p.zero] if p.zero is not None else ([0, 1, 2, 3] if dp * cp > 1 else [0])
+        recomputes = [p.recompute] if p.recompute else list(RECOMPUTE_ORDER)
+        for sched, v in self.schedule_choices(pp):
+            for mb in mbs:
+                if (t.global_batch // dp) % mb:
+                    self.reject("global_batch not divisible by dp·micro_batch", len(zeros) * len(recomputes))
+                    continue
+                ga = t.global_batch // (dp * mb)
+                if pp > 1 and sched != "gpipe" and ga < pp:
+                    self.reject("micro-batches < pipeline stages", len(zeros) * len(recomputes))
+                    continue
+                if sched == "interleaved-1f1b" and ga % pp:
+                    self.reject("interleaved 1F1B needs micro-batches divisible by stages",
+                                len(zeros) * len(recomputes))
+                    continue
+                for rc in recomputes:
+                    self.first_fitting_zero(tp, cp, pp, dp, ep, zeros, rc, mb, ga, sched, v)
+
+    def first_fitting_zero(self, tp, cp, pp, dp, ep, zeros, rc, mb, ga, sched, v) -> None:
+        for i, z in enumerate(zeros):
+            lay = Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, zero=z, recompute=rc, micro_batch=mb,
+                         grad_accum=ga, schedule=sched, virtual_stages=v)
+            led = memory_ledger(self.model, self.train, self.gpu, lay)
+            if led.fits:
+                self.searched += 1
+                self.candidates.append(Candidate(lay, led, self.estimate(lay)))
+                if len(zeros) - i - 1:
+                    self.reject("dominated by a lower ZeRO stage that fits", len(zeros) - i - 1)
+                return
+            if self.spec.parallel.fully_fixed:
+                self.unfit.append(Candidate(lay, led, self.estimate(lay)))
+            self.reject("does not fit in GPU memory")
+
+    def estimate(self, lay: Layout) -> Estimate:
+        return estimate(self.model, self.train, self.gpu, lay, self.cluster.bandwidth,
+                        self.cluster.gpus_per_node, self.mesh_order, self.counts,
+                        self.spec.cluster.compute_efficiency)
+
+
+# --- from candidate to Plan -----------------------------------------------------------------------
+
+def stage_layers(layers: int, stages: int) -> list[int]:
+    """Split layers over stages; the first and last stages (embedding, output head) get the
+    smaller share when the split is uneven."""
+    base, extra = divmod(layers, stages)
+    out = [base] * stages
+    order = list(range(1, stages - 1)) + [stages - 1, 0] if stages > 2 else list(range(stages))[::-1]
+    for i in order[:extra]:
+        out[i] += 1
+    return out
+
+
+def warnings_for(spec: JobSpec, cand: Candidate, cluster: Cluster, tp_local: bool) -> list[str]:
+    lay, led, est = cand.layout, cand.ledger, cand.estimate
+    out = []
+    if not tp_local:
+        out.append(f"TP group of {lay.tp} spans nodes: its {est.tp_comm_s:.3f} s/step of TP traffic runs at "
+                   f"{cluster.bandwidth.net_per_gpu_gbs:.0f} GB/s per GPU instead of "
+                   f"{cluster.bandwidth.intra_gbs:.0f} GB/s over NVLink (seed failure mode 1)")
+    if cluster.nvlink_groups and not lay_mod.tp_blocks_on_nvlink(cluster.gpu_order or [], cluster.nvlink_groups, lay.tp):
+        out.append(f"TP groups of {lay.tp} cannot all sit on NVLink-connected GPUs "
+                   f"(NVLink islands {cluster.nvlink_groups}); TP traffic crosses PCIe")
+    if led.logits_unchunked_gb > 0.1 * led.capacity_gb:
+        out.append(f"unchunked logits s·b·V would take {led.logits_unchunked_gb:.1f} GB per GPU; the loss is "
+                   f"computed in chunks of {spec.train.loss_chunk} tokens ({led.logits_gb:.2f} GB) (seed failure mode 3)")
+    if lay.pp > 1:
+        m = lay.grad_accum
+        if m < lay.pp:
+            out.append(f"{m} micro-batches < {lay.pp} pipeline stages: stages idle and a schedule may hang")
+        elif m < 4 * lay.pp:
+            out.append(f"{m} micro-batches < 4 × {lay.pp} stages: bubble {est.bubble_fraction:.1%} of compute "
+                       "(raise global_batch or lower pp; seed failure mode 4)")
+    shard = lay.dp * lay.cp
+    unsharded = led.params_gb + (led.grads_gb if lay.zero < 2 else 0.0)
+    what = "params+grads" if lay.zero < 2 else "params"
+    if shard > 1 and lay.zero < 3 and unsharded > 0.25 * led.capacity_gb:
+        out.append(f"ZeRO stage {lay.zero} leaves {unsharded:.1f} GB of {what} unsharded per GPU: adding GPUs "
+                   "will not shrink it (ZeRO 3 would)")
+    if not led.fits:
+        out.append(f"does not fit: {led.per_gpu_gb:.1f} GB needed per GPU, {led.capacity_gb:.0f} GB available")
+    return out
+
+
+def to_plan(spec: JobSpec, cand: Candidate, cluster: Cluster) -> Plan:
+    lay = cand.layout
+    degrees = {"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "dp": lay.dp, "ep": lay.ep}
+    order = list(spec.parallel.mesh_order)
+    ranks = lay_mod.placements(degrees, order, cluster.gpus_per_node, cluster.gpu_order)
+    tp_groups = lay_mod.groups(degrees, order, "tp")
+    tp_local = lay_mod.groups_node_local(tp_groups, cluster.gpus_per_node)
+    bandwidth = cluster.bandwidth.to_dict()
+    if cluster.excluded:
+        bandwidth["excluded_nodes"] = list(cluster.excluded)
+    return Plan(
+        name=spec.name, world_size=lay.world, nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node,
+        degrees=degrees, zero_stage=lay.zero, recompute=lay.recompute, micro_batch=lay.micro_batch,
+        grad_accum=lay.grad_accum, schedule=lay.schedule, virtual_stages=lay.virtual_stages,
+        mesh_order=order, ranks=ranks, stage_layers=stage_layers(spec.model.layers, lay.pp * lay.virtual_stages),
+        fits=cand.ledger.fits, memory=cand.ledger.to_dict(), estimate=cand.estimate.to_dict(),
+        bandwidth=bandwidth, warnings=warnings_for(spec, cand, cluster, tp_local),
+        model=dataclasses.asdict(spec.model), train=dataclasses.asdict(spec.train),
+        gpu=dataclasses.asdict(spec.gpu), diagnostics=dataclasses.asdict(spec.diagnostics),
+        hosts=cluster.hosts, gpu_order=cluster.gpu_order, tp_node_local=tp_local,
+        forced=spec.parallel.allow_cross_node_tp and not tp_local,
+    )
+
+
+def plan_job(spec: JobSpec, bwmap: BandwidthMap | None = None, top: int = 5,
+             bwmap_name: str | None = None) -> PlanResult:
+    """Search layouts for `spec`; the best Plan (or the fixed one, fitting or not) and alternatives."""
+    if bwmap is None and spec.cluster.bwmap:
+        bwmap, bwmap_name = load_bwmap(spec, None)
+    cluster = cluster_from(spec, bwmap, bwmap_name or "bandwidth map")
+    search = Search(spec, cluster)
+    search.run()
+    ranked = sorted(search.candidates, key=Candidate.sort_key)
+    notes = [f"bandwidth: {cluster.bandwidth.source}"]
+    if not ranked:
+        if search.unfit:
+            forced = min(search.unfit, key=lambda c: c.ledger.per_gpu_gb)
+            notes.append("the fixed layout does not fit in GPU memory")
+            return PlanResult(to_plan(spec, forced, cluster), [], search.searched, dict(search.rejected),
+                              cluster.bandwidth, notes)
+        return PlanResult(None, [], search.searched, dict(search.rejected), cluster.bandwidth, notes)
+    best = ranked[0]
+    seen = {_shape(best.layout)}
+    alts = []
+    for cand in ranked[1:]:
+        if len(alts) >= top:
+            break
+        if _shape(cand.layout) in seen:
+            continue
+        seen.add(_shape(cand.layout))
+        alts.append(to_plan(spec, cand, cluster))
+    return PlanResult(to_plan(spec, best, cluster), alts, search.searched, dict(search.rejected),
+                      cluster.bandwidth, notes)
+
+
+def _shape(lay: Layout) -> tuple:
+    """Alternatives differ in their degrees, not only in micro-batch or ZeRO details."""
+    return (lay.tp, lay.cp, lay.pp, lay.dp, lay.ep)
