@@ -1,0 +1,295 @@
+"""Checkpoint and resume with torch.distributed.checkpoint (DCP), safe against crashes mid-save,
+plus the preemption signal handlers (Slurm sends SIGUSR1/SIGTERM before it kills a job).
+
+Why this shape:
+- Model and optimizer go through DCP's `get_model_state_dict` / `get_optimizer_state_dict`, so
+  FSDP2/TP DTensor shards are written by the rank that holds them, and a checkpoint can be loaded
+  into another layout (DCP reshards on load). Pipeline stages work the same way: each rank offers
+  only its stage's keys, which must be the full model's names (layers kept in a ModuleDict with
+  their global indices, as torchtitan does); DCP merges all ranks' keys into one checkpoint. A rank
+  holding several model parts (virtual stages) passes a list; they are merged under their names.
+- Step, LR scheduler and data position are small plain dicts, written by rank 0 as `extra.pt`.
+- A checkpoint is written into `checkpoints/step-<N>.tmp`, renamed to `step-<N>` once complete,
+  and only then `checkpoints/latest` (holding the directory name) is replaced atomically. A crash
+  at any moment leaves `latest` naming the previous complete checkpoint; leftover `.tmp` dirs are
+  ignored and cleared by the next save.
+- Preemption: the handlers only set a flag; the train loop calls `stop_requested()` (a tiny MAX
+  all-reduce, so every rank agrees on the same step), saves with force=True and exits with
+  PREEMPT_EXIT_CODE (75, EX_TEMPFAIL: "try again"), which the launchers map to requeue.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+PREEMPT_EXIT_CODE = 75
+LATEST = "latest"
+EXTRA = "extra.pt"
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def _barrier() -> None:
+    if _distributed():
+        dist.barrier()
+
+
+def _broadcast(obj: Any) -> Any:
+    """Rank 0's value on every rank (one shared decision, even without a coherent shared disk)."""
+    if not _distributed():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _as_list(x: Any) -> list:
+    if x is None:
+        return []
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def merge_parts(model: nn.Module | Sequence[nn.Module]) -> nn.Module:
+    """One module whose parameter names are the parts' own names (a rank's pipeline chunks).
+
+    Children with the same name (e.g. two chunks' `layers` ModuleDicts) are merged key by key;
+    a key present in two parts is an error, since two chunks cannot own the same layer.
+    """
+    parts = _as_list(model)
+    if len(parts) == 1:
+        return parts[0]
+    merged = nn.Module()
+    for part in parts:
+        for name, child in part.named_children():
+            if name not in merged._modules:
+                if isinstance(child, nn.ModuleDict):
+                    merged.add_module(name, nn.ModuleDict(dict(child.items())))
+                else:
+                    merged.add_module(name, child)
+                continue
+            have = merged._modules[name]
+            if not (isinstance(have, nn.ModuleDict) and isinstance(child, nn.ModuleDict)):
+                raise ValueError(f"model parts both own {name!r}; pipeline chunks must hold disjoint modules")
+            for key, sub in child.items():
+                if key in have:
+                    raise ValueError(f"model parts both own {name}.{key}")
+                have[key] = sub
+        for name, p in part.named_parameters(recurse=False):
+            merged.register_parameter(name, p)
+        for name, b in part.named_buffers(recurse=False):
+            merged.register_buffer(name, b, persistent=name not in part._non_persistent_buffers_set)
+    return merged
+
+
+def is_complete(path: Path) -> bool:
+    """A finished checkpoint dir: final name, DCP metadata and rank 0's extras present."""
+    return (path.is_dir() and not path.name.endswith(".tmp") and (path / ".metadata").is_file()
+            and (path / EXTRA).is_file())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class Checkpointer:
+    """Saves every `every` steps (0 = only when forced) under <run_dir>/checkpoints; resumes from latest."""
+
+    def __init__(self, run_dir: str | Path, every: int, keep: int | None = None):
+        self.dir = Path(run_dir) / "checkpoints"
+        self.every = int(every)
+        self.keep = keep
+        self.preempt_requested = False
+        self.preempt_signal: int | None = None
+        self.last_saved: int | None = None
+        if _rank() == 0:
+            self.dir.mkdir(parents=True, exist_ok=True)
+
+    # --- preemption ----------------------------------------------------------------------------
+    def install_signal_handlers(self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGUSR1)) -> None:
+        """SIGTERM/SIGUSR1 only set a flag; the loop checkpoints at the end of the step and exits."""
+
+        def handler(signum: int, frame: Any) -> None:
+            if not self.preempt_requested:
+                print(f"rank {_rank()}: got {signal.Signals(signum).name}; will checkpoint after this step "
+                      f"and exit {PREEMPT_EXIT_CODE}", file=sys.stderr, flush=True)
+            self.preempt_requested = True
+            self.preempt_signal = signum
+
+        for sig in signals:
+            signal.signal(sig, handler)
+
+    def stop_requested(self, device: torch.device | str | None = None) -> bool:
+        """True on every rank when any rank got a preemption signal. Collective: call on all ranks."""
+        if not _distributed():
+            return self.preempt_requested
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend()) \
+                else torch.device("cpu")
+        flag = torch.tensor([1 if self.preempt_requested else 0], dtype=torch.int32, device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item():
+            self.preempt_requested = True
+        return self.preempt_requested
+
+    # --- save ----------------------------------------------------------------------------------
+    def due(self, step: int) -> bool:
+        return self.every > 0 and step % self.every == 0
+
+    def maybe_save(self, step: int, model: nn.Module | Sequence[nn.Module], optimizer: Any, scheduler: Any,
+                   data_state: dict | None, force: bool = False) -> bool:
+        """Save when `step` is a multiple of `every` (or forced). Collective: call on all ranks."""
+        if not (force or self.due(step)):
+            return False
+        if self.last_saved == step:
+            return True
+        self.save(step, model, optimizer, scheduler, data_state)
+        return True
+
+    def save(self, step: int, model: nn.Module | Sequence[nn.Module], optimizer: Any, scheduler: Any,
+             data_state: dict | None) -> Path:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        final = self.dir / f"step-{step}"
+        tmp = self.dir / f"step-{step}.tmp"
+        t0 = time.time()
+        if _broadcast(is_complete(final) if _rank() == 0 else None):
+            # Same step already saved (a preempted run re-saving right after resume): just point at it.
+            if _rank() == 0:
+                self._write_latest(final.name)
+            _barrier()
+            self.last_saved = step
+            return final
+        if _rank() == 0:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+        _barrier()
+        module = merge_parts(model)
+        state = {"model": get_model_state_dict(module),
+                 "optim": get_optimizer_state_dict(module, _as_list(optimizer))}
+        dcp.save(state, checkpoint_id=str(tmp))
+        if _rank() == 0:
+            scheds = _as_list(scheduler)
+            extra = {"step": int(step), "data": data_state,
+                     "scheduler": [s.state_dict() for s in scheds] if isinstance(scheduler, (list, tuple))
+                     else (scheds[0].state_dict() if scheds else None),
+                     "world_size": dist.get_world_size() if _distributed() else 1,
+                     "saved_at": time.time()}
+            with open(tmp / EXTRA, "wb") as f:
+                torch.save(extra, f)
+                f.flush()
+                os.fsync(f.fileno())
+            self._publish(tmp, final)
+            self._prune()
+            print(f"checkpoint step {step} -> {final} ({time.time() - t0:.2f} s)", flush=True)
+        _barrier()
+        self.last_saved = step
+        return final
+
+    def _publish(self, tmp: Path, final: Path) -> None:
+        """Make a fully written checkpoint visible: rename the dir, then repoint `latest`."""
+        _fsync_dir(tmp)
+        if final.exists():  # an incomplete leftover of that name (complete ones return earlier)
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(self.dir)
+        self._write_latest(final.name)
+
+    def _write_latest(self, name: str) -> None:
+        tmp = self.dir / f".{LATEST}.tmp"
+        with open(tmp, "w") as f:
+            f.write(name + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.dir / LATEST)
+        _fsync_dir(self.dir)
+
+    def _prune(self) -> None:
+        if not self.keep:
+            return
+        done = sorted((p for p in self.dir.glob("step-*") if is_complete(p)), key=_step_of)
+        for old in done[: max(0, len(done) - self.keep)]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    # --- load ----------------------------------------------------------------------------------
+    def latest_dir(self) -> Path | None:
+        """The checkpoint `latest` names if complete; else the newest complete one (with a warning)."""
+        named = None
+        try:
+            named = (self.dir / LATEST).read_text().strip()
+        except OSError:
+            pass
+        if named and is_complete(self.dir / named):
+            return self.dir / named
+        done = sorted((p for p in self.dir.glob("step-*") if is_complete(p)), key=_step_of)
+        if done and named:
+            print(f"warning: {self.dir / LATEST} names {named!r}, which is not a complete checkpoint; "
+                  f"using {done[-1].name}", file=sys.stderr, flush=True)
+        return done[-1] if done else None
+
+    def load_latest(self, model: nn.Module | Sequence[nn.Module], optimizer: Any,
+                    scheduler: Any) -> tuple[int, dict | None] | None:
+        """Restore model/optimizer/scheduler in place; (step, data_state), or None with nothing to resume."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            get_optimizer_state_dict,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        found = None
+        if _rank() == 0:
+            latest = self.latest_dir()
+            found = str(latest) if latest else None
+        found = _broadcast(found)
+        if found is None:
+            return None
+        path = Path(found)
+        module = merge_parts(model)
+        optims = _as_list(optimizer)
+        state = {"model": get_model_state_dict(module), "optim": get_optimizer_state_dict(module, optims)}
+        dcp.load(state, checkpoint_id=str(path))
+        set_model_state_dict(module, state["model"])
+        set_optimizer_state_dict(module, optims, state["optim"])
+        extra = torch.load(path / EXTRA, weights_only=True)
+        scheds = _as_list(scheduler)
+        if scheds and extra.get("scheduler") is not None:
+            saved = extra["scheduler"] if isinstance(scheduler, (list, tuple)) else [extra["scheduler"]]
+            for s, sd in zip(scheds, saved):
+                s.load_state_dict(sd)
+        self.last_saved = int(extra["step"])
+        return int(extra["step"]), extra.get("data")
+
+
+def _step_of(path: Path) -> int:
+    try:
+        return int(path.name.split("-", 1)[1])
+    except (IndexError, ValueError):
+        return -1
