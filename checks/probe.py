@@ -1,0 +1,111 @@
+"""Node-local probes: which commands preflight runs on every node, and where their outputs go.
+
+`python -m checks.probe --out DIR` runs them here and saves the raw outputs under
+DIR/<hostname>/ with the fixed names in PROBES (plus probe.json: command, exit status, seconds),
+the layout `launch preflight import DIR` reads. The SSH and srun runners run the same commands
+remotely, so a node needs only nvidia-smi (and ibstat, nccl-tests), not this package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from checks.parsers.gpu_query import QUERY_FIELDS
+from checks.results import CommandResult
+
+_NEW = ",".join(QUERY_FIELDS)
+_OLD = _NEW.replace("clocks_event_reasons.active", "clocks_throttle_reasons.active")
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str  # the parser KIND
+    file: str  # file name under DIR/<host>/
+    command: str
+
+
+PROBES: tuple[Probe, ...] = (
+    Probe("topo", "topo.txt", "nvidia-smi topo -m"),
+    Probe("gpu-query", "gpu-query.csv",
+          f"nvidia-smi --query-gpu={_NEW} --format=csv 2>/dev/null || nvidia-smi --query-gpu={_OLD} --format=csv"),
+    Probe("nvlink", "nvlink.txt", "nvidia-smi nvlink -s"),
+    Probe("ibstat", "ibstat.txt", "ibstat 2>/dev/null || ibv_devinfo"),
+    Probe("xid", "xid.txt",
+          "{ dmesg 2>/dev/null || journalctl -k --no-pager 2>/dev/null; } | grep -E 'NVRM: Xid' || true"),
+)
+PROBE_BY_NAME = {p.name: p for p in PROBES}
+NCCL_NODE_FILE = "nccl-node.txt"
+META_FILE = "probe.json"
+
+
+def nccl_command(binary: str, gpus: int, sizes: tuple[str, str], extra: str = "") -> str:
+    """The single-node nccl-tests command: one process driving all `gpus` GPUs."""
+    lo, hi = sizes
+    return f"{binary} -b {lo} -e {hi} -f 2 -g {gpus}" + (f" {extra}" if extra else "")
+
+
+def run_local(command: str, timeout: float, host: str = "localhost") -> CommandResult:
+    start = time.monotonic()
+    try:
+        p = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=timeout,
+                           errors="replace")
+        return CommandResult(host, command, p.stdout, p.stderr, p.returncode, seconds=time.monotonic() - start)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        return CommandResult(host, command, out, "", None, timed_out=True, seconds=time.monotonic() - start)
+
+
+def save(out_dir: Path, host: str, results: dict[str, CommandResult]) -> Path:
+    """Write outputs as DIR/<host>/<file> and their metadata as probe.json."""
+    d = out_dir / host
+    d.mkdir(parents=True, exist_ok=True)
+    meta = {}
+    for name, r in results.items():
+        fname = PROBE_BY_NAME[name].file if name in PROBE_BY_NAME else NCCL_NODE_FILE
+        (d / fname).write_text(r.stdout)
+        meta[name] = {"file": fname, "command": r.command, "rc": r.rc, "timed_out": r.timed_out,
+                      "error": r.error, "seconds": round(r.seconds, 3), "stderr": r.stderr[-2000:]}
+    (d / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    return d
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m checks.probe", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="folder; outputs go to OUT/<hostname>/")
+    ap.add_argument("--host", default=None, help="name to file under (default: this host's name)")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds per probe")
+    ap.add_argument("--nccl", action="store_true", help="also run the single-node nccl-tests all_reduce")
+    ap.add_argument("--nccl-binary", default="all_reduce_perf")
+    ap.add_argument("--sizes", default="512M,8G", help="nccl-tests -b,-e")
+    ap.add_argument("--gpus", type=int, default=None, help="GPUs for nccl-tests -g (default: counted)")
+    args = ap.parse_args(argv)
+    host = args.host or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    results = {p.name: run_local(p.command, args.timeout, host) for p in PROBES}
+    if args.nccl:
+        gpus = args.gpus
+        if gpus is None:
+            from checks.parsers import ParseError
+            from checks.parsers.gpu_query import parse_gpu_query
+            try:
+                gpus = parse_gpu_query(results["gpu-query"].stdout).count
+            except ParseError:
+                gpus = 0
+        lo, hi = args.sizes.split(",")
+        if gpus:
+            cmd = nccl_command(args.nccl_binary, gpus, (lo, hi))
+            results["nccl-node"] = run_local(cmd, args.timeout, host)
+    d = save(Path(args.out), host, results)
+    print(f"probe: {host}: {len(results)} outputs in {d}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

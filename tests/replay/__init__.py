@@ -1,0 +1,35 @@
+"""Replay executables for preflight tests, and the per-node settings that drive them.
+
+`install(node_dir, ...)` links nvidia-smi, all_reduce_perf, mpirun, ibstat and dmesg from this
+folder into node_dir/bin (a node's PATH, see tests/services/sshd.py) and writes node_dir/replay.env.
+Values naming real captures are paths relative to the shared fixtures folder, read by the scripts
+at run time (REPLAY_FIXTURES); absolute paths name files a test wrote itself (constructed.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+REPLAY_DIR = Path(__file__).resolve().parent
+TOOLS = ("nvidia-smi", "all_reduce_perf", "mpirun", "ibstat", "dmesg")
+KEYS = ("TOPO", "GPU_QUERY", "NVLINK", "IBSTAT", "DMESG", "NCCL_NODE", "NCCL_PAIR", "NCCL_ALL",
+        "NCCL_PAIR_OVERRIDE", "NCCL_ALL_OVERRIDE", "NCCL_HANG", "REPLAY_DELAY")
+
+
+def install(node_dir: Path, cluster_dir: Path, fixtures: Path, **settings: str | Path | None) -> None:
+    """Put the replay tools on node_dir/bin and write node_dir/replay.env from `settings`."""
+    unknown = set(settings) - set(KEYS)
+    if unknown:
+        raise ValueError(f"unknown replay settings: {sorted(unknown)}")
+    bin_dir = node_dir / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for tool in TOOLS:
+        link = bin_dir / tool
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        os.symlink(REPLAY_DIR / tool, link)
+    env = {"REPLAY_FIXTURES": str(fixtures), "REPLAY_CLUSTER": str(cluster_dir)}
+    env.update({k: str(v) for k, v in settings.items() if v is not None})
+    (node_dir / "replay.env").write_text("".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items()))
