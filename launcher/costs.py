@@ -62,15 +62,22 @@ def advertised_bandwidth(gpu) -> Bandwidth:
                      source=f"advertised figures of GPU preset {gpu.name!r}")
 
 
-def group_busbw(bw: Bandwidth, size: int, stride: int, gpus_per_node: int, cross_node_penalty: float = 1.0) -> float:
-    """Bus bandwidth of a collective over `size` ranks spaced `stride` apart in the rank order."""
+def group_busbw(bw: Bandwidth, size: int, stride: int, gpus_per_node: int, per_gpu_nic: bool = False) -> float:
+    """Bus bandwidth (GB/s) of a collective over `size` ranks spaced `stride` apart in the rank order.
+
+    Inside one node: the intra-node figure. Across n nodes with k GPUs each: large bucketed
+    collectives (DP) use all k NICs of a node, min(intra, k·net); per-layer activation collectives
+    (TP, CP: `per_gpu_nic`) are each rank's own traffic through its own NIC, as the seed counts them.
+    """
     if size <= 1:
         return float("inf")
     per_node = max(1, min(size, gpus_per_node // stride)) if stride < gpus_per_node else 1
     nodes = -(-size // per_node)
     if nodes == 1:
         return bw.intra_gbs
-    return min(bw.intra_gbs, per_node * bw.net_per_gpu_gbs) * cross_node_penalty
+    if per_gpu_nic:
+        return bw.net_per_gpu_gbs
+    return min(bw.intra_gbs, per_node * bw.net_per_gpu_gbs)
 
 
 # --- FLOPs ----------------------------------------------------------------------------------------
@@ -164,12 +171,12 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
     s_local = s / lay.cp
     # TP (+SP): 4 all-reduce-equivalents of s·b·h per layer, forward 2 + backward 2 (seed formula);
     # full recompute repeats the forward's two.
-    tp_bw = group_busbw(bw, lay.tp, st["tp"], gpus_per_node) * 1e9
+    tp_bw = group_busbw(bw, lay.tp, st["tp"], gpus_per_node, per_gpu_nic=True) * 1e9
     tp_factor = 6 if lay.recompute == "full" else 4
     tp_mb = (tp_factor * s_local * b * h * dtype * 2 * (lay.tp - 1) / lay.tp * layers_stage / tp_bw
              if lay.tp > 1 else 0.0)
     # CP: all-gather K and V forward, reduce-scatter their gradients backward; partly overlapped.
-    cp_bw = group_busbw(bw, lay.cp, st["cp"], gpus_per_node) * 1e9
+    cp_bw = group_busbw(bw, lay.cp, st["cp"], gpus_per_node, per_gpu_nic=True) * 1e9
     kv = 2 * s * b * model.kv_heads * model.head_dim * dtype / lay.tp
     cp_raw = 2 * kv * (lay.cp - 1) / lay.cp * layers_stage / cp_bw if lay.cp > 1 else 0.0
     attn_compute = compute_mb * fwd["attention"] / sum(fwd.values())

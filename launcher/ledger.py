@@ -268,7 +268,10 @@ def memory_ledger(model, train, gpu, lay: Layout) -> MemoryLedger:
     act_last = per_layer * layers_per_stage * (1.0 if lay.pp > 1 and lay.schedule != "gpipe" else held)
     logits = logits_bytes(s, b, model.vocab, tp=lay.tp, cp=lay.cp, chunk=train.loss_chunk)
     logits_full = logits_bytes(s, b, model.vocab, tp=lay.tp, cp=lay.cp)
-    zero3 = 2 * _layer_params(model) / lay.tp * (4 if train.precision == "fp32" else 2) if lay.zero >= 3 else 0.0
+    # ZeRO-3 gathers the current and the prefetched layer; the local shard is already counted.
+    shard = lay.dp * lay.cp
+    gathered = min(2.0, layers_per_stage) * _layer_params(model) / lay.tp * (4 if train.precision == "fp32" else 2)
+    zero3 = gathered * (1 - 1 / shard) if lay.zero >= 3 else 0.0
     buffers = BUFFER_FIXED_GB * GB + BUFFER_FRACTION * gpu.memory_gb * GB
 
     first = sum(first_state.values()) + act_first + (logits if lay.pp == 1 else 0)

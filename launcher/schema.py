@@ -44,6 +44,9 @@ def convert(value: Any, tp: Any, path: str) -> Any:
         args = get_args(tp)
         if value is None and type(None) in args:
             return None
+        concrete = [a for a in args if a is not type(None)]
+        if len(concrete) == 1:
+            return convert(value, concrete[0], path)
         errors = []
         for arg in args:
             if arg is type(None):

@@ -168,10 +168,6 @@ def _check_parallel(p: ParallelSpec, m: ModelSpec, t: TrainSpec, c: ClusterSpec)
     world = c.world_size
     if sorted(p.mesh_order) != sorted(MESH_DIMS):
         raise SpecError("parallel.mesh_order", f"{p.mesh_order} must order exactly {', '.join(MESH_DIMS)}")
-    for name in ("tp", "cp", "pp", "dp"):
-        v = getattr(p, name)
-        if v is not None and world % v:
-            raise SpecError(f"parallel.{name}", f"{v} does not divide the world size {world}")
     if p.tp is not None:
         if m.heads % p.tp:
             raise SpecError("parallel.tp", f"{p.tp} does not divide heads={m.heads}")
@@ -180,6 +176,10 @@ def _check_parallel(p: ParallelSpec, m: ModelSpec, t: TrainSpec, c: ClusterSpec)
         if c.gpus_per_node % p.tp and not p.allow_cross_node_tp:
             raise SpecError("parallel.tp", f"{p.tp} does not divide gpus_per_node={c.gpus_per_node} "
                                            "(set parallel.allow_cross_node_tp: true to force it)")
+    for name in ("tp", "cp", "pp", "dp"):
+        v = getattr(p, name)
+        if v is not None and world % v:
+            raise SpecError(f"parallel.{name}", f"{v} does not divide the world size {world}")
     if p.pp is not None and p.pp > m.layers:
         raise SpecError("parallel.pp", f"{p.pp} exceeds layers={m.layers}")
     if p.cp is not None and t.seq_len % (2 * p.cp * (p.tp or 1)):

@@ -33,7 +33,8 @@ def seed_tables(world: int = 8) -> dict:
         # the seed's reading of that figure: NVLink 4 (900 GB/s advertised) vs one 400 Gb/s IB port
         "tp_time_ms": {"nvlink_900gbs": tp_bytes_per_step(4096, 1, 4096, 32, tp=8) / 900e9 * 1e3,
                        "ib_50gbs": tp_bytes_per_step(4096, 1, 4096, 32, tp=8) / 50e9 * 1e3},
-        "activations_micro_batch_4_gb": round(4 * act_gb(mode="none", **SEED_ACT), 1),
+        # the seed quotes whole gigabytes here ("it's 416GB"): 4 × 104.15 = 416.6, truncated
+        "activations_micro_batch_4_gb": int(4 * act_gb(mode="none", **SEED_ACT)),
         "zero1_floor_gb": {n: (bpp.param + bpp.grad) * n for n in SEED_MODELS},
         "bubble": [{"stages": 8, "micro_batches": m, "bubble": round(bubble_ratio(8, m), 4)} for m in (4, 8, 16, 32, 64)],
     }
@@ -49,7 +50,7 @@ def render_seed(t: dict) -> str:
     c = t["activation_config"]
     out += ["", f"activations, s={c['s']} b={c['b']} h={c['h']} a={c['a']} L={c['layers']}:"]
     out += [f"  {r['mode']:10} {r['gb_per_sample']:7.2f} GB / sample" for r in t["activations"]]
-    out.append(f"  micro-batch 4, nothing recomputed: {t['activations_micro_batch_4_gb']:.0f} GB")
+    out.append(f"  micro-batch 4, nothing recomputed: {t['activations_micro_batch_4_gb']} GB")
     floor = t["zero1_floor_gb"]
     out.append("ZeRO 1 never drops below params+grads: " + ", ".join(f"{n}B -> {gb:g} GB" for n, gb in floor.items()))
     tm = t["tp_time_ms"]

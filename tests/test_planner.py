@@ -1,0 +1,229 @@
+"""Planner: properties over random jobs (hypothesis), the examples' plans, forced layouts, BandwidthMaps."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from checks.bwmap import BandwidthMap, NodeReport
+from launcher.cli import cli
+from launcher.layout import groups, groups_node_local
+from launcher.ledger import Layout, memory_ledger
+from launcher.plan import Plan
+from launcher.planner import plan_job, stage_layers
+from launcher.spec import load_spec, spec_from_dict
+from tests.conftest import EXAMPLES, REPO
+
+MODELS = ["tiny", "llama3-1b", "llama3-8b", "llama3-70b", "mixtral-8x7b"]
+
+
+def job(model="llama3-8b", nodes=1, gpn=8, gpu="h100-sxm", seq=4096, gb=64, parallel="auto", **cluster):
+    return spec_from_dict({"model": model, "train": {"seq_len": seq, "global_batch": gb},
+                           "cluster": {"nodes": nodes, "gpus_per_node": gpn, "gpu": gpu, **cluster},
+                           "parallel": parallel})
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(model=st.sampled_from(MODELS), nodes=st.sampled_from([1, 2, 4, 8, 16]), gpn=st.sampled_from([4, 8]),
+       seq=st.sampled_from([1024, 2048, 4096, 8192]), gb_mult=st.sampled_from([1, 2, 4, 8]),
+       gpu=st.sampled_from(["a100-80gb", "h100-sxm", "h200"]))
+def test_auto_plan_properties(model, nodes, gpn, seq, gb_mult, gpu):
+    spec = job(model, nodes, gpn, gpu, seq, gb=nodes * gpn * gb_mult)
+    result = plan_job(spec, top=3)
+    for p in ([result.best] if result.best else []) + result.alternatives:
+        d = p.degrees
+        assert d["tp"] * d["cp"] * d["pp"] * d["dp"] == p.world_size == nodes * gpn
+        assert p.micro_batch * p.grad_accum * d["dp"] == spec.train.global_batch
+        assert d["tp"] <= gpn and p.tp_node_local
+        assert groups_node_local(groups(d, p.mesh_order, "tp"), gpn)
+        assert p.fits and p.memory["per_gpu_gb"] <= p.memory["capacity_gb"]
+        assert sorted(r.rank for r in p.ranks) == list(range(p.world_size))
+        assert sum(p.stage_layers) == spec.model.layers and len(p.stage_layers) == d["pp"] * p.virtual_stages
+        if d["pp"] > 1 and p.schedule != "gpipe":
+            assert p.grad_accum >= d["pp"]
+    assert result.searched >= sum(result.rejected.values())
+
+
+@settings(max_examples=60, deadline=None)
+@given(model=st.sampled_from(MODELS), tp=st.sampled_from([1, 2, 4]), pp=st.sampled_from([1, 2, 4]),
+       dp=st.sampled_from([1, 2, 8, 64]), recompute=st.sampled_from(["none", "selective", "full"]),
+       mb=st.sampled_from([1, 2, 4]))
+def test_memory_never_rises_with_zero_stage_or_dp(model, tp, pp, dp, recompute, mb):
+    spec = job(model)
+    ga = 8
+    prev = None
+    for zero in range(4):
+        lay = Layout(tp, 1, pp, dp, 1, zero, recompute, mb, ga, "1f1b" if pp > 1 else "none", 1)
+        gb = memory_ledger(spec.model, spec.train, spec.gpu, lay).per_gpu_gb
+        assert prev is None or gb <= prev + 1e-9
+        prev = gb
+    for zero in range(4):
+        small = Layout(tp, 1, pp, dp, 1, zero, recompute, mb, ga, "1f1b" if pp > 1 else "none", 1)
+        big = Layout(tp, 1, pp, dp * 2, 1, zero, recompute, mb, ga, "1f1b" if pp > 1 else "none", 1)
+        assert (memory_ledger(spec.model, spec.train, spec.gpu, big).per_gpu_gb
+                <= memory_ledger(spec.model, spec.train, spec.gpu, small).per_gpu_gb + 1e-9)
+
+
+@pytest.mark.parametrize("name, tp_max", [
+    ("llama3-8b-8xh100.yaml", 8), ("llama3-70b-64xh100.yaml", 8), ("llama3-405b-1024xh100.yaml", 8),
+    ("gpt3-175b-a100.yaml", 8), ("mixtral-8x7b.yaml", 8)])
+def test_example_plans_are_sensible(name, tp_max):
+    spec = load_spec(EXAMPLES / name)
+    best = plan_job(spec).best
+    assert best is not None and best.fits
+    assert best.tp <= tp_max and best.tp_node_local
+    assert best.mesh_order == ["pp", "dp", "cp", "tp"]
+    if name.startswith("llama3-8b"):
+        assert best.pp == 1                          # no pipeline where memory does not ask for one
+
+
+def test_pipeline_only_where_memory_asks():
+    # 405B cannot fit without splitting layers or sequences; 1B never needs a pipeline on 8 GPUs
+    assert plan_job(job("llama3-1b", gb=64)).best.pp == 1
+    big = plan_job(job("llama3-405b", nodes=16, seq=8192, gb=256)).best
+    assert big.tp * big.pp * big.cp > 1
+
+
+def test_fixed_layout_not_fitting_is_shown_with_fits_false():
+    spec = job("llama3-70b", parallel={"tp": 1, "cp": 1, "pp": 1, "dp": 8, "zero": 0, "recompute": "none",
+                                        "micro_batch": 8})
+    result = plan_job(spec)
+    assert result.best is not None and result.best.fits is False
+    assert any("does not fit" in w for w in result.best.warnings)
+
+
+def test_partially_fixed_layout_searches_the_rest():
+    result = plan_job(job("llama3-70b", nodes=8, parallel={"tp": 8}))
+    assert result.best.tp == 8 and all(a.tp == 8 for a in result.alternatives)
+
+
+def test_forced_cross_node_tp_is_planned_with_cost_and_warning():
+    spec = spec_from_dict({"model": {"layers": 8, "hidden": 2048, "heads": 16, "vocab": 32000},
+                           "train": {"seq_len": 2048, "global_batch": 16},
+                           "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu": "h100-sxm"},
+                           "parallel": {"tp": 16, "allow_cross_node_tp": True}})
+    best = plan_job(spec).best
+    assert best.tp == 16 and not best.tp_node_local and best.forced
+    assert any("spans nodes" in w for w in best.warnings)
+    local = plan_job(spec_from_dict({**{"model": {"layers": 8, "hidden": 2048, "heads": 16, "vocab": 32000}},
+                                     "train": {"seq_len": 2048, "global_batch": 16},
+                                     "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu": "h100-sxm"},
+                                     "parallel": {"tp": 8, "pp": 1, "cp": 1}})).best
+    assert best.estimate["tp_comm_s"] > 3 * local.estimate["tp_comm_s"]
+
+
+def test_warnings_for_bubble_and_logits():
+    spec = job("llama3-8b", nodes=1, gb=8, parallel={"tp": 1, "pp": 4, "cp": 1, "micro_batch": 1, "zero": 0,
+                                                      "recompute": "full", "schedule": "1f1b"})
+    best = plan_job(spec).best
+    assert any("micro-batches < 4 × 4 stages" in w for w in best.warnings)
+    spec = job("llama3-8b", seq=8192, gb=64, gpu="h200", parallel={"tp": 1, "pp": 1, "cp": 1, "micro_batch": 8,
+                                                                    "zero": 3, "recompute": "full"})
+    assert any("unchunked logits" in w for w in plan_job(spec).best.warnings)
+
+
+def test_stage_layers_uneven_gives_ends_less():
+    assert stage_layers(10, 4) == [2, 3, 3, 2]
+    assert stage_layers(126, 8)[0] <= stage_layers(126, 8)[1]
+    assert sum(stage_layers(126, 16)) == 126
+
+
+# --- BandwidthMap integration ---------------------------------------------------------------------
+
+def bwmap(tmp_path, intra=300.0, inter=200.0, exclude=(), groups=None, nodes=4):
+    bm = BandwidthMap(nodes={f"n{i}": NodeReport(host=f"n{i}", gpus=8, nvlink_groups=groups or [list(range(8))])
+                             for i in range(nodes)},
+                      intra_node_busbw_gbs=intra, inter_node_busbw_gbs=inter, exclude=list(exclude))
+    path = tmp_path / "bwmap.json"
+    bm.save(path)
+    return path
+
+
+def test_measured_bandwidth_is_used_and_named(tmp_path):
+    path = bwmap(tmp_path, intra=300.0, inter=160.0)
+    spec = job("llama3-8b", nodes=2)
+    result = plan_job(spec, BandwidthMap.load(path), bwmap_name=str(path))
+    assert result.bandwidth.intra_gbs == 300.0 and result.bandwidth.net_per_gpu_gbs == 20.0
+    assert "measured" in result.best.bandwidth["source"] and str(path) in result.best.bandwidth["source"]
+    assert result.best.hosts == ["n0", "n1"]
+
+
+def test_excluded_nodes_are_skipped(tmp_path):
+    path = bwmap(tmp_path, exclude=["n0"])
+    best = plan_job(job("llama3-8b", nodes=2), BandwidthMap.load(path)).best
+    assert best.hosts == ["n1", "n2"] and best.bandwidth["excluded_nodes"] == ["n0"]
+    with pytest.raises(Exception, match="only 3 healthy nodes"):
+        plan_job(job("llama3-8b", nodes=4), BandwidthMap.load(path))
+
+
+def test_pcie_box_with_bridged_pairs_puts_tp2_on_bridges(tmp_path):
+    path = bwmap(tmp_path, groups=[[0, 2], [1, 3]], nodes=1)
+    spec = spec_from_dict({"model": "tiny", "train": {"seq_len": 64, "global_batch": 8},
+                           "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": "l40s"}, "parallel": {"tp": 2}})
+    best = plan_job(spec, BandwidthMap.load(path)).best
+    assert best.gpu_order == [0, 2, 1, 3]
+    by_rank = {r.rank: r.gpu for r in best.ranks}
+    for grp in groups(best.degrees, best.mesh_order, "tp"):
+        assert sorted(by_rank[r] for r in grp) in ([0, 2], [1, 3])
+    assert not any("cannot all sit on NVLink" in w for w in best.warnings)
+
+
+# --- CLI ---------------------------------------------------------------------------------------
+
+def test_plan_json_schema_and_output_file(tmp_path):
+    out = tmp_path / "plan.json"
+    r = CliRunner().invoke(cli, ["plan", str(EXAMPLES / "llama3-70b-64xh100.yaml"), "--json", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert set(d) >= {"best", "alternatives", "searched", "rejected"}
+    best = d["best"]
+    for key in ["world_size", "degrees", "zero_stage", "recompute", "micro_batch", "grad_accum", "schedule",
+                "virtual_stages", "mesh_order", "ranks", "fits", "memory", "estimate", "warnings"]:
+        assert key in best
+    assert set(best["degrees"]) == {"tp", "cp", "pp", "dp", "ep"}
+    assert set(best["ranks"][0]) >= {"rank", "node", "local_rank", "gpu"}
+    assert "per_gpu_gb" in best["memory"]
+    assert set(best["estimate"]) >= {"step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu"}
+    assert Plan.load(out).to_dict() == best
+
+
+def test_plan_human_output_and_exit_codes(tmp_path):
+    r = CliRunner().invoke(cli, ["plan", str(EXAMPLES / "llama3-8b-8xh100.yaml")])
+    assert r.exit_code == 0 and "best: tp=" in r.output and "rank map" in r.output and "searched" in r.output
+    job_file = tmp_path / "j.yaml"
+    job_file.write_text("model: llama3-70b\ntrain: {seq_len: 4096, global_batch: 8}\n"
+                        "cluster: {nodes: 1, gpus_per_node: 8, gpu: h100-sxm}\n"
+                        "parallel: {tp: 1, cp: 1, pp: 1, zero: 0, recompute: none, micro_batch: 1}\n")
+    r = CliRunner().invoke(cli, ["plan", str(job_file)])
+    assert r.exit_code == 1 and "DOES NOT FIT" in r.output
+
+
+def test_previous_plan_global_batch_change_warns(tmp_path):
+    old = tmp_path / "old.json"
+    CliRunner().invoke(cli, ["plan", str(EXAMPLES / "llama3-8b-8xh100.yaml"), "-o", str(old)])
+    new_job = tmp_path / "j.yaml"
+    new_job.write_text((EXAMPLES / "llama3-8b-8xh100.yaml").read_text().replace("global_batch: 64", "global_batch: 128"))
+    r = CliRunner().invoke(cli, ["plan", str(new_job), "--previous", str(old), "--json"])
+    assert any("hyperparameter change" in w for w in json.loads(r.output)["best"]["warnings"])
+
+
+def test_plan_as_real_subprocess():
+    r = subprocess.run([sys.executable, "-m", "launcher.cli", "plan", str(EXAMPLES / "mixtral-8x7b.yaml"), "--json"],
+                       capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["best"]["fits"] is True
+
+
+def test_help_imports_no_heavy_libraries():
+    code = ("import sys; from launcher.cli import cli\n"
+            "try:\n    cli.main(['--help'], standalone_mode=False)\nexcept SystemExit: pass\n"
+            "heavy = [m for m in ('torch', 'kubernetes', 'paramiko', 'jinja2') if m in sys.modules]\n"
+            "print('HEAVY=' + ','.join(heavy))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0 and "HEAVY=\n" in r.stdout
