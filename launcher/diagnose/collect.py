@@ -1,0 +1,202 @@
+"""Walk whatever a job left (a run dir, its logs/, or one log pasted from a ticket), feed every line
+to the parsers, and assemble the report. Evidence is `file:line`, file relative to what was given.
+
+Recognised by content, not by name: NCCL_DEBUG lines anywhere (per-rank NCCL_DEBUG_FILE files or
+mixed into torchrun/srun output), PyTorch watchdog/desync/gloo/torchrun text, torchfrtrace reports,
+raw flight-recorder dumps (pickle/JSON), heartbeat JSON files and plan.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher.diagnose.failures import Failures
+from launcher.diagnose.findings import Finding, Report, fmt_ranks, rank_findings, stalled_from
+from launcher.diagnose.flight import Flight, load_dump
+from launcher.diagnose.heartbeat import Heartbeats, parse_beat
+from launcher.diagnose.nccl_init import NcclInit
+from launcher.diagnose.topology import init_findings
+from launcher.errors import UserError
+
+ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+SKIP_DIRS = {"checkpoints", ".git", "__pycache__", "node_modules"}
+MAX_TEXT_BYTES = 1 << 30  # a 1 GiB log is read (streamed); larger ones are skipped and said so
+MAX_DUMP_BYTES = 256 << 20
+MAX_JSON_BYTES = 16 << 20
+
+
+@dataclass
+class Sources:
+    """Everything the parsers accumulated, plus what the walk found on the side."""
+
+    init: NcclInit = field(default_factory=NcclInit)
+    failures: Failures = field(default_factory=Failures)
+    flight: Flight = field(default_factory=Flight)
+    beats: Heartbeats = field(default_factory=Heartbeats)
+    plan_paths: list[Path] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+
+def input_files(target: Path) -> tuple[Path, list[Path]]:
+    """(root for relative names, files to read). A dir named logs/ brings its run dir's
+    heartbeat/ and plan.json along, since `launch diagnose out/logs/` is the documented call."""
+    if not target.exists():
+        raise UserError(f"{target}: no such file or directory (give a log dir, a log file or a job id)")
+    if target.is_file():
+        return target.parent, [target]
+    roots = [target]
+    root = target
+    if target.name == "logs" and ((target.parent / "heartbeat").is_dir() or (target.parent / "plan.json").is_file()):
+        root = target.parent
+        if (root / "heartbeat").is_dir():
+            roots.append(root / "heartbeat")
+    files: list[Path] = []
+    for r in roots:
+        for dirpath, dirnames, filenames in os.walk(r):
+            dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+            files += [Path(dirpath) / f for f in sorted(filenames)]
+    if root != target and (root / "plan.json").is_file():
+        files.append(root / "plan.json")
+    return root, files
+
+
+def read_sources(target: Path) -> Sources:
+    root, files = input_files(target)
+    src = Sources()
+    for path in files:
+        rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+        try:
+            _read_one(path, rel, src)
+        except OSError as exc:
+            src.skipped.append(f"{rel} ({exc.strerror or exc})")
+    return src
+
+
+def _read_one(path: Path, rel: str, src: Sources) -> None:
+    if not path.is_file():
+        return
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(4096)
+    if not head:
+        return
+    binary = b"\x00" in head or head[:1] == b"\x80"
+    if binary or (head.lstrip()[:1] == b"{" and size <= MAX_JSON_BYTES):
+        if _read_structured(path, rel, src, size, binary):
+            return
+        if binary:
+            src.skipped.append(f"{rel} (binary)")
+            return
+    if size > MAX_TEXT_BYTES:
+        src.skipped.append(f"{rel} (larger than {MAX_TEXT_BYTES >> 20} MiB)")
+        return
+    src.files.append(rel)
+    init, failures, flight = src.init, src.failures, src.flight
+    with open(path, encoding="utf-8", errors="replace", newline=None) as fh:
+        for n, raw in enumerate(fh, 1):
+            line = raw.rstrip("\n")
+            if "\x1b" in line:
+                line = ANSI_RE.sub("", line)
+            ev = f"{rel}:{n}"
+            init.feed(line, ev)
+            failures.feed(line, ev, rel)
+            flight.feed(line, ev)
+
+
+def _read_structured(path: Path, rel: str, src: Sources, size: int, binary: bool) -> bool:
+    """JSON or pickle files: heartbeat, flight-recorder dump, plan.json. True when consumed."""
+    if size > (MAX_DUMP_BYTES if binary else MAX_JSON_BYTES):
+        return False
+    data = path.read_bytes()
+    ev = f"{rel}:1"
+    dump = load_dump(data)
+    if dump is not None:
+        src.flight.add_dump(rel, dump, ev)
+        src.files.append(rel)
+        return True
+    if binary:
+        return False
+    text = data.decode("utf-8", "replace")
+    beat = parse_beat(text, ev)
+    if beat is not None:
+        src.beats.add(beat)
+        src.files.append(rel)
+        return True
+    try:
+        obj: Any = json.loads(text)
+    except ValueError:
+        return False
+    if isinstance(obj, dict) and {"degrees", "ranks", "mesh_order"} <= set(obj):
+        src.plan_paths.append(path)
+        src.files.append(rel)
+        return True
+    return False
+
+
+def build_report(src: Sources, plan: Any = None, bwmap: Any = None) -> Report:
+    world = None
+    if plan is not None:
+        world = plan.world_size
+    world = world or src.init.world_size() or (max(src.flight.world_ranks()) + 1 if src.flight.world_ranks()
+                                               else None)
+    hosts: dict[int, str] = {}
+    if plan is not None and plan.hosts:
+        for rp in plan.ranks:
+            if 0 <= rp.node < len(plan.hosts):
+                hosts[rp.rank] = plan.hosts[rp.node]
+    hosts.update(src.init.rank_hosts())
+    hosts.update(src.failures.hosts)
+    hosts.update(src.beats.hosts())
+
+    findings: list[Finding] = []
+    findings += init_findings(src.init, plan, bwmap)
+    findings += src.failures.findings(world, hosts)
+    findings += src.flight.findings(hosts)
+    findings += src.beats.findings(world, hosts)
+    findings = rank_findings(findings)
+    stalled = stalled_from(findings)
+    stalled_hosts = {r: hosts[r] for r in stalled if r in hosts}
+    return Report(verdict=_verdict(findings, stalled, stalled_hosts, src), stalled_ranks=stalled,
+                  stalled_hosts=stalled_hosts, findings=findings, nccl=src.init.summary(), files=src.files)
+
+
+def _verdict(findings: list[Finding], stalled: list[int], hosts: dict[int, str], src: Sources) -> str:
+    problems = [f for f in findings if f.severity in ("error", "warning")]
+    if not problems:
+        if not src.files:
+            return "nothing recognisable found"
+        facts = [f.message for f in findings[:1]]
+        return "no problem found" + (f": {facts[0]}" if facts else f" in {len(src.files)} file(s)")
+    if stalled:
+        word = "rank" if len(stalled) == 1 else "ranks"
+        stall = [f for f in problems if f.kind == "stalled_rank"]
+        top = stall[0]
+        sources = sorted({_source(f) for f in stall if set(f.ranks) & set(stalled)})
+        head = f"{word} {fmt_ranks(stalled, hosts)} stalled: {top.message}"
+        if len(sources) > 1:
+            head += f" [agreed by: {', '.join(sources)}]"
+        other = next((f for f in problems if f.kind not in ("stalled_rank", "collective_timeout", "gloo_timeout",
+                                                               "heartbeat", "peer_closed", "process_exit")), None)
+        return head + (f" | also: {other.message}" if other else "")
+    top = problems[0]
+    if top.kind in ("collective_timeout", "gloo_timeout"):
+        return (top.message + " | the stalled rank is one that never reached this collective; add the other "
+                "ranks' logs, the heartbeat/ files or flight-recorder dumps to name it")
+    return top.message
+
+
+def _source(f: Finding) -> str:
+    m = re.search(r"\(([^()]*)\)\s*$", f.message)
+    if f.confidence == 2:
+        return "heartbeat"
+    if m and m.group(1) in ("PyTorch desync report", "flight recorder", "flight recorder dumps"):
+        return m.group(1)
+    if "monitoredBarrier" in f.message:
+        return "monitoredBarrier"
+    return "timeouts"
