@@ -33,7 +33,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-PREEMPT_EXIT_CODE = 75
+from launcher.backends import PREEMPT_EXIT_CODE
+
+__all__ = ["PREEMPT_EXIT_CODE", "Checkpointer", "is_complete", "merge_parts"]
 LATEST = "latest"
 EXTRA = "extra.pt"
 

@@ -1,0 +1,170 @@
+"""Backends: one small interface per place a job can run (torchx-style), so the CLI never knows
+which one it talks to.
+
+    backend = get_backend("local")                         # or "slurm", "k8s"
+    handle = backend.submit(spec, plan, run_dir, dry_run)  # dry run: handle.request says what would run
+    backend.status(handle) -> JobStatus; backend.logs(handle, follow) -> lines; backend.cancel(handle)
+
+Also here, because every backend needs them: the run directory (COMMON.md layout: plan.json,
+job.yaml, logs/, heartbeat/, checkpoints/) and the environment the trainer runs under (NCCL
+debug files, flight recorder, timeouts, the user's backend.env).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from launcher.errors import UserError
+
+if TYPE_CHECKING:
+    from launcher.plan import Plan
+    from launcher.spec import JobSpec
+
+# Job states every backend maps its own onto.
+PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED, PREEMPTED, UNKNOWN = (
+    "PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "PREEMPTED", "UNKNOWN")
+TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED, PREEMPTED})
+
+#: The trainer's exit code after a preemption checkpoint (EX_TEMPFAIL): "run me again to resume".
+PREEMPT_EXIT_CODE = 75
+
+BACKENDS = {
+    "local": "launcher.backends.local:LocalBackend",
+    "slurm": "launcher.backends.slurm:SlurmBackend",
+    "k8s": "launcher.backends.kubernetes:KubernetesBackend",
+}
+
+
+@dataclass
+class JobHandle:
+    """What submit returns and status/logs/cancel take. `request` is the dry-run object: the exact
+    command, script or manifest that was (or would be) sent."""
+
+    backend: str
+    id: str
+    name: str
+    run_dir: str
+    log_path: str | None = None
+    dry_run: bool = False
+    request: str | None = None
+    submitted_at: float = field(default_factory=time.time)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class JobStatus:
+    state: str
+    exit_code: int | None = None
+    detail: str = ""
+
+    @property
+    def done(self) -> bool:
+        return self.state in TERMINAL
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+
+    def submit(self, spec: JobSpec, plan: Plan, run_dir: str | Path, dry_run: bool = False,
+               **options: Any) -> JobHandle: ...
+
+    def status(self, handle: JobHandle) -> JobStatus: ...
+
+    def logs(self, handle: JobHandle, follow: bool = False) -> Iterator[str]: ...
+
+    def cancel(self, handle: JobHandle) -> None: ...
+
+
+def get_backend(kind: str) -> Backend:
+    if kind not in BACKENDS:
+        raise UserError(f"backend.kind: {kind!r} is not one of {', '.join(BACKENDS)}")
+    module, attr = BACKENDS[kind].split(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError):
+        raise UserError(f"backend {kind!r} is not available in this installation") from None
+    return cls()
+
+
+# --- run directory ----------------------------------------------------------------------------
+
+def default_run_dir(spec: JobSpec, now: float | None = None) -> Path:
+    """<backend.log_dir>/<name>-<YYYYmmdd-HHMMSS> (COMMON.md)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    return Path(spec.backend.log_dir) / f"{spec.name}-{stamp}"
+
+
+def prepare_run_dir(run_dir: str | Path, plan: Plan, job_text: str | None) -> Path:
+    """Create the layout and write plan.json and job.yaml. Refuses a dir holding another job's plan."""
+    from launcher.plan import Plan as PlanCls
+
+    rd = Path(run_dir).resolve()
+    if rd.exists() and not rd.is_dir():
+        raise UserError(f"--run-dir: {rd} exists and is not a directory")
+    old = rd / "plan.json"
+    if old.exists():
+        prev = PlanCls.load(old)
+        if (prev.name, prev.degrees, prev.model, prev.world_size) != (plan.name, plan.degrees, plan.model,
+                                                                        plan.world_size):
+            raise UserError(f"--run-dir: {rd} holds a different job ({prev.name}, {prev.degrees}); "
+                            "give a new run directory")
+    for sub in ("logs", "logs/nccl", "logs/flight", "heartbeat", "checkpoints"):
+        (rd / sub).mkdir(parents=True, exist_ok=True)
+    plan.save(rd / "plan.json")
+    if job_text is not None:
+        tmp = rd / ".job.yaml.tmp"
+        tmp.write_text(job_text)
+        os.replace(tmp, rd / "job.yaml")
+    return rd
+
+
+def trainer_env(spec: JobSpec, run_dir: str | Path) -> dict[str, str]:
+    """Environment for every trainer process: diagnostics (NCCL debug, flight recorder, timeouts)
+    pointed into the run dir, then the job's backend.env (the user has the last word)."""
+    d = spec.diagnostics
+    rd = Path(run_dir)
+    env = {"PYTHONUNBUFFERED": "1", "LAUNCH4D_RUN_DIR": str(rd)}
+    if d.nccl_debug != "off":
+        env["NCCL_DEBUG"] = d.nccl_debug
+        env["NCCL_DEBUG_FILE"] = str(rd / "logs" / "nccl" / "%h.%p.log")
+        if d.nccl_debug_subsys:
+            env["NCCL_DEBUG_SUBSYS"] = d.nccl_debug_subsys
+    if d.flight_recorder:
+        env["TORCH_FR_BUFFER_SIZE"] = str(d.flight_recorder_entries)
+        env["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "1"
+        env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = str(rd / "logs" / "flight" / "rank_")
+        env["TORCH_FR_DUMP_TEMP_FILE"] = str(rd / "logs" / "flight" / "rank_")
+    env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "3"
+    if d.socket_ifname:
+        env["NCCL_SOCKET_IFNAME"] = d.socket_ifname
+        env["GLOO_SOCKET_IFNAME"] = d.socket_ifname
+    if d.ib_hca:
+        env["NCCL_IB_HCA"] = d.ib_hca
+    env.update({str(k): str(v) for k, v in spec.backend.env.items()})
+    return env
+
+
+def state_for_exit(code: int | None) -> str:
+    if code is None:
+        return RUNNING
+    if code == 0:
+        return SUCCEEDED
+    if code == PREEMPT_EXIT_CODE:
+        return PREEMPTED
+    if code in (130, 143, -2, -15):
+        return CANCELLED
+    return FAILED
+
+
+def handle_from_record(rec: Any) -> JobHandle:
+    """A JobHandle again from a launcher.jobstate.JobRecord (status/logs/cancel from another shell)."""
+    extra = dict(rec.extra or {})
+    return JobHandle(backend=rec.backend, id=rec.id, name=rec.name, run_dir=rec.run_dir,
+                     log_path=extra.get("log_path"), extra=extra)

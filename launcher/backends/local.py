@@ -1,0 +1,257 @@
+"""Local backend: the job on this machine under `torchrun --standalone` (gloo on CPU, NCCL on GPUs).
+
+Why it looks like this:
+- The job runs detached in its own session (a small bash wrapper around torchrun), so Ctrl-C in
+  the terminal reaches `launch run`, which decides what to do, and so `launch status|logs|cancel`
+  work from another shell. The wrapper records torchrun's exit code in logs/exit_code.
+- All output goes to <run_dir>/logs/node0.log, each worker line prefixed `[rank<R>]: ` (torchrun's
+  log-line prefix template), which is how rank 0's lines are picked out for the terminal.
+- torchrun exits 1 whenever a worker fails, whatever the worker's code; the job's real exit code
+  is the one torchrun prints in its root-cause summary (`exitcode  : 75`), so a preempted run
+  (checkpointed, exit 75) is told apart from a crash.
+- cancel() sends SIGTERM to the trainer processes themselves, not to torchrun: the trainer
+  checkpoints and exits 75, and torchrun reports that. (SIGTERM to torchrun would make it kill
+  the workers and exit 1 with no exit code of theirs.)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from launcher.backends import (
+    CANCELLED,
+    PREEMPTED,
+    RUNNING,
+    UNKNOWN,
+    JobHandle,
+    JobStatus,
+    prepare_run_dir,
+    state_for_exit,
+    trainer_env,
+)
+from launcher.errors import UserError
+
+if TYPE_CHECKING:
+    from launcher.plan import Plan
+    from launcher.spec import JobSpec
+
+LOG_PREFIX = "[rank${rank}]: "
+RANK_LINE = re.compile(r"^\[rank(\d+)\]: ?(.*)$")
+ROOT_CAUSE_EXIT = re.compile(r"Root Cause \(first observed failure\):.*?exitcode\s*:\s*(-?\d+)", re.S)
+ROOT_CAUSE_RANK = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)", re.S)
+
+
+def rank_of(line: str) -> tuple[int | None, str]:
+    """(rank, text) of a node-log line; rank None for torchrun's own lines."""
+    m = RANK_LINE.match(line)
+    return (int(m.group(1)), m.group(2)) if m else (None, line)
+
+
+def job_exit_code(torchrun_rc: int, log_text: str, run_dir: Path | None = None,
+                  started: float | None = None) -> int:
+    """The job's exit code from torchrun's and the log's evidence (see the module docstring)."""
+    if torchrun_rc == 0:
+        return 0
+    m = ROOT_CAUSE_EXIT.findall(log_text)
+    if m:
+        code = int(m[-1])
+        return 128 - code if code < 0 else code
+    if "SignalException" in log_text and "got signal" in log_text:
+        sig = re.findall(r"got signal: (\d+)", log_text)
+        # torchrun itself was signalled; it forwarded the signal, and the trainer checkpoints on it
+        if run_dir is not None and started is not None:
+            latest = run_dir / "checkpoints" / "latest"
+            if latest.exists() and latest.stat().st_mtime >= started:
+                from launcher.backends import PREEMPT_EXIT_CODE
+
+                return PREEMPT_EXIT_CODE
+        return 128 + int(sig[-1]) if sig else torchrun_rc
+    return torchrun_rc
+
+
+def _proc_table() -> dict[int, tuple[int, int, str]]:
+    """pid -> (ppid, pgrp, state) from /proc."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        out[int(entry)] = (int(fields[1]), int(fields[2]), fields[0])
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class LocalBackend:
+    name = "local"
+
+    def __init__(self) -> None:
+        self._procs: dict[str, subprocess.Popen] = {}
+
+    # --- submit ----------------------------------------------------------------------------------
+    def command(self, plan: Plan, run_dir: Path, resume: str | None = None) -> list[str]:
+        logs = run_dir / "logs"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={plan.world_size}", "--max-restarts=0",
+               "--tee=3", f"--log-dir={logs / 'torchrun'}",
+               "-m", "launcher.trainer", "--plan", str(run_dir / "plan.json"), "--run-dir", str(run_dir)]
+        if resume:
+            cmd += ["--resume", resume]
+        return cmd
+
+    def env(self, spec: JobSpec, plan: Plan, run_dir: Path) -> dict[str, str]:
+        env = trainer_env(spec, run_dir)
+        env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = LOG_PREFIX
+        env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+        if (plan.gpu or {}).get("name") == "cpu":
+            env["LAUNCH4D_DEVICE"] = "cpu"
+        return env
+
+    def submit(self, spec: JobSpec, plan: Plan, run_dir: str | Path, dry_run: bool = False,
+               resume: str | None = None, job_text: str | None = None, **options: Any) -> JobHandle:
+        if plan.nodes != 1:
+            raise UserError(f"cluster.nodes: the local backend runs on this machine only, but the plan has "
+                            f"{plan.nodes} nodes; use backend.kind slurm or k8s, or set cluster.nodes: 1")
+        rd = Path(run_dir).resolve()
+        cmd = self.command(plan, rd, resume)
+        env = self.env(spec, plan, rd)
+        log = rd / "logs" / "node0.log"
+        exit_file = rd / "logs" / "exit_code"
+        request = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())) + " " + shlex.join(cmd)
+        if dry_run:
+            return JobHandle(backend=self.name, id="dry-run", name=spec.name, run_dir=str(rd), log_path=str(log),
+                             dry_run=True, request=request)
+        prepare_run_dir(rd, plan, job_text)
+        exit_file.unlink(missing_ok=True)
+        wrapper = (f"trap ':' TERM INT USR1 USR2\n{shlex.join(cmd)}\nrc=$?\n"
+                   f"echo $rc > {shlex.quote(str(exit_file))}.tmp && mv {shlex.quote(str(exit_file))}.tmp "
+                   f"{shlex.quote(str(exit_file))}\nexit $rc\n")
+        started = time.time()
+        with open(log, "ab") as out:
+            out.write(f"# launch4d local {time.strftime('%Y-%m-%dT%H:%M:%S')}: {shlex.join(cmd)}\n".encode())
+            out.flush()
+            proc = subprocess.Popen(["bash", "-c", wrapper], stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ, **env})
+        handle = JobHandle(backend=self.name, id=f"local-{proc.pid}", name=spec.name, run_dir=str(rd),
+                           log_path=str(log), request=request,
+                           extra={"pid": proc.pid, "exit_file": str(exit_file), "log_path": str(log),
+                                  "started": started, "log_offset": log.stat().st_size, "world": plan.world_size})
+        self._procs[handle.id] = proc
+        return handle
+
+    # --- follow ------------------------------------------------------------------------------------
+    def status(self, handle: JobHandle) -> JobStatus:
+        proc = self._procs.get(handle.id)
+        if proc is not None:
+            proc.poll()
+        exit_file = Path(handle.extra.get("exit_file", Path(handle.run_dir) / "logs" / "exit_code"))
+        if exit_file.exists():
+            try:
+                rc = int(exit_file.read_text().strip())
+            except ValueError:
+                rc = 1
+            text = self._log_text(handle)
+            code = job_exit_code(rc, text, Path(handle.run_dir), handle.extra.get("started"))
+            state = state_for_exit(code)
+            detail = {PREEMPTED: "checkpointed and stopped; run again with --resume auto to continue",
+                      CANCELLED: "stopped by a signal"}.get(state, "")
+            return JobStatus(state, code, detail)
+        pid = handle.extra.get("pid")
+        if pid and _alive(int(pid)):
+            return JobStatus(RUNNING)
+        return JobStatus(UNKNOWN, None, "the job's process is gone without an exit code (killed with SIGKILL?)")
+
+    def _log_text(self, handle: JobHandle) -> str:
+        try:
+            with open(handle.log_path or "", "rb") as f:
+                f.seek(int(handle.extra.get("log_offset", 0)))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def logs(self, handle: JobHandle, follow: bool = False, poll_s: float = 0.2) -> Iterator[str]:
+        """Lines of node0.log (this submission's part); with follow, until the job ends."""
+        path = Path(handle.log_path or Path(handle.run_dir) / "logs" / "node0.log")
+        offset = int(handle.extra.get("log_offset", 0))
+        buf = b""
+        while True:
+            st = self.status(handle) if follow else None
+            done = st is None or st.done or st.state == UNKNOWN
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    chunk = f.read()
+            except OSError:
+                chunk = b""
+            offset += len(chunk)
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                yield line.decode(errors="replace")
+            if done:
+                if buf:
+                    yield buf.decode(errors="replace")
+                return
+            if not chunk:
+                time.sleep(poll_s)
+
+    # --- cancel -----------------------------------------------------------------------------------
+    def workers(self, handle: JobHandle) -> list[int]:
+        """The trainer processes: children of torchrun, which is the wrapper's child."""
+        pgid = int(handle.extra["pid"])
+        table = _proc_table()
+        agents = [p for p, (pp, _, st) in table.items() if pp == pgid and st != "Z"]
+        return sorted(p for p, (pp, _, st) in table.items() if pp in agents and st != "Z")
+
+    def cancel(self, handle: JobHandle, force: bool = False) -> None:
+        """SIGTERM the trainers (they checkpoint and exit 75); force: SIGKILL the whole job."""
+        pgid = int(handle.extra["pid"])
+        if force:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            return
+        targets = self.workers(handle)
+        if not targets:  # not started yet (or already gone): stop torchrun itself
+            try:
+                os.killpg(pgid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            return
+        for pid in targets:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def wait(self, handle: JobHandle, timeout: float | None = None) -> JobStatus:
+        deadline = None if timeout is None else time.time() + timeout
+        while True:
+            st = self.status(handle)
+            if st.done or st.state == UNKNOWN:
+                return st
+            if deadline is not None and time.time() > deadline:
+                return st
+            time.sleep(0.2)
+

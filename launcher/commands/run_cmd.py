@@ -1,0 +1,201 @@
+"""`launch run JOB.yaml`: plan the job and run it on this machine under torchrun, following it.
+
+The embedded default of the project: the same job file that goes to Slurm or Kubernetes runs here
+(CPU/gloo without a GPU). Rank 0's lines stream to the terminal; everything is in
+<run_dir>/logs/node0.log. Ctrl-C (or SIGTERM) asks the trainer to checkpoint and stop; a second one
+kills it. The exit status is the job's: 0 done, 75 preempted (resume with --resume auto), else failed.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from launcher.commands import emit, json_option, progress
+from launcher.errors import UserError
+
+LOG_LEVEL_LINE = re.compile(r"^[EW]\d{4} ")
+
+
+def load_job(job: str, nproc: int | None):
+    """The validated spec (with --nproc applied, a relative train.data made absolute) and the text."""
+    import yaml
+
+    from launcher.spec import load_spec, spec_from_dict
+
+    spec = load_spec(job)  # validates the file as written, with its own error messages
+    text = Path(job).read_text()
+    data = yaml.safe_load(text)
+    changed = []
+    if nproc is not None:
+        if nproc < 1:
+            raise UserError(f"--nproc: {nproc} must be at least 1")
+        cluster = data.setdefault("cluster", {}) or {}
+        data["cluster"] = {**cluster, "gpus_per_node": nproc}
+        changed.append(f"cluster.gpus_per_node={nproc}")
+    train = data.get("train") or {}
+    path = train.get("data")
+    if isinstance(path, str) and path != "synthetic" and not Path(path).is_absolute():
+        data["train"] = {**train, "data": str(Path(path).resolve())}
+        changed.append(f"train.data={data['train']['data']}")
+    if changed:
+        spec = spec_from_dict(data, source=job)
+        text = f"# launch run overrides: {', '.join(changed)}\n" + text
+    return spec, text
+
+
+def check_devices(plan, as_json: bool) -> str:
+    """'cuda' or 'cpu'; a clear error when the plan wants more GPUs than this machine has."""
+    import torch
+
+    if torch.cuda.is_available() and (plan.gpu or {}).get("name") != "cpu":
+        have = torch.cuda.device_count()
+        if plan.world_size > have:
+            raise UserError(f"cluster.gpus_per_node: the plan needs {plan.world_size} GPUs but this machine has "
+                            f"{have}; set cluster.gpus_per_node or pass --nproc {have}")
+        return "cuda"
+    if (plan.gpu or {}).get("name") != "cpu":
+        progress(f"launch: no GPU here; running {plan.world_size} CPU processes with gloo "
+                 f"(MFU is reported against {plan.gpu.get('name')}'s peak)")
+    return "cpu"
+
+
+def read_steps(run_dir: Path) -> list[dict]:
+    by_step: dict[int, dict] = {}
+    try:
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+            by_step[int(rec["step"])] = rec
+        except (ValueError, KeyError, TypeError):
+            continue
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def follow(backend, handle, as_json: bool) -> dict[int, collections.deque]:
+    """Stream rank 0 (and torchrun's warnings) until the job ends; keep each rank's last lines."""
+    from launcher.backends.local import rank_of
+
+    tails: dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=30))
+    out = sys.stderr if as_json else sys.stdout
+    stops = {"n": 0}
+
+    def on_signal(signum, frame):
+        stops["n"] += 1
+        if stops["n"] == 1:
+            progress("launch: stopping the job (the trainer checkpoints, then exits); again to kill it")
+            backend.cancel(handle)
+        else:
+            progress("launch: killing the job")
+            backend.cancel(handle, force=True)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for line in backend.logs(handle, follow=True):
+            rank, text = rank_of(line)
+            if rank is not None:
+                tails[rank].append(text)
+                if rank == 0:
+                    print(text, file=out, flush=True)
+            elif LOG_LEVEL_LINE.match(line):
+                tails[-1].append(line)
+                print(line, file=sys.stderr, flush=True)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return tails
+
+
+@click.command("run")
+@click.argument("job", type=click.Path(dir_okay=False))
+@click.option("--run-dir", type=click.Path(file_okay=False), help="Run directory (default <log_dir>/<name>-<time>).")
+@click.option("--nproc", type=int, help="Processes on this machine (overrides cluster.gpus_per_node).")
+@click.option("--resume", type=click.Choice(["auto", "never"]), default="never", show_default=True,
+              help="auto: continue from the run dir's latest complete checkpoint.")
+@click.option("--dry-run", is_flag=True, help="Print the plan and the command; start nothing, write nothing.")
+@json_option
+def run(job: str, run_dir: str | None, nproc: int | None, resume: str, dry_run: bool, as_json: bool) -> int:
+    """Plan JOB and run it here with torchrun; exit with the job's status."""
+    from launcher.backends import default_run_dir, get_backend
+    from launcher.planner import plan_job
+
+    spec, text = load_job(job, nproc)
+    if spec.cluster.nodes != 1:
+        raise UserError(f"cluster.nodes: `launch run` uses this machine only, but the job asks for "
+                        f"{spec.cluster.nodes} nodes; use `launch submit` (slurm or k8s), or set cluster.nodes: 1")
+    result = plan_job(spec)
+    plan = result.best
+    if plan is None:
+        top = sorted(result.rejected.items(), key=lambda kv: -kv[1])[:3]
+        why = "; ".join(f"{reason} ({n})" for reason, n in top) or "no layout matches the fixed parallel section"
+        raise UserError(f"parallel: no layout of {spec.name} runs on {spec.cluster.world_size} processes: {why}")
+    rd = Path(run_dir) if run_dir else default_run_dir(spec)
+    backend = get_backend("local")
+    if dry_run:
+        handle = backend.submit(spec, plan, rd, dry_run=True, resume=resume)
+        emit({"run_dir": str(rd.resolve()), "plan": plan.to_dict(), "command": handle.request}, as_json,
+             lambda: f"plan: {plan.degrees} zero={plan.zero_stage} micro_batch={plan.micro_batch} "
+                     f"grad_accum={plan.grad_accum}\nrun dir: {rd.resolve()}\ncommand: {handle.request}")
+        return 0
+    if (rd / "checkpoints" / "latest").exists() and resume == "never":
+        raise UserError(f"--run-dir: {rd} already has checkpoints; pass --resume auto to continue it, "
+                        "or give a new run directory")
+    device = check_devices(plan, as_json)
+    for w in plan.warnings:
+        progress(f"launch: plan warning: {w}")
+    handle = backend.submit(spec, plan, rd, resume=resume, job_text=text)
+    _record(handle)
+    progress(f"launch: {spec.name}: {plan.world_size} processes on {device} "
+             f"(tp={plan.tp} cp={plan.cp} pp={plan.pp} dp={plan.dp}, zero {plan.zero_stage}, "
+             f"micro_batch {plan.micro_batch} × grad_accum {plan.grad_accum}); run dir {handle.run_dir}")
+    t0 = time.time()
+    tails = follow(backend, handle, as_json)
+    status = backend.wait(handle)
+    steps = read_steps(Path(handle.run_dir))
+    code = status.exit_code if status.exit_code is not None else 1
+    payload = {"run_dir": handle.run_dir, "exit_code": code, "state": status.state, "job_id": handle.id,
+               "steps": steps[-1]["step"] if steps else 0, "final_loss": steps[-1]["loss"] if steps else None}
+    if code not in (0,):
+        _explain(handle, status, tails)
+    progress(f"launch: {status.state} (exit {code}) after {time.time() - t0:.1f} s, {payload['steps']} steps"
+             + (f", final loss {payload['final_loss']:.4f}" if steps else "")
+             + (f"; {status.detail}" if status.detail else ""))
+    if as_json:
+        emit(payload, True)
+    return code
+
+
+def _record(handle) -> None:
+    from launcher.jobstate import JobRecord, record
+
+    record(JobRecord(id=handle.id, backend=handle.backend, name=handle.name, run_dir=handle.run_dir,
+                     log_dir=str(Path(handle.run_dir) / "logs"),
+                     submitted_at=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(handle.submitted_at)),
+                     extra=handle.extra))
+
+
+def _explain(handle, status, tails) -> None:
+    """On failure, the last lines of the rank that failed first (torchrun's root cause)."""
+    from launcher.backends.local import ROOT_CAUSE_RANK
+
+    try:
+        text = Path(handle.log_path).read_text(errors="replace")
+    except OSError:
+        text = ""
+    m = ROOT_CAUSE_RANK.findall(text)
+    rank = int(m[-1]) if m else None
+    if rank is not None and rank != 0 and tails.get(rank):
+        progress(f"launch: last lines of rank {rank} (first to fail):")
+        for line in tails[rank]:
+            progress(f"  {line}")
+    progress(f"launch: full log: {handle.log_path}")
