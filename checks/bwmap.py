@@ -29,7 +29,7 @@ class NodeReport:
     driver: str | None = None
     links: dict[str, dict[str, str]] = field(default_factory=dict)
     nvlink_groups: list[list[int]] = field(default_factory=list)
-    gpu_nic: dict[str, str] = field(default_factory=dict)
+    gpu_nic: dict[str, str] = field(default_factory=dict)  # "GPU0" -> nearest NIC device ("mlx5_0")
     intra_busbw_gbs: float | None = None
     status: str = "pass"
 
@@ -59,6 +59,7 @@ class BandwidthMap:
     checks: list[CheckResult] = field(default_factory=list)
     intra_node_busbw_gbs: float | None = None
     inter_node_busbw_gbs: float | None = None
+    all_nodes_busbw_gbs: float | None = None  # all_reduce over every healthy node at once (informational)
     exclude: list[str] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
     created: str | None = None
@@ -100,6 +101,7 @@ class BandwidthMap:
                 checks=[CheckResult(**c) for c in data.get("checks", [])],
                 intra_node_busbw_gbs=data.get("intra_node_busbw_gbs"),
                 inter_node_busbw_gbs=data.get("inter_node_busbw_gbs"),
+                all_nodes_busbw_gbs=data.get("all_nodes_busbw_gbs"),
                 exclude=list(data.get("exclude", [])),
                 commands=list(data.get("commands", [])),
                 created=data.get("created"),
