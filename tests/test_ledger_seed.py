@@ -108,3 +108,13 @@ def test_memory_command_json_and_adhoc():
     assert d["zero_table"][3]["gb"] == [14.0, 26.0, 140.0]
     r = CliRunner().invoke(cli, ["memory", "--params", "7e9", "--world", "8", "--zero", "3", "--json"])
     assert json.loads(r.output)["state_gb"] == [{"stage": 3, "gb": 14.0}]
+
+
+@pytest.mark.parametrize("model, row", [
+    ("22B", (45.56, 59.25, 9.56)), ("175B", (45.56, 66.84, 12.35)),
+    ("530B", (31.64, 114.02, 23.08)), ("1T", (32.96, 131.25, 26.56))])
+def test_korthikanti_fig1_all_four_models(model, row):
+    from launcher.commands.memory_cmd import korthikanti_fig1
+
+    got = {r["model"]: r for r in korthikanti_fig1()}[model]
+    assert (got["params_optimizer_gib"], got["activations_tp_gib"], got["activations_sp_selective_gib"]) == row

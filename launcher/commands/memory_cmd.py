@@ -6,13 +6,36 @@ import click
 
 from launcher.commands import emit, json_option
 from launcher.ledger import (
+    GIB,
     act_gb,
     bubble_ratio,
     bytes_per_param,
+    in_flight_microbatches,
     layer_activation_bytes,
     per_gpu_state_gb,
     tp_bytes_per_step,
 )
+
+#: Korthikanti et al. 2022, Table 3 configurations (s=2048, b=1 except 22B b=4; v=3 for 175B/530B).
+KORTHIKANTI = [("22B", 48, 6144, 64, 8, 1, 1, 4), ("175B", 96, 12288, 96, 8, 8, 3, 1),
+               ("530B", 105, 20480, 128, 8, 35, 3, 1), ("1T", 128, 25600, 160, 8, 64, 1, 1)]
+
+
+def korthikanti_fig1() -> list[dict]:
+    """Fig. 1 memory per GPU (GiB): params + optimizer at 18 B/param over the 12·L·h² layer weights,
+    activations of the first stage with TP only and with SP + selective recompute."""
+    rows = []
+    for name, L, h, a, t, p, v, b in KORTHIKANTI:
+        held = in_flight_microbatches("interleaved-1f1b" if v > 1 else "1f1b", p, 10**6, v) * L / p
+        rows.append({
+            "model": name, "tp": t, "pp": p, "virtual_stages": v, "micro_batch": b,
+            "params_optimizer_gib": round(12 * L * h * h / (t * p) * 18 / GIB, 2),
+            "activations_tp_gib": round(layer_activation_bytes(2048, b, h, a, "none", tp=t, sequence_parallel=False)
+                                        * held / GIB, 2),
+            "activations_sp_selective_gib": round(layer_activation_bytes(2048, b, h, a, "selective", tp=t)
+                                                  * held / GIB, 2),
+        })
+    return rows
 
 SEED_MODELS = (7, 13, 70)
 SEED_ACT = dict(s=4096, b=1, h=4096, a=32, layers=32)
@@ -36,6 +59,7 @@ def seed_tables(world: int = 8) -> dict:
         # the seed quotes whole gigabytes here ("it's 416GB"): 4 × 104.15 = 416.6, truncated
         "activations_micro_batch_4_gb": int(4 * act_gb(mode="none", **SEED_ACT)),
         "zero1_floor_gb": {n: (bpp.param + bpp.grad) * n for n in SEED_MODELS},
+        "korthikanti_fig1": korthikanti_fig1(),
         "bubble": [{"stages": 8, "micro_batches": m, "bubble": round(bubble_ratio(8, m), 4)} for m in (4, 8, 16, 32, 64)],
     }
 
@@ -59,6 +83,10 @@ def render_seed(t: dict) -> str:
             f"{tm['ib_50gbs']:.0f} ms", "",
             "pipeline bubble (p-1)/m:"]
     out += [f"  micro_batches={r['micro_batches']:3}  8-stage bubble {r['bubble']:.1%}" for r in t["bubble"]]
+    out += ["", "Korthikanti et al. 2022, Fig. 1 (GiB per GPU, first pipeline stage):",
+            f"  {'model':5} {'t':>2} {'p':>3} {'v':>2} {'params+opt':>11} {'act TP':>8} {'act SP+sel':>11}"]
+    out += [f"  {r['model']:5} {r['tp']:>2} {r['pp']:>3} {r['virtual_stages']:>2} {r['params_optimizer_gib']:>11.2f} "
+            f"{r['activations_tp_gib']:>8.2f} {r['activations_sp_selective_gib']:>11.2f}" for r in t["korthikanti_fig1"]]
     return "\n".join(out)
 
 
