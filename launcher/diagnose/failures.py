@@ -20,7 +20,7 @@ from pathlib import PurePath
 from launcher.diagnose.findings import ERROR, INFO, WARNING, Finding, fmt_ranks
 from launcher.diagnose.nccl_init import PREFIX_RE
 
-TORCHRUN_RANK_RE = re.compile(r"\[rank(\d+)\]:")
+TORCHRUN_RANK_RE = re.compile(r"\[rank(\d+)\]:?")
 FILE_RANK_RE = re.compile(r"(?:^|[^A-Za-z0-9])rank[_\-]?(\d+)(?=$|[._\-])", re.I)
 IB_NEW_RE = re.compile(
     r"Got completion from peer (?P<peer>[^\s<]+)<(?P<port>\d+)> with status=(?P<status>\d+)"
