@@ -20,13 +20,15 @@ PLAN_VERSION = 1
 
 @dataclass
 class RankPlacement:
-    """Where one global rank runs: node index, local rank on it, physical GPU index."""
+    """Where one global rank runs: node index, local rank on it, physical GPU index, and (when a
+    BandwidthMap says) the NIC nearest that GPU."""
 
     rank: int
     node: int
     local_rank: int
     gpu: int
     coords: dict[str, int] = field(default_factory=dict)
+    nic: str | None = None
 
 
 @dataclass

@@ -83,6 +83,7 @@ class Cluster:
     excluded: list[str] = field(default_factory=list)
     gpu_order: list[int] | None = None
     nvlink_groups: list[list[int]] | None = None
+    gpu_nic: dict[str, dict[str, str]] = field(default_factory=dict)   # host -> "GPU<i>" -> NIC
 
 
 def cluster_from(spec: JobSpec, bwmap: BandwidthMap | None, bwmap_name: str | None) -> Cluster:
@@ -117,8 +118,9 @@ def cluster_from(spec: JobSpec, bwmap: BandwidthMap | None, bwmap_name: str | No
         if first.nvlink_groups:
             groups = first.nvlink_groups
             order = lay_mod.gpu_order_from_nvlink_groups(groups, c.gpus_per_node)
+    nics = {h: dict(bwmap.nodes[h].gpu_nic) for h in hosts or [] if bwmap.nodes[h].gpu_nic}
     return Cluster(c.nodes, c.gpus_per_node, bw, hosts=hosts, excluded=list(bwmap.exclude),
-                   gpu_order=order, nvlink_groups=groups)
+                   gpu_order=order, nvlink_groups=groups, gpu_nic=nics)
 
 
 def load_bwmap(spec: JobSpec, override: str | None) -> tuple[BandwidthMap | None, str | None]:
@@ -311,6 +313,9 @@ def to_plan(spec: JobSpec, cand: Candidate, cluster: Cluster) -> Plan:
     degrees = {"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "dp": lay.dp, "ep": lay.ep}
     order = list(spec.parallel.mesh_order)
     ranks = lay_mod.placements(degrees, order, cluster.gpus_per_node, cluster.gpu_order)
+    if cluster.hosts and cluster.gpu_nic:
+        for r in ranks:
+            r.nic = cluster.gpu_nic.get(cluster.hosts[r.node], {}).get(f"GPU{r.gpu}")
     tp_groups = lay_mod.groups(degrees, order, "tp")
     tp_local = lay_mod.groups_node_local(tp_groups, cluster.gpus_per_node)
     bandwidth = cluster.bandwidth.to_dict()

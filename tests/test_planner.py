@@ -137,7 +137,9 @@ def test_stage_layers_uneven_gives_ends_less():
 # --- BandwidthMap integration ---------------------------------------------------------------------
 
 def bwmap(tmp_path, intra=300.0, inter=200.0, exclude=(), groups=None, nodes=4):
-    bm = BandwidthMap(nodes={f"n{i}": NodeReport(host=f"n{i}", gpus=8, nvlink_groups=groups or [list(range(8))])
+    nics = {f"GPU{g}": f"mlx5_{g // 2}" for g in range(8)}
+    bm = BandwidthMap(nodes={f"n{i}": NodeReport(host=f"n{i}", gpus=8, nvlink_groups=groups or [list(range(8))],
+                                                 gpu_nic=nics)
                              for i in range(nodes)},
                       intra_node_busbw_gbs=intra, inter_node_busbw_gbs=inter, exclude=list(exclude))
     path = tmp_path / "bwmap.json"
@@ -152,6 +154,7 @@ def test_measured_bandwidth_is_used_and_named(tmp_path):
     assert result.bandwidth.intra_gbs == 300.0 and result.bandwidth.net_per_gpu_gbs == 20.0
     assert "measured" in result.best.bandwidth["source"] and str(path) in result.best.bandwidth["source"]
     assert result.best.hosts == ["n0", "n1"]
+    assert [r.nic for r in result.best.ranks[:4]] == ["mlx5_0", "mlx5_0", "mlx5_1", "mlx5_1"]
 
 
 def test_excluded_nodes_are_skipped(tmp_path):
