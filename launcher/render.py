@@ -134,9 +134,12 @@ def diagnostics_env(spec: JobSpec, run_dir: str, extra: dict[str, str] | None = 
         env.append(("NCCL_DEBUG_FILE", f"{run_dir}/logs/nccl/%h.%p.log"))
     env.append(("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"))
     if d.flight_recorder:
+        # Both spellings: TORCH_FR_* on current PyTorch, TORCH_NCCL_* on older releases.
         env += [("TORCH_NCCL_TRACE_BUFFER_SIZE", str(d.flight_recorder_entries)),
+                ("TORCH_FR_BUFFER_SIZE", str(d.flight_recorder_entries)),
                 ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"),
-                ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", f"{run_dir}/logs/flight/rank_")]
+                ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", f"{run_dir}/logs/flight/rank_"),
+                ("TORCH_FR_DUMP_TEMP_FILE", f"{run_dir}/logs/flight/rank_")]
     env += [("LAUNCH4D_INIT_TIMEOUT_S", str(d.init_timeout_s)),
             ("LAUNCH4D_COLLECTIVE_TIMEOUT_S", str(d.collective_timeout_s)),
             ("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", str(max(d.collective_timeout_s, 60)))]
@@ -258,7 +261,8 @@ def k8s_context(spec: JobSpec, plan: Plan, run_dir: str) -> dict[str, Any]:
     if k.memory:
         resources["memory"] = k.memory
     plan_path = f"{PLAN_MOUNT}/plan.json"
-    env = [("LAUNCH4D_RUN_DIR", run_dir), ("LAUNCH4D_PLAN", plan_path)]
+    env = [("LAUNCH4D_RUN_DIR", run_dir), ("LAUNCH4D_PLAN", plan_path),
+           ("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]: ")]
     env += diagnostics_env(spec, run_dir) + user_env(spec)
     lists = gpu_lists(plan)
     if any(lst != ",".join(str(i) for i in range(g)) for lst in lists):

@@ -1,0 +1,236 @@
+"""`launch render|submit|status|logs|cancel`: turn a plan into a job on Slurm or Kubernetes, and follow it.
+
+The commands are thin: plan (launcher.planner), render (launcher.render), then one backend
+(launcher.backends) that the command never looks inside. Submitted jobs are recorded in the
+local job state file so status/logs/cancel work later, from another shell, by id or name.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from launcher.commands import emit, json_option, progress
+from launcher.errors import UserError
+
+BACKEND_CHOICE = click.Choice(["slurm", "k8s"])
+
+
+# --- shared steps ---------------------------------------------------------------------------
+def _load(job_file: str, backend: str | None, preflight: str | None):
+    """Job file -> (spec, plan, bwmap, backend kind)."""
+    from launcher.planner import load_bwmap, plan_job
+    from launcher.spec import load_spec
+
+    spec = load_spec(job_file)
+    kind = backend or spec.backend.kind
+    if kind not in ("slurm", "k8s"):
+        raise UserError(f"backend.kind is {kind!r}: give --backend slurm|k8s (or use `launch run` for this machine)")
+    bwmap, name = load_bwmap(spec, preflight)
+    result = plan_job(spec, bwmap, bwmap_name=name)
+    if result.best is None:
+        raise UserError(f"{job_file}: no layout fits ({', '.join(result.notes)}); see `launch plan {job_file}`")
+    if not result.best.fits:
+        progress(f"warning: the fixed layout does not fit in GPU memory "
+                 f"({result.best.memory.get('per_gpu_gb', 0):.1f} GB per GPU); rendering it anyway")
+    return spec, result.best, bwmap, kind
+
+
+def _measured_env(bwmap) -> dict[str, str]:
+    """NCCL interface hints a preflight measured, where the bandwidth map carries them."""
+    if bwmap is None:
+        return {}
+    env = getattr(bwmap, "nccl_env", None)
+    return dict(env) if isinstance(env, dict) else {}
+
+
+def _stamp() -> str:
+    return time.strftime("%Y%m%d-%H%M%S")
+
+
+def _handle(job: str):
+    from launcher.backends import handle_from_record
+    from launcher.jobstate import lookup
+
+    rec = lookup(job)
+    handle = handle_from_record(rec)
+    handle.extra.setdefault("namespace", rec.namespace)
+    return rec, handle
+
+
+def _backend(kind: str, handle=None):
+    from launcher.backends import get_backend
+
+    return get_backend(kind)
+
+
+# --- render ---------------------------------------------------------------------------------
+@click.command()
+@click.argument("job_file", type=click.Path(dir_okay=False))
+@click.option("--backend", type=BACKEND_CHOICE, help="Default: the job file's backend.kind.")
+@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False),
+              help="Write the script/manifest, plan.json and job.yaml here (it is the job's run dir).")
+@click.option("--preflight", "bwmap", type=click.Path(dir_okay=False), help="Bandwidth map from `launch preflight`.")
+@click.option("--templates", type=click.Path(file_okay=False), help="Directory whose templates override ours, file by file.")
+@json_option
+def render(job_file: str, backend: str | None, out_dir: str | None, bwmap: str | None, templates: str | None,
+           as_json: bool) -> None:
+    """Render the sbatch script or PyTorchJob manifest (nothing is submitted). Same input, same bytes."""
+    from launcher.render import render_k8s, render_slurm
+
+    spec, plan, bw, kind = _load(job_file, backend, bwmap)
+    if kind == "slurm":
+        run_dir = str(Path(out_dir).resolve()) if out_dir else str(
+            Path(spec.backend.log_dir).expanduser().resolve() / spec.name)
+        rendered = render_slurm(spec, plan, run_dir, templates, list(bw.exclude) if bw else None,
+                                _measured_env(bw))
+    else:
+        rendered = render_k8s(spec, plan, None, templates)
+    written: list[str] = []
+    if out_dir:
+        files = dict(rendered.files)
+        files["job.yaml"] = Path(job_file).read_text()
+        rendered.files = files
+        written = [str(p) for p in rendered.write(out_dir)]
+    main_text = rendered.files[rendered.main]
+    emit({"backend": kind, "run_dir": rendered.run_dir, "main": rendered.main, "written": written,
+          "files": rendered.files},
+         as_json, lambda: main_text.rstrip("\n") + ("\n\n# wrote " + ", ".join(written) if written else ""))
+
+
+# --- submit ---------------------------------------------------------------------------------
+@click.command()
+@click.argument("job_file", type=click.Path(dir_okay=False))
+@click.option("--backend", type=BACKEND_CHOICE, help="Default: the job file's backend.kind.")
+@click.option("--preflight", "bwmap", type=click.Path(dir_okay=False), help="Bandwidth map from `launch preflight`.")
+@click.option("--run-dir", type=click.Path(file_okay=False),
+              help="Default: <backend.log_dir>/<name>-<timestamp> (over SSH: under backend.slurm.remote_dir).")
+@click.option("--templates", type=click.Path(file_okay=False), help="Directory whose templates override ours.")
+@click.option("--dry-run", is_flag=True, help="Print what would be submitted; submit nothing.")
+@json_option
+def submit(job_file: str, backend: str | None, bwmap: str | None, run_dir: str | None, templates: str | None,
+           dry_run: bool, as_json: bool) -> None:
+    """Submit a job to Slurm (sbatch, here or over SSH) or Kubernetes (PyTorchJob)."""
+    from launcher.jobstate import JobRecord, record
+
+    spec, plan, bw, kind = _load(job_file, backend, bwmap)
+    be = _backend(kind)
+    rd = run_dir or str(Path(spec.backend.log_dir).expanduser() / f"{spec.name}-{_stamp()}")
+    options: dict[str, Any] = {"templates": templates, "job_text": Path(job_file).read_text()}
+    if kind == "slurm":
+        options.update(exclude=list(bw.exclude) if bw else None, measured_env=_measured_env(bw))
+    handle = be.submit(spec, plan, rd, dry_run=dry_run, **options)
+    payload = {"id": handle.id, "backend": kind, "name": handle.name, "run_dir": handle.run_dir,
+               "dry_run": handle.dry_run, "host": handle.extra.get("host"),
+               "namespace": handle.extra.get("namespace"), "request": handle.request}
+    if dry_run:
+        emit(payload, as_json, lambda: handle.request or "")
+        return
+    extra = dict(handle.extra)
+    extra["log_path"] = handle.log_path
+    record(JobRecord(id=handle.id, backend=kind, name=handle.name, run_dir=handle.run_dir,
+                     log_dir=f"{handle.run_dir}/logs", submitted_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                     host=handle.extra.get("host"), remote_dir=handle.extra.get("remote_dir"),
+                     namespace=handle.extra.get("namespace"), extra=extra))
+    where = f" on {payload['host']}" if payload["host"] else ""
+    where += f" in namespace {payload['namespace']}" if payload["namespace"] else ""
+    emit(payload, as_json, lambda: f"submitted {kind} job {handle.id} ({handle.name}){where}\n"
+                                   f"run dir: {handle.run_dir}\n"
+                                   f"follow:  launch status {handle.id} --wait; launch logs {handle.id} -f")
+
+
+# --- status ---------------------------------------------------------------------------------
+def _status_dict(rec, st) -> dict[str, Any]:
+    d = st.to_dict() if hasattr(st, "to_dict") else {"state": st.state, "exit_code": st.exit_code,
+                                                      "detail": st.detail}
+    d.setdefault("done", st.done)
+    return {"id": rec.id, "backend": rec.backend, "name": rec.name, "run_dir": rec.run_dir, **d}
+
+
+def _status_line(d: dict[str, Any]) -> str:
+    bits = [f"{d['id']} ({d['name']}, {d['backend']}): {d['state']}"]
+    native = d.get("slurm_state") or d.get("condition")
+    if native and native != d["state"]:
+        bits.append(f"[{native}]")
+    for key, label in (("nodes", "nodes"), ("elapsed", "elapsed"), ("restarts", "restarts"),
+                       ("exit_code", "exit"), ("source", "from")):
+        if d.get(key) not in (None, "", {}):
+            bits.append(f"{label} {d[key]}")
+    if d.get("pods"):
+        bits.append("pods " + ", ".join(f"{k}={v}" for k, v in d["pods"].items()))
+    if d.get("detail"):
+        bits.append(f"— {d['detail']}")
+    return " ".join(bits)
+
+
+@click.command()
+@click.argument("job")
+@click.option("--wait", is_flag=True, help="Poll until the job has ended (or --timeout).")
+@click.option("--timeout", type=float, default=None, help="Seconds to wait at most with --wait.")
+@click.option("--interval", type=float, default=2.0, show_default=True, help="Seconds between polls with --wait.")
+@json_option
+def status(job: str, wait: bool, timeout: float | None, interval: float, as_json: bool) -> None:
+    """Show a submitted job's state (squeue, else sacct; PyTorchJob conditions and pods)."""
+    rec, handle = _handle(job)
+    be = _backend(rec.backend)
+    deadline = time.monotonic() + timeout if timeout else None
+    last = None
+    while True:
+        st = be.status(handle)
+        d = _status_dict(rec, st)
+        if wait and not as_json and d["state"] != last:
+            progress(_status_line(d))
+        last = d["state"]
+        if not wait or d["done"] or (deadline and time.monotonic() > deadline):
+            break
+        time.sleep(interval)
+    emit(d, as_json, lambda: _status_line(d))
+    if wait and d["state"] not in ("SUCCEEDED",) and d["done"]:
+        raise SystemExit(1)
+
+
+# --- logs -----------------------------------------------------------------------------------
+@click.command()
+@click.argument("job")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
+@click.option("--rank", type=int, default=None, help="Only this global rank's trainer lines.")
+@click.option("--stream", type=click.Choice(["out", "err"]), default="out", show_default=True,
+              help="Slurm: the job's stdout or stderr file.")
+@json_option
+def logs(job: str, follow: bool, rank: int | None, stream: str, as_json: bool) -> None:
+    """Show (or follow) a submitted job's logs."""
+    rec, handle = _handle(job)
+    be = _backend(rec.backend)
+    kwargs: dict[str, Any] = {"follow": follow and not as_json}
+    if rank is not None:
+        kwargs["rank"] = rank
+    if rec.backend == "slurm":
+        kwargs["stream"] = stream
+    elif rank is not None and rec.backend == "local":
+        kwargs.pop("rank")
+    lines = be.logs(handle, **kwargs)
+    if rec.backend == "local" and rank is not None:
+        from launcher.backends.slurm import filter_rank
+
+        lines = (t for t in (filter_rank(ln, rank) for ln in lines) if t is not None)
+    if as_json:
+        emit({"id": rec.id, "backend": rec.backend, "rank": rank, "lines": list(lines)}, True)
+        return
+    for line in lines:
+        click.echo(line)
+
+
+# --- cancel ---------------------------------------------------------------------------------
+@click.command()
+@click.argument("job")
+@json_option
+def cancel(job: str, as_json: bool) -> None:
+    """Cancel a submitted job (scancel; delete the PyTorchJob and its ConfigMap)."""
+    rec, handle = _handle(job)
+    be = _backend(rec.backend)
+    be.cancel(handle)
+    emit({"id": rec.id, "backend": rec.backend, "name": rec.name, "cancelled": True}, as_json,
+         lambda: f"cancelled {rec.backend} job {rec.id} ({rec.name})")
