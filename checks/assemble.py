@@ -101,8 +101,7 @@ def _node_data(host: str, probes: dict[str, CommandResult]) -> NodeData:
             continue
         if kind == "xid" and not res.ok and not res.stdout.strip():
             continue  # no permission to read the kernel log is not a node fault
-        if not res.ok and not (kind == "nvlink" and res.rc not in (None, 0) and not res.timed_out and not res.error
-                               and not res.stdout.strip()):
+        if not res.ok:
             nd.problems[check] = CheckResult(host, check, "fail", None, None,
                                              f"`{res.command.split(' 2>')[0][:60]}` failed: {res.reason()}")
             continue
@@ -489,3 +488,26 @@ def failed_checks(bwmap: BandwidthMap) -> list[CheckResult]:
 
 
 __all__ = ["assemble", "load_dir", "status_of", "failed_checks", "STATUS_ORDER"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m checks.assemble DIR [-o bwmap.json]`: what the Slurm preflight job runs last."""
+    import argparse
+
+    from checks.report import render
+
+    ap = argparse.ArgumentParser(prog="python -m checks.assemble")
+    ap.add_argument("dir")
+    ap.add_argument("-o", "--output")
+    args = ap.parse_args(argv)
+    bw = assemble(load_dir(args.dir))
+    if args.output:
+        bw.save(args.output)
+    print(render(bw))
+    return 1 if failed_checks(bw) else 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -133,6 +133,9 @@ def run_preflight(runner: Runner, hosts: Sequence[str], options: PreflightOption
 
     if not opts.nccl.enabled:
         return res
+    if runner.launcher is None:
+        say(f"[nccl-pairs] skipped: the {runner.name} backend cannot start multi-node nccl-tests")
+        return res
     # pairs only among nodes whose own run worked: a node that hangs alone would hang its pairs too
     from checks.assemble import parse_nccl_run
 

@@ -1,0 +1,61 @@
+"""`--backend slurm`: the whole preflight as one batch job, rendered from templates/slurm/preflight.sbatch.j2.
+
+The job runs the node probes (`python -m checks.probe`) on every node with srun, the pair rounds
+and the all-node run with `srun --mpi`, writes everything in the `import` layout under OUT, and
+ends with `python -m checks.assemble OUT` (the BandwidthMap in OUT/bwmap.json). Rendered with
+jinja2 directly (checks never imports launcher); every user string is shell-quoted.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from checks.hosts import compress
+from checks.orchestrate import NcclOptions, ring_rounds
+
+TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "slurm" / "preflight.sbatch.j2"
+
+
+@dataclass
+class SlurmJobOptions:
+    out_dir: str
+    partition: str | None = None
+    account: str | None = None
+    time: str = "00:30:00"
+    python: str = "python3"
+    gpus_per_node: int | None = None
+    mpi: str = "pmix"
+    probe_timeout: int = 120
+    nccl_timeout: int = 900
+    job_name: str = "launch4d-preflight"
+    nccl: NcclOptions = field(default_factory=NcclOptions)
+
+
+def render(hosts: list[str], opts: SlurmJobOptions, template: Path | None = None) -> str:
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str((template or TEMPLATE).parent)),
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             trim_blocks=True, lstrip_blocks=True)
+    env.filters["q"] = lambda v: shlex.quote(str(v))
+    tpl = env.get_template((template or TEMPLATE).name)
+    return tpl.render(hosts=hosts, nodelist=compress(hosts), rounds=ring_rounds(hosts) if opts.nccl.pairs else [],
+                      o=opts, nccl=opts.nccl, collective=opts.nccl.collective)
+
+
+def submit(script: str, out_dir: Path, sbatch: str = "sbatch") -> str:
+    """Write the script next to its outputs and sbatch it; returns the job id."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "preflight.sbatch"
+    path.write_text(script)
+    p = subprocess.run([sbatch, "--parsable", str(path)], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"sbatch failed: {(p.stderr or p.stdout).strip()}")
+    m = re.match(r"^(\d+)", p.stdout.strip())
+    if not m:
+        raise RuntimeError(f"sbatch printed no job id: {p.stdout.strip()!r}")
+    return m.group(1)

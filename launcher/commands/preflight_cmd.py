@@ -1,0 +1,277 @@
+"""`launch preflight`: measure nodes and links, judge them, write the BandwidthMap.
+
+    launch preflight --hosts node[01-16] -o bwmap.json     # SSH fan-out (default with --hosts)
+    launch preflight --slurm-allocation                    # srun steps inside salloc/sbatch
+    launch preflight --backend slurm --hosts node[01-16]   # one batch job; then `preflight import`
+    launch preflight parse topo topo.txt --json            # what a parser makes of one output
+    launch preflight import DIR -o bwmap.json              # outputs gathered by other means
+
+Exit status: 0 when nothing failed (warnings allowed), 1 when a check failed, 2 for bad input.
+Progress (per phase and host) goes to stderr; stdout carries the report or JSON only.
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import click
+
+from launcher.commands import emit, json_option, progress
+from launcher.errors import UserError
+
+BACKENDS = ["ssh", "local", "srun", "slurm", "k8s"]
+
+
+def _judge_config(thresholds: str | None, expected_gpus: int | None, min_intra: float | None,
+                  min_inter: float | None) -> Any:
+    from checks.judges import JudgeConfig, JudgeConfigError
+
+    try:
+        cfg = JudgeConfig.load(thresholds) if thresholds else JudgeConfig()
+    except JudgeConfigError as exc:
+        raise UserError(f"--thresholds {exc}") from None
+    if expected_gpus is not None:
+        cfg.expected_gpus = expected_gpus
+    if min_intra is not None:
+        cfg.min_intra_busbw_gbs = min_intra
+    if min_inter is not None:
+        cfg.min_inter_busbw_gbs = min_inter
+    return cfg
+
+
+def _finish(bw: Any, output: str | None, as_json: bool, exclude_failed: bool) -> int:
+    from checks.assemble import failed_checks
+    from checks.hosts import compress
+    from checks.report import render
+
+    if output:
+        try:
+            bw.save(output)
+        except OSError as exc:
+            raise UserError(f"-o {output}: cannot write ({exc.strerror})") from None
+        progress(f"bandwidth map written to {output}")
+    if exclude_failed:
+        # for `sbatch --exclude=$(launch preflight ... --exclude-failed)`: the list only, exit 0
+        click.echo(compress(bw.exclude) if bw.exclude else "")
+        return 0 if bw.healthy_hosts else 1
+    emit(bw.to_dict(), as_json, lambda: render(bw))
+    return 1 if failed_checks(bw) else 0
+
+
+def threshold_options(f: Any) -> Any:
+    for opt in reversed([
+        click.option("--thresholds", type=click.Path(dir_okay=False),
+                     help="YAML/JSON with per-GPU-model thresholds and judge settings."),
+        click.option("--expected-gpus", type=click.IntRange(1), help="GPUs every node must have (default: "
+                                                                     "the count most nodes have)."),
+        click.option("--min-intra-busbw", type=click.FloatRange(0), help="Intra-node all_reduce busbw floor, GB/s."),
+        click.option("--min-inter-busbw", type=click.FloatRange(0), help="Node-pair all_reduce busbw floor, GB/s."),
+        click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the BandwidthMap JSON here."),
+        click.option("--exclude-failed", is_flag=True, help="Print only the nodes to exclude (hostlist), exit 0."),
+    ]):
+        f = opt(f)
+    return f
+
+
+@click.group(invoke_without_command=True)
+@click.option("--hosts", "hosts_expr", help="Hosts as a list or Slurm hostlist: node[01-16,20].")
+@click.option("--hostfile", type=click.Path(dir_okay=False), help="File with one host per line.")
+@click.option("--slurm-allocation", is_flag=True, help="The nodes of the current Slurm allocation.")
+@click.option("--backend", type=click.Choice(BACKENDS), help="How to reach the hosts (default: ssh with "
+              "hosts, srun with --slurm-allocation, else local).")
+@click.option("--user", help="SSH user.")
+@click.option("--port", type=click.IntRange(1, 65535), help="SSH port.")
+@click.option("--identity-file", "-i", type=click.Path(dir_okay=False), help="SSH private key.")
+@click.option("--known-hosts", type=click.Path(dir_okay=False), help="known_hosts file (default ~/.ssh/known_hosts).")
+@click.option("--accept-new-hosts", is_flag=True, help="Trust and record host keys seen for the first time.")
+@click.option("--jump", help="Jump host (login node): [user@]host[:port].")
+@click.option("--ssh-config", type=click.Path(dir_okay=False), help="OpenSSH config for host aliases.")
+@click.option("--connect-timeout", type=click.FloatRange(0.1), default=10.0, show_default=True)
+@click.option("--probe-timeout", type=click.FloatRange(1), default=60.0, show_default=True,
+              help="Seconds per probe command.")
+@click.option("--nccl-timeout", type=click.FloatRange(1), default=900.0, show_default=True,
+              help="Seconds per nccl-tests run.")
+@click.option("--workers", type=click.IntRange(1), default=64, show_default=True, help="Hosts handled at once.")
+@click.option("--no-nccl", is_flag=True, help="Only the node probes, no nccl-tests.")
+@click.option("--no-pairs", is_flag=True, help="Skip the node-pair rounds.")
+@click.option("--no-all", is_flag=True, help="Skip the all-node run.")
+@click.option("--nccl-binary", default="all_reduce_perf", show_default=True)
+@click.option("--sizes", default="512M,8G", show_default=True, help="nccl-tests -b,-e.")
+@click.option("--nccl-args", default="", help="Extra nccl-tests arguments.")
+@click.option("--launcher", "launcher_tpl", help="Multi-node launch template, e.g. 'mpirun -np {np} -H "
+              "{hosts_slots} {cmd}' or 'srun --mpi=pmix -N {nnodes} -w {hostlist} ... {cmd}'.")
+@click.option("--out-dir", type=click.Path(file_okay=False), help="slurm backend: where the job writes outputs.")
+@click.option("--partition", help="slurm backend: partition.")
+@click.option("--account", help="slurm backend: account.")
+@click.option("--time", "time_limit", default="00:30:00", show_default=True, help="slurm backend: time limit.")
+@click.option("--gpus-per-node", type=click.IntRange(1), help="slurm/k8s backends: GPUs per node.")
+@click.option("--dry-run", is_flag=True, help="slurm/k8s backends: print what would be submitted.")
+@click.option("--namespace", default="default", show_default=True, help="k8s backend: namespace.")
+@click.option("--image", default="nvcr.io/nvidia/pytorch:24.05-py3", show_default=True,
+              help="k8s backend: image with nvidia-smi and nccl-tests.")
+@click.option("--kube-context", help="k8s backend: kubeconfig context.")
+@threshold_options
+@json_option
+@click.pass_context
+def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, slurm_allocation: bool,
+              backend: str | None, user: str | None, port: int | None, identity_file: str | None,
+              known_hosts: str | None, accept_new_hosts: bool, jump: str | None, ssh_config: str | None,
+              connect_timeout: float, probe_timeout: float, nccl_timeout: float, workers: int, no_nccl: bool,
+              no_pairs: bool, no_all: bool, nccl_binary: str, sizes: str, nccl_args: str, launcher_tpl: str | None,
+              out_dir: str | None, partition: str | None, account: str | None, time_limit: str,
+              gpus_per_node: int | None, dry_run: bool, namespace: str, image: str, kube_context: str | None,
+              thresholds: str | None, expected_gpus: int | None, min_intra_busbw: float | None,
+              min_inter_busbw: float | None, output: str | None, exclude_failed: bool, as_json: bool) -> int | None:
+    """Measure nodes and links (nvidia-smi topo, health, nccl-tests); write a bandwidth map."""
+    if ctx.invoked_subcommand is not None:
+        return None
+    from checks.hosts import HostsError, expand, from_allocation, from_file
+    from checks.orchestrate import NcclOptions, PreflightOptions, run_preflight
+
+    given = [x for x in (hosts_expr, hostfile, slurm_allocation or None) if x]
+    if len(given) > 1:
+        raise UserError("give one of --hosts, --hostfile, --slurm-allocation")
+    try:
+        if hosts_expr:
+            hosts = expand(hosts_expr)
+        elif hostfile:
+            hosts = from_file(hostfile)
+        elif slurm_allocation:
+            hosts = from_allocation()
+        else:
+            import socket
+            hosts = [socket.gethostname()]
+    except HostsError as exc:
+        raise UserError(str(exc)) from None
+    backend = backend or ("srun" if slurm_allocation else "ssh" if (hosts_expr or hostfile) else "local")
+    lo_hi = [s.strip() for s in sizes.split(",")]
+    if len(lo_hi) != 2 or not all(lo_hi):
+        raise UserError(f"--sizes {sizes!r}: expected MIN,MAX such as 512M,8G")
+    nccl = NcclOptions(enabled=not no_nccl, binary=nccl_binary, sizes=(lo_hi[0], lo_hi[1]), extra=nccl_args,
+                       launcher=launcher_tpl, pairs=not no_pairs, all_nodes=not no_all)
+    if launcher_tpl:
+        try:
+            launcher_tpl.format(np=1, hosts_slots="a:1", hostlist="a", nnodes=1, gpus=1, cmd="x")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise UserError(f"--launcher: unknown placeholder {exc}; valid: {{np}} {{hosts_slots}} {{hostlist}} "
+                            "{nnodes} {gpus} {cmd}") from None
+    cfg = _judge_config(thresholds, expected_gpus, min_intra_busbw, min_inter_busbw)
+
+    if backend == "slurm":
+        return _slurm_job(hosts, nccl, out_dir, partition, account, time_limit, gpus_per_node, probe_timeout,
+                          nccl_timeout, dry_run, as_json)
+    from checks.runners import get_runner
+
+    if backend == "ssh":
+        kwargs: dict[str, Any] = dict(user=user, port=port, identity_file=identity_file, known_hosts=known_hosts,
+                                      accept_new_hosts=accept_new_hosts, jump=jump, ssh_config=ssh_config,
+                                      connect_timeout=connect_timeout)
+    elif backend == "k8s":
+        kwargs = dict(namespace=namespace, image=image, gpus=gpus_per_node, context=kube_context)
+    else:
+        kwargs = {}
+    try:
+        runner = get_runner(backend, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - e.g. no kubeconfig: one line, exit 2
+        raise UserError(f"--backend {backend}: {type(exc).__name__}: {exc}") from None
+    opts = PreflightOptions(probe_timeout=probe_timeout, nccl_timeout=nccl_timeout, workers=workers, nccl=nccl,
+                            judge=cfg)
+    from checks.assemble import assemble
+
+    with runner:
+        results = run_preflight(runner, hosts, opts, progress=progress)
+    bw = assemble(results, cfg)
+    return _finish(bw, output, as_json, exclude_failed)
+
+
+def _slurm_job(hosts: list[str], nccl: Any, out_dir: str | None, partition: str | None, account: str | None,
+               time_limit: str, gpus_per_node: int | None, probe_timeout: float, nccl_timeout: float,
+               dry_run: bool, as_json: bool) -> int:
+    from checks.runners.slurm_job import SlurmJobOptions, render, submit
+
+    out = Path(out_dir or f"preflight-{datetime.now():%Y%m%d-%H%M%S}").resolve()
+    opts = SlurmJobOptions(out_dir=str(out), partition=partition, account=account, time=time_limit,
+                           python=sys.executable, gpus_per_node=gpus_per_node, probe_timeout=int(probe_timeout),
+                           nccl_timeout=int(nccl_timeout), nccl=nccl)
+    script = render(hosts, opts)
+    if dry_run:
+        emit({"script": script, "out_dir": str(out)}, as_json, lambda: script)
+        return 0
+    try:
+        job = submit(script, out)
+    except (OSError, RuntimeError) as exc:
+        raise UserError(f"--backend slurm: {exc}") from None
+    progress(f"submitted preflight job {job}; when it ends: launch preflight import {out}")
+    emit({"job_id": job, "out_dir": str(out), "script": str(out / "preflight.sbatch"),
+          "bwmap": str(out / "bwmap.json")}, as_json,
+         lambda: f"job {job}: outputs in {out}\nthen: launch preflight import {out} -o bwmap.json")
+    return 0
+
+
+def _human_parse(kind: str, obj: Any) -> str:
+    if kind == "topo":
+        lines = [f"{len(obj.gpus)} GPUs, {len(obj.nics)} NICs",
+                 f"NVLink groups: {obj.nvlink_groups or 'none'}"]
+        lines += [f"  {g}: nearest NIC {n}" for g, n in obj.nearest_nic.items()]
+        return "\n".join(lines)
+    if kind == "nccl-tests":
+        out = []
+        for t in obj.tests:
+            out.append(f"{t.collective or 'unknown collective'}: {len(t.ranks)} ranks on {', '.join(t.hosts) or '?'}, "
+                       f"{len(t.rows)} sizes, busbw at largest size {t.busbw_at_max_size}, avg {t.avg_busbw}")
+            out += [f"  error: {e}" for e in t.errors] + [f"  warning: {w}" for w in t.warnings]
+        return "\n".join(out)
+    if kind == "gpu-query":
+        return "\n".join(f"GPU{g.index}: {g.name}, driver {g.driver}, ECC uncorrected {g.ecc_uncorrected}, "
+                         f"PCIe gen {g.pcie_gen}/{g.pcie_gen_max} x{g.pcie_width}/{g.pcie_width_max}" for g in obj.gpus)
+    if kind == "nvlink":
+        return "\n".join(f"GPU{g.index}: {g.active}/{len(g.links)} links active" for g in obj.gpus) or "no GPUs"
+    if kind == "ibstat":
+        return "\n".join(f"{p.ca}/{p.port}: {p.state} {p.physical_state} {p.rate_gbps:g} Gb/s {p.link_layer}"
+                         for p in obj.ports)
+    if kind == "xid":
+        return "\n".join(f"line {e.line_no}: XID {e.code}{' (critical)' if e.critical else ''} on {e.pci}: "
+                         f"{e.message}" for e in obj.events) or "no XID events"
+    return str(obj)
+
+
+@preflight.command("parse")
+@click.argument("kind", type=click.Choice(["topo", "nccl-tests", "gpu-query", "nvlink", "ibstat", "xid"]))
+@click.argument("file", type=click.Path(dir_okay=False))
+@json_option
+def parse_cmd(kind: str, file: str, as_json: bool) -> None:
+    """Show what the parser for KIND makes of one captured output FILE."""
+    from checks.parsers import ParseError, parser_for, to_jsonable
+
+    try:
+        text = Path(file).read_text(errors="replace")
+    except OSError as exc:
+        raise UserError(f"{file}: cannot read ({exc.strerror})") from None
+    try:
+        obj = parser_for(kind)(text)
+    except ParseError as exc:
+        raise UserError(f"{file}: {exc}") from None
+    emit(to_jsonable(obj), as_json, lambda: _human_parse(kind, obj))
+
+
+@preflight.command("import")
+@click.argument("directory", type=click.Path(file_okay=False))
+@threshold_options
+@json_option
+def import_cmd(directory: str, thresholds: str | None, expected_gpus: int | None, min_intra_busbw: float | None,
+               min_inter_busbw: float | None, output: str | None, exclude_failed: bool, as_json: bool) -> int:
+    """Build the bandwidth map from outputs gathered elsewhere: DIR/<host>/{topo.txt,...}, DIR/pairs/*.txt."""
+    from checks.assemble import assemble, load_dir
+
+    d = Path(directory)
+    if not d.is_dir():
+        raise UserError(f"{directory}: not a folder (expected DIR/<host>/topo.txt, gpu-query.csv, ...)")
+    res = load_dir(d)
+    if not res.hosts:
+        raise UserError(f"{directory}: no host folders with probe outputs (topo.txt, gpu-query.csv, nvlink.txt, "
+                        "ibstat.txt, xid.txt, nccl-node.txt)")
+    cfg = _judge_config(thresholds, expected_gpus, min_intra_busbw, min_inter_busbw)
+    return _finish(assemble(res, cfg), output, as_json, exclude_failed)
