@@ -178,7 +178,13 @@ def _verdict(findings: list[Finding], stalled: list[int], hosts: dict[int, str],
         stall = [f for f in problems if f.kind == "stalled_rank"]
         top = stall[0]
         sources = sorted({_source(f) for f in stall if set(f.ranks) & set(stalled)})
-        head = f"{word} {fmt_ranks(stalled, hosts)} stalled: {top.message}"
+        who = fmt_ranks(stalled, hosts)
+        msg = top.message
+        for lead in (f"rank {who} ", f"rank {fmt_ranks(stalled)} "):
+            if msg.startswith(lead):
+                msg = msg[len(lead):]
+                break
+        head = f"{word} {who} stalled - {msg}"
         if len(sources) > 1:
             head += f" [agreed by: {', '.join(sources)}]"
         other = next((f for f in problems if f.kind not in ("stalled_rank", "collective_timeout", "gloo_timeout",

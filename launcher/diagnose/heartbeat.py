@@ -80,13 +80,14 @@ class Heartbeats:
                           for r, b in sorted(beats.items()))
         if lagging and (errored or stale):
             detail = "; ".join(
-                f"rank {r} stopped at step {beats[r].step} phase {beats[r].phase} after {beats[r].collectives} "
-                f"collectives" + (f" (last {beats[r].last_collective})" if beats[r].last_collective else "")
-                + f", its heartbeat {newest - beats[r].updated:.0f}s older than the newest" for r in lagging)
+                f"rank {r} at step {beats[r].step} phase {beats[r].phase} after {beats[r].collectives} collectives"
+                + (f" (last {beats[r].last_collective})" if beats[r].last_collective else "")
+                + f", heartbeat {newest - beats[r].updated:.0f}s older than the newest" for r in lagging)
             out.append(Finding("stalled_rank", ERROR,
-                               f"rank {fmt_ranks(lagging, hosts)} lags: the others reached step {lead[0]} / "
-                               f"{lead[1]} collectives ({detail})"
-                               + (f"; rank {fmt_ranks(errored, hosts)} then failed waiting" if errored else ""),
+                               f"rank {fmt_ranks(lagging, hosts)} stopped while the others went on to step "
+                               f"{lead[0]} / {lead[1]} collectives ({detail})"
+                               + (f"; rank {fmt_ranks(errored, hosts)} then failed waiting" if errored else "")
+                               + " (heartbeat)",
                                [beats[r].evidence for r in lagging] + [beats[r].evidence for r in errored],
                                ranks=lagging, hosts=[hosts[r] for r in lagging if r in hosts], confidence=2))
         elif missing and not done:
