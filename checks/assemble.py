@@ -421,8 +421,8 @@ def _pair_checks(results: PreflightResults, data: dict[str, NodeData],
 def load_dir(path: str | Path) -> PreflightResults:
     """Read DIR/<host>/{topo.txt,gpu-query.csv,...,nccl-node.txt} and DIR/pairs/*.txt, DIR/all/*.txt.
 
-    Pair and all-node logs name their hosts in the nccl-tests `# Rank ... on <host>` lines; a pair
-    file may instead be named `<a>+<b>.txt`.
+    A pair file named `<a>+<b>.txt` after two host folders is that pair; otherwise the hosts are
+    read from the nccl-tests `# Rank ... on <host>` lines.
     """
     root = Path(path)
     if not root.is_dir():
@@ -461,7 +461,8 @@ def load_dir(path: str | Path) -> PreflightResults:
     for kind in ("pairs", "all"):
         for f in sorted((root / kind).glob("*.txt")) if (root / kind).is_dir() else []:
             text = f.read_text(errors="replace")
-            hosts = _hosts_in(text) or [h for h in re.split(r"[+]", f.stem) if h]
+            named = [h for h in re.split(r"[+]", f.stem) if h]
+            hosts = named if named and all(h in res.hosts for h in named) else (_hosts_in(text) or named)
             if kind == "pairs" and len(hosts) != 2:
                 continue
             r = CommandResult(hosts[0], f"(from {f})", text, "", 0)

@@ -98,8 +98,9 @@ class JudgeConfig:
         for name, t in models.items():
             if not isinstance(t, dict) or set(t) - {"intra_busbw_gbs", "inter_busbw_gbs"}:
                 raise JudgeConfigError(f"{where}: models.{name}: valid keys are intra_busbw_gbs, inter_busbw_gbs")
-            cfg.thresholds = {str(name): ModelThresholds(t.get("intra_busbw_gbs"), t.get("inter_busbw_gbs"),
-                                                         f"{where} models.{name}"), **cfg.thresholds}
+            mine = {str(name): ModelThresholds(t.get("intra_busbw_gbs"), t.get("inter_busbw_gbs"),
+                                               f"{where} models.{name}")}
+            cfg.thresholds = {**mine, **{k: v for k, v in cfg.thresholds.items() if k != str(name)}}  # first match wins
         return cfg
 
 
