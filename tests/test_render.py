@@ -1,0 +1,321 @@
+"""Rendering: the sbatch script and the PyTorchJob manifest, from a job file through the planner.
+
+No scheduler here: the script is checked with `bash -n`, its per-node logic is run in bash with
+stub `srun`/`scontrol`/python, and the manifest is checked against the PyTorchJob CRD's own
+OpenAPI schema (../shared/specs, skipped where absent) and the kubernetes client's models.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from launcher.cli import cli
+from launcher.errors import UserError
+from launcher.planner import plan_job
+from launcher.render import check_k8s_name, render_k8s, render_slurm
+from launcher.spec import load_spec, spec_from_dict
+from tests.conftest import EXAMPLES, spec_file
+
+
+def job_dict(**over) -> dict:
+    d = yaml.safe_load((EXAMPLES / "tiny-slurm.yaml").read_text())
+    for key, value in over.items():
+        node = d
+        *path, last = key.split(".")
+        for p in path:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return d
+
+
+def spec_plan(**over):
+    spec = spec_from_dict(job_dict(**over), source="job.yaml")
+    return spec, plan_job(spec).best
+
+
+def cli_run(*args: str):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+# --- Slurm ------------------------------------------------------------------------------------
+def test_sbatch_has_the_directives_and_static_rendezvous(tmp_path):
+    spec, plan = spec_plan(**{"backend.slurm.account": "proj1", "backend.slurm.qos": "high",
+                              "backend.slurm.switches": 1, "backend.slurm.dependency": "afterok:123",
+                              "backend.slurm.mem": "0", "backend.slurm.cpus_per_task": 16,
+                              "backend.slurm.exclude": ["bad01"]})
+    r = render_slurm(spec, plan, str(tmp_path / "run"), exclude=["bad02"])
+    s = r.files["train.sbatch"]
+    for line in ("--job-name=tiny-slurm", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=2",
+                 "--cpus-per-task=16", "--mem=0", "--time=00:20:00", "--partition=debug", "--account=proj1",
+                 "--qos=high", "--exclusive", "--requeue", "--signal=B:USR1@60", "--open-mode=append",
+                 "--switches=1", "--exclude=bad01,bad02", "--dependency=afterok:123",
+                 f"--output={tmp_path}/run/logs/slurm-%j.out", f"--error={tmp_path}/run/logs/slurm-%j.err"):
+        assert f"#SBATCH {line}\n" in s, line
+    assert "--rdzv-backend=static" in s and 'node-rank="$node_rank"' in s and "--rdzv-backend=c10d" not in s
+    assert "--kill-on-bad-exit=1" in s
+    assert f"--plan {tmp_path}/run/plan.json --run-dir {tmp_path}/run --resume auto" in s
+    assert "scontrol requeue" in s and "trap on_usr1 USR1" in s
+    assert f"export NCCL_DEBUG_FILE={tmp_path}/run/logs/nccl/%h.%p.log" in s
+    assert "export NCCL_DEBUG=INFO" in s and "export TORCH_NCCL_DUMP_ON_TIMEOUT=1" in s
+    assert f"export TORCH_NCCL_DEBUG_INFO_TEMP_FILE={tmp_path}/run/logs/flight/rank_" in s
+    assert json.loads(r.files["plan.json"])["world_size"] == 4
+    assert subprocess.run(["bash", "-n"], input=s, text=True).returncode == 0
+
+
+def test_same_input_same_bytes(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(job_dict()))
+    outs = []
+    for _ in range(2):
+        res = cli_run("render", str(job), "-o", str(tmp_path / "out"), "--json")
+        assert res.exit_code == 0, res.output
+        outs.append({p.name: p.read_bytes() for p in sorted((tmp_path / "out").iterdir()) if p.is_file()})
+    assert outs[0] == outs[1]
+    assert set(outs[0]) == {"train.sbatch", "plan.json", "job.yaml"}
+    assert os.access(tmp_path / "out" / "train.sbatch", os.X_OK)
+
+
+def test_no_requeue_and_container_and_no_gres(tmp_path):
+    spec, plan = spec_plan(**{"backend.slurm.requeue": False, "backend.slurm.gres_gpus": False,
+                              "backend.slurm.container_image": "nvcr.io#nvidia/pytorch:25.01-py3",
+                              "backend.slurm.container_mounts": ["/data:/data", "/scratch:/scratch"]})
+    s = render_slurm(spec, plan, str(tmp_path)).files["train.sbatch"]
+    assert "#SBATCH --no-requeue" in s and "--signal" not in s and "scontrol requeue" not in s
+    assert "--gpus-per-node" not in s
+    assert "--container-image=" + shlex.quote("nvcr.io#nvidia/pytorch:25.01-py3") in s
+    assert "--container-mounts=/data:/data,/scratch:/scratch" in s
+    assert f"--container-workdir={tmp_path}" in s
+
+
+def test_user_values_reaching_the_shell_are_quoted(tmp_path):
+    evil = "a b; $(touch PWNED) `touch PWNED2` 'q' \"d\""
+    spec, plan = spec_plan(**{"backend.env": {"EVIL": evil}})
+    run_dir = str(tmp_path / "dir with space")
+    with pytest.raises(UserError, match="#SBATCH"):
+        render_slurm(spec, plan, run_dir)  # a run dir with a space cannot go on an #SBATCH line
+    s = render_slurm(spec, plan, str(tmp_path / "run")).files["train.sbatch"]
+    line = next(ln for ln in s.splitlines() if ln.startswith("export EVIL="))
+    out = subprocess.run(["bash", "-c", f'{line}; printf %s "$EVIL"'], cwd=tmp_path, capture_output=True,
+                         text=True)
+    assert out.stdout == evil
+    assert not (tmp_path / "PWNED").exists() and not (tmp_path / "PWNED2").exists()
+
+
+@pytest.mark.parametrize("field,value", [("backend.slurm.partition", "debug;rm -rf /"),
+                                         ("backend.slurm.account", "a b"),
+                                         ("backend.slurm.time", "1:00\n#SBATCH --uid=0")])
+def test_unsafe_sbatch_values_are_refused(field, value, tmp_path):
+    spec, plan = spec_plan(**{field: value})
+    with pytest.raises(UserError, match="cannot go on an #SBATCH line"):
+        render_slurm(spec, plan, str(tmp_path))
+
+
+def test_secret_looking_env_is_never_rendered(tmp_path):
+    spec, plan = spec_plan(**{"backend.env": {"WANDB_API_KEY": "s3cr3t"}})
+    with pytest.raises(UserError, match="looks like a secret"):
+        render_slurm(spec, plan, str(tmp_path))
+    with pytest.raises(UserError, match="looks like a secret"):
+        render_k8s(spec, plan)
+
+
+def _run_node_logic(script: str, tmp_path: Path, nodes: list[tuple[str, int]]) -> list[str]:
+    """Run the batch script with stub srun/scontrol/python: srun runs the per-node function once per
+    (SLURMD_NODENAME, SLURM_NODEID); the python stub prints the torchrun arguments it got."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = " ".join(f"{n}:{i}" for n, i in nodes)
+    (bin_dir / "srun").write_text(
+        "#!/bin/bash\nfor ni in " + calls + "; do SLURMD_NODENAME=${ni%%:*} SLURM_NODEID=${ni##*:} "
+        "bash -c launch4d_node; done\n")
+    (bin_dir / "scontrol").write_text(
+        "#!/bin/bash\nif [ \"$1 $2\" = 'show hostnames' ]; then echo " + " ".join(sorted(n for n, _ in nodes))
+        + "; else echo \"NodeName=$3 Arch=x NodeAddr=10.0.0.$((${#3})) NodeHostName=$3\"; fi\n")
+    (bin_dir / "fakepython").write_text(
+        "#!/bin/bash\necho \"RUN $SLURMD_NODENAME CVD=$CUDA_VISIBLE_DEVICES MASTER=$MASTER_ADDR:$MASTER_PORT $*\"\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    script = script.replace(shlex.quote("python3") + " -m", str(bin_dir / "fakepython") + " -m")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242",
+           "SLURM_JOB_NODELIST": "nodes"}
+    out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return [ln for ln in out.stdout.splitlines() if ln.startswith("RUN ")]
+
+
+def test_node_rank_follows_the_plans_hosts_not_slurms_order(tmp_path):
+    spec, plan = spec_plan(**{"cluster.gpus_per_node": 4, "parallel.tp": 2})
+    plan.hosts = ["nodeB", "nodeA"]              # the planner's order (e.g. from preflight)
+    for r in plan.ranks:                          # an NVLink-pair GPU order inside each node
+        r.gpu = [0, 2, 1, 3][r.local_rank]
+    rd = str(tmp_path / "run")
+    s = render_slurm(spec, plan, rd).files["train.sbatch"]
+    assert "#SBATCH --nodelist=nodeB,nodeA" in s
+    runs = _run_node_logic(s, tmp_path, [("nodeA", 0), ("nodeB", 1)])   # Slurm sorts: nodeA gets id 0
+    by_node = {ln.split()[1]: ln for ln in runs}
+    assert "--node-rank=1" in by_node["nodeA"] and "--node-rank=0" in by_node["nodeB"]
+    assert all("CVD=0,2,1,3" in ln for ln in runs)
+    assert all("MASTER=10.0.0.5:24242" in ln for ln in runs)     # NodeAddr of nodeB, port from job id
+    assert all("--nnodes=2 --nproc-per-node=4" in ln and "--rdzv-backend=static" in ln for ln in runs)
+
+
+def test_without_plan_hosts_node_rank_is_slurm_nodeid(tmp_path):
+    spec, plan = spec_plan()
+    s = render_slurm(spec, plan, str(tmp_path / "run")).files["train.sbatch"]
+    assert "--nodelist" not in s
+    runs = _run_node_logic(s, tmp_path, [("n1", 0), ("n2", 1)])
+    assert "--node-rank=0" in runs[0] and runs[0].split()[1] == "n1"
+    assert "--node-rank=1" in runs[1] and "MASTER=10.0.0.2:" in runs[1]
+
+
+def test_excluded_node_in_nodelist_is_refused(tmp_path):
+    spec, plan = spec_plan(**{"backend.slurm.nodelist": ["a1", "a2"]})
+    with pytest.raises(UserError, match="a2 also excluded"):
+        render_slurm(spec, plan, str(tmp_path), exclude=["a2"])
+
+
+def test_templates_override_file_by_file(tmp_path):
+    over = tmp_path / "tpl" / "slurm"
+    over.mkdir(parents=True)
+    (over / "train.sbatch.j2").write_text("#!/bin/bash\n#SBATCH --job-name={{ name | sbatch }}\n"
+                                          "echo site-specific {{ nodes }}\n")
+    spec, plan = spec_plan()
+    s = render_slurm(spec, plan, str(tmp_path), templates=tmp_path / "tpl").files["train.sbatch"]
+    assert s == "#!/bin/bash\n#SBATCH --job-name=tiny-slurm\necho site-specific 2\n"
+    k = render_k8s(spec, plan, templates=tmp_path / "tpl").files["manifest.yaml"]   # not overridden
+    assert "kind: PyTorchJob" in k
+    (over / "train.sbatch.j2").write_text("{{ no_such_variable }}\n")
+    with pytest.raises(UserError, match="no_such_variable"):
+        render_slurm(spec, plan, str(tmp_path), templates=tmp_path / "tpl")
+    (over / "train.sbatch.j2").write_text("#!/bin/bash\nif then fi {{ nodes }}\n")
+    with pytest.raises(UserError, match="does not parse"):
+        render_slurm(spec, plan, str(tmp_path), templates=tmp_path / "tpl")
+
+
+# --- Kubernetes -------------------------------------------------------------------------------
+def crd_validator():
+    jsonschema = pytest.importorskip("jsonschema")
+    crd = yaml.safe_load(spec_file("kubeflow.org_pytorchjobs.yaml").read_text())
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == "v1")
+    return jsonschema.Draft7Validator(version["schema"]["openAPIV3Schema"])
+
+
+def k8s_docs(**over):
+    d = yaml.safe_load((EXAMPLES / "tiny-k8s.yaml").read_text())
+    for key, value in over.items():
+        node = d
+        *path, last = key.split(".")
+        for p in path:
+            node = node.setdefault(p, {})
+        node[last] = value
+    spec = spec_from_dict(d, source="job.yaml")
+    plan = plan_job(spec).best
+    text = render_k8s(spec, plan).files["manifest.yaml"]
+    return spec, plan, text, list(yaml.safe_load_all(text))
+
+
+def test_pytorchjob_matches_the_crd_schema_and_the_issue():
+    validator = crd_validator()
+    spec, plan, text, (cm, job) = k8s_docs()
+    errors = sorted(validator.iter_errors(job), key=lambda e: list(e.path))
+    assert not errors, [f"{list(e.path)}: {e.message}" for e in errors]
+    s = job["spec"]
+    assert s["nprocPerNode"] == "2"
+    assert s["runPolicy"]["schedulingPolicy"] == {"minAvailable": 2, "queue": "default",
+                                                  "priorityClass": "high-priority"}
+    assert s["runPolicy"]["cleanPodPolicy"] == "Running" and s["runPolicy"]["backoffLimit"] == 2
+    assert s["runPolicy"]["ttlSecondsAfterFinished"] == 86400
+    reps = s["pytorchReplicaSpecs"]
+    assert reps["Master"]["replicas"] == 1 and reps["Worker"]["replicas"] == 1
+    for rs in reps.values():
+        pod = rs["template"]["spec"]
+        (c,) = pod["containers"]
+        assert c["name"] == "pytorch"
+        assert c["resources"]["limits"] == {"nvidia.com/gpu": "2", "rdma/rdma_shared_device_a": "1"}
+        assert pod["schedulerName"] == "volcano" and pod["priorityClassName"] == "high-priority"
+        assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+        assert c["envFrom"] == [{"secretRef": {"name": "wandb-credentials"}}]
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+        assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+        anti = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+        assert anti["topologyKey"] == "kubernetes.io/hostname"
+        assert anti["labelSelector"]["matchLabels"] == {"launch4d/job": "tiny-k8s"}
+        vols = {v["name"]: v for v in pod["volumes"]}
+        assert vols["dshm"]["emptyDir"]["medium"] == "Memory"
+        assert vols["plan"]["configMap"]["name"] == cm["metadata"]["name"] == "tiny-k8s-plan"
+        mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+        assert mounts == {"dshm": "/dev/shm", "plan": "/etc/launch4d"}
+        env = {e["name"]: e["value"] for e in c["env"]}
+        assert env["NCCL_DEBUG_FILE"] == "/workspace/runs/tiny-k8s/logs/nccl/%h.%p.log"
+        assert env["NCCL_SOCKET_IFNAME"] == "eth0"
+        script = c["command"][2]
+        assert "--rdzv-backend=static" in script and "--plan /etc/launch4d/plan.json" in script
+        assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    assert json.loads(cm["data"]["plan.json"]) == json.loads(plan.to_json())
+
+
+def test_single_node_job_has_no_worker_replicas():
+    validator = crd_validator()
+    _, _, _, (_, job) = k8s_docs(**{"cluster.nodes": 1, "cluster.gpus_per_node": 4})
+    assert not list(validator.iter_errors(job))
+    assert set(job["spec"]["pytorchReplicaSpecs"]) == {"Master"}   # Worker replicas 0 would still make a pod
+
+
+def test_pod_templates_pass_the_kubernetes_client_models():
+    from launcher.render import to_model
+
+    _, _, _, (cm, job) = k8s_docs()
+    pod = to_model(job["spec"]["pytorchReplicaSpecs"]["Master"]["template"], "V1PodTemplateSpec")
+    assert pod.spec.containers[0].name == "pytorch"
+    bad = json.loads(json.dumps(job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]))
+    bad["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = {"x": 1}
+    with pytest.raises(UserError, match="invalid"):
+        to_model(bad, "V1PodTemplateSpec")
+
+
+def test_no_secret_value_in_the_manifest():
+    _, _, text, _ = k8s_docs()
+    assert "wandb-credentials" in text and "regcred" in text    # referenced by name only
+    assert "kind: Secret" not in text and "stringData" not in text
+
+
+@pytest.mark.parametrize("name", ["Tiny_Job", "-tiny", "tiny.job", "x" * 51])
+def test_invalid_kubernetes_names(name, tmp_path):
+    d = yaml.safe_load((EXAMPLES / "tiny-k8s.yaml").read_text())
+    d["name"] = name
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(d))
+    res = CliRunner().invoke(cli, ["render", str(job), "-o", str(tmp_path / "out")])
+    assert res.exit_code == 2
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: name:") and "RFC 1123" in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_check_k8s_name():
+    assert check_k8s_name("tiny-k8s-0") == "tiny-k8s-0"
+    with pytest.raises(UserError):
+        check_k8s_name("UPPER")
+
+
+def test_render_cli_human_and_json(tmp_path):
+    res = cli_run("render", str(EXAMPLES / "tiny-k8s.yaml"), "-o", str(tmp_path / "k"))
+    assert res.exit_code == 0 and "kind: PyTorchJob" in res.output
+    assert {p.name for p in (tmp_path / "k").iterdir() if p.is_file()} == {"manifest.yaml", "plan.json", "job.yaml"}
+    res = cli_run("render", str(EXAMPLES / "tiny-slurm.yaml"), "--json")
+    data = json.loads(res.output)
+    assert data["backend"] == "slurm" and data["written"] == []
+    assert re.search(r"^#SBATCH --nodes=2$", data["files"]["train.sbatch"], re.M)
+
+
+def test_examples_load():
+    for name in ("tiny-slurm.yaml", "tiny-k8s.yaml"):
+        assert load_spec(EXAMPLES / name).backend.kind in ("slurm", "k8s")
