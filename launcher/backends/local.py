@@ -61,8 +61,16 @@ def job_exit_code(torchrun_rc: int, log_text: str, run_dir: Path | None = None,
     """The job's exit code from torchrun's and the log's evidence (see the module docstring)."""
     if torchrun_rc == 0:
         return 0
+    from launcher.backends import PREEMPT_EXIT_CODE
+
     m = ROOT_CAUSE_EXIT.findall(log_text)
     if m:
+        # Once one trainer exits 75 after its checkpoint, torchrun SIGTERMs the rest, which may die of
+        # it while tearing down; any 75 in the failure summary means the job was preempted.
+        summary = log_text[log_text.rfind("ChildFailedError"):]
+        codes = [int(c) for c in re.findall(r"exitcode\s*:\s*(-?\d+)", summary)]
+        if PREEMPT_EXIT_CODE in codes:
+            return PREEMPT_EXIT_CODE
         code = int(m[-1])
         return 128 - code if code < 0 else code
     if "SignalException" in log_text and "got signal" in log_text:
@@ -71,8 +79,6 @@ def job_exit_code(torchrun_rc: int, log_text: str, run_dir: Path | None = None,
         if run_dir is not None and started is not None:
             latest = run_dir / "checkpoints" / "latest"
             if latest.exists() and latest.stat().st_mtime >= started:
-                from launcher.backends import PREEMPT_EXIT_CODE
-
                 return PREEMPT_EXIT_CODE
         return 128 + int(sig[-1]) if sig else torchrun_rc
     return torchrun_rc

@@ -1,0 +1,177 @@
+"""`launch run` and the local backend, with real torchrun processes (gloo on CPU).
+
+End to end: examples/tiny-cpu.yaml completes and writes the run directory (COMMON.md layout).
+Resume parity: a run stopped with SIGTERM (the trainer checkpoints and exits 75) and resumed with
+--resume auto logs the same loss at every step as an uninterrupted run. Same layout, same seed,
+fp32 on CPU with one thread per process: the losses are expected bit-identical; the test allows
+a relative 1e-6.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.backends import PREEMPT_EXIT_CODE, PREEMPTED, SUCCEEDED, JobHandle, state_for_exit
+from launcher.backends.local import LocalBackend, job_exit_code, rank_of
+from tests.conftest import EXAMPLES
+
+LAUNCH = [str(Path(sys.executable).with_name("launch"))]
+TINY = EXAMPLES / "tiny-cpu.yaml"
+
+
+@pytest.fixture
+def env(tmp_path):
+    return {**os.environ, "LAUNCH4D_STATE": str(tmp_path / "state"), "OMP_NUM_THREADS": "1"}
+
+
+def launch(*args, env, timeout=240, cwd=None):
+    return subprocess.run([*LAUNCH, *map(str, args)], capture_output=True, text=True, env=env, timeout=timeout,
+                          cwd=cwd)
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    out = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        out[rec["step"]] = rec["loss"]
+    return out
+
+
+# --- fast: no training processes -------------------------------------------------------------
+
+def test_dry_run_writes_nothing_and_shows_command(tmp_path, env):
+    rd = tmp_path / "rd"
+    r = launch("run", TINY, "--nproc", 2, "--run-dir", rd, "--dry-run", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert "torch.distributed.run" in out["command"] and "--nproc-per-node=2" in out["command"]
+    assert "-m launcher.trainer --plan" in out["command"] and out["plan"]["world_size"] == 2
+    assert not rd.exists()
+
+
+def test_multi_node_job_is_refused(tmp_path, env):
+    job = tmp_path / "two.yaml"
+    job.write_text(TINY.read_text().replace("nodes: 1", "nodes: 2"))
+    r = launch("run", job, "--run-dir", tmp_path / "rd", env=env)
+    assert r.returncode == 2 and r.stderr.startswith("error: cluster.nodes:") and "launch submit" in r.stderr
+    assert not (tmp_path / "rd").exists()
+
+
+def test_bad_nproc_and_missing_data_file(tmp_path, env):
+    r = launch("run", TINY, "--nproc", 3, "--run-dir", tmp_path / "rd", env=env)
+    assert r.returncode == 2 and r.stderr.startswith("error: parallel.tp: 2 does not divide")
+    job = tmp_path / "data.yaml"
+    job.write_text(TINY.read_text().replace("data: synthetic", "data: corpus.bin"))
+    r = launch("run", job, "--nproc", 2, "--run-dir", tmp_path / "rd2", "--dry-run", "--json", env=env, cwd=tmp_path)
+    # relative data paths are resolved against the working directory before they go into plan.json
+    assert json.loads(r.stdout)["plan"]["train"]["data"] == str(tmp_path / "corpus.bin")
+
+
+def test_exit_code_from_real_torchrun_failure_summary(tmp_path):
+    """torchrun exits 1 for any worker failure; the worker's own code is in its root-cause summary."""
+    script = tmp_path / "w.py"
+    # rank 1 checkpoints and exits 75; rank 0 is still busy and torchrun SIGTERMs it (exitcode -15)
+    script.write_text("import os, sys, time\nprint('hi', flush=True)\n"
+                      "sys.exit(75) if os.environ['RANK'] == '1' else time.sleep(60)\n")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                        str(script)], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 1
+    code = job_exit_code(r.returncode, r.stdout + r.stderr)
+    assert "exitcode  : -15" in r.stderr  # the real summary holds both ranks
+    assert code == PREEMPT_EXIT_CODE and state_for_exit(code) == PREEMPTED
+    assert job_exit_code(0, "") == 0 and state_for_exit(0) == SUCCEEDED
+    assert rank_of("[rank3]: step 1/8 | loss 5.0") == (3, "step 1/8 | loss 5.0")
+    assert rank_of("W1129 09:04:49 torchrun says") == (None, "W1129 09:04:49 torchrun says")
+
+
+def test_local_backend_follows_a_job_to_its_exit_code(tmp_path):
+    """submit/status/logs on a real detached process (a shell standing in for torchrun's command)."""
+    be = LocalBackend()
+    (tmp_path / "logs").mkdir()
+    log, exit_file = tmp_path / "logs" / "node0.log", tmp_path / "logs" / "exit_code"
+    proc = subprocess.Popen(["bash", "-c", f"echo '[rank0]: hello'; echo '[rank1]: other'; sleep 0.5; "
+                                           f"echo 3 > {exit_file}"],
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    h = JobHandle("local", f"local-{proc.pid}", "t", str(tmp_path), str(log),
+                  extra={"pid": proc.pid, "exit_file": str(exit_file), "log_offset": 0})
+    be._procs[h.id] = proc
+    assert be.status(h).state == "RUNNING"
+    lines = list(be.logs(h, follow=True))
+    assert lines == ["[rank0]: hello", "[rank1]: other"]
+    st = be.wait(h, timeout=10)
+    assert (st.state, st.exit_code) == ("FAILED", 3)
+
+
+# --- slow: the tiny model under torchrun ------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    """One uninterrupted 2-process run of the tiny job (shared by the end-to-end and parity tests)."""
+    base = tmp_path_factory.mktemp("full")
+    env = {**os.environ, "LAUNCH4D_STATE": str(base / "state"), "OMP_NUM_THREADS": "1"}
+    r = launch("run", TINY, "--nproc", 2, "--run-dir", base / "run", "--json", env=env)
+    return base / "run", r
+
+
+@pytest.mark.slow
+def test_launch_run_tiny_cpu_end_to_end(full_run):
+    rd, r = full_run
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    assert out["exit_code"] == 0 and out["steps"] == 8 and out["run_dir"] == str(rd.resolve())
+    ls = losses(rd)
+    assert sorted(ls) == list(range(1, 9)) and out["final_loss"] == ls[8]
+    assert "step 8/8 | loss" in r.stderr  # rank 0's lines streamed (to stderr under --json)
+    for name in ("plan.json", "job.yaml", "logs/node0.log", "checkpoints/latest"):
+        assert (rd / name).exists(), name
+    assert (rd / "checkpoints" / "latest").read_text().strip() == "step-8"
+    log = (rd / "logs" / "node0.log").read_text()
+    assert "[rank0]: step 1/8" in log
+    beats = [json.loads((rd / "heartbeat" / f"rank{i}.json").read_text()) for i in (0, 1)]
+    assert [b["phase"] for b in beats] == ["done", "done"] and all(b["step"] == 8 for b in beats)
+    rec = json.loads((rd / "metrics.jsonl").read_text().splitlines()[0])
+    assert rec["tokens_per_s"] > 0 and rec["tflops_per_gpu"] > 0 and rec["mfu"] > 0
+
+
+@pytest.mark.slow
+def test_resume_parity_after_sigterm(full_run, tmp_path, env):
+    ref_dir, ref = full_run
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    rd = tmp_path / "run"
+    proc = subprocess.Popen([*LAUNCH, "run", str(TINY), "--nproc", "2", "--run-dir", str(rd), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 180
+    while time.time() < deadline:  # wait for step 2, then stop it as Slurm's preemption would
+        metrics = rd / "metrics.jsonl"
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+            break
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == PREEMPT_EXIT_CODE, err[-3000:]
+    first = json.loads(out)
+    assert first["state"] == PREEMPTED and 2 <= first["steps"] <= 8
+    stopped_at = first["steps"]
+    assert (rd / "checkpoints" / "latest").read_text().strip() == f"step-{stopped_at}"
+    assert "got SIGTERM" in (rd / "logs" / "node0.log").read_text()
+
+    again = launch("run", TINY, "--nproc", 2, "--run-dir", rd, env=env)  # no --resume: refused
+    assert again.returncode == 2 and "--resume auto" in again.stderr
+
+    r = launch("run", TINY, "--nproc", 2, "--run-dir", rd, "--resume", "auto", "--json", env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"resumed from step {stopped_at}" in (rd / "logs" / "node0.log").read_text()
+    got, want = losses(rd), losses(ref_dir)
+    assert sorted(got) == sorted(want) == list(range(1, 9))
+    for step in want:
+        assert got[step] == pytest.approx(want[step], rel=1e-6), (step, got[step], want[step])
