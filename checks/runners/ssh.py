@@ -52,7 +52,12 @@ class SSHRunner(Runner):
     def __init__(self, *, user: str | None = None, port: int | None = None, identity_file: str | None = None,
                  known_hosts: str | None = None, accept_new_hosts: bool = False, jump: str | None = None,
                  ssh_config: str | None = None, connect_timeout: float = 10.0, use_agent: bool = True):
+        import logging
+
         import paramiko  # lazy: `launch --help` must not pay for it
+
+        # paramiko logs a traceback for every failed handshake; the reason is reported per host instead
+        logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
         self._paramiko = paramiko
         self.user = user
@@ -74,6 +79,7 @@ class SSHRunner(Runner):
         self._lock = threading.Lock()
         self._kh_lock = threading.Lock()
         self._jump_client: Any = None
+        self._policy = self._make_policy()
 
     # ---- connections -------------------------------------------------------------------------
     def target(self, alias: str) -> Target:
@@ -98,7 +104,8 @@ class SSHRunner(Runner):
             t.user = self.user
         return t
 
-    def _policy(self) -> Any:
+    def _make_policy(self) -> Any:
+        """One MissingHostKeyPolicy (and its exception class) shared by every connection."""
         paramiko = self._paramiko
         runner = self
 
@@ -124,7 +131,7 @@ class SSHRunner(Runner):
             client.load_host_keys(str(f))
         if self.known_hosts.exists():
             client.load_host_keys(str(self.known_hosts))
-        client.set_missing_host_key_policy(self._policy())
+        client.set_missing_host_key_policy(self._policy)
         return client
 
     def _connect_kwargs(self, t: Target) -> dict[str, Any]:
@@ -153,7 +160,7 @@ class SSHRunner(Runner):
     def _describe(self, exc: BaseException, t: Target) -> str:
         paramiko = self._paramiko
         where = f"{t.hostname}:{t.port}"
-        if isinstance(exc, getattr(self, "_unknown_exc", ())):
+        if isinstance(exc, self._unknown_exc):
             return (f"unknown host key for {where} (not in {self.known_hosts}); refusing. "
                     "Add it to known_hosts or pass --accept-new-hosts")
         if isinstance(exc, paramiko.BadHostKeyException):
@@ -164,8 +171,10 @@ class SSHRunner(Runner):
             return f"cannot connect to {where}: connection refused"
         if isinstance(exc, (socket.timeout, TimeoutError)):
             return f"cannot connect to {where}: timed out after {self.connect_timeout:.0f}s"
-        if isinstance(exc, paramiko.SSHException) and "banner" in str(exc).lower():
-            return f"{where} accepted the connection but sent no SSH banner within {self.connect_timeout:.0f}s"
+        if isinstance(exc, paramiko.SSHException) and ("banner" in str(exc).lower()
+                                                       or "no existing session" in str(exc).lower()):
+            return (f"{where} accepted the connection but sent no SSH banner / handshake within "
+                    f"{self.connect_timeout:.0f}s (hung host?)")
         if isinstance(exc, socket.gaierror):
             return f"cannot resolve {t.hostname}"
         if isinstance(exc, ConnectionError):
