@@ -28,6 +28,7 @@ SKIP_DIRS = {"checkpoints", ".git", "__pycache__", "node_modules"}
 MAX_TEXT_BYTES = 1 << 30  # a 1 GiB log is read (streamed); larger ones are skipped and said so
 MAX_DUMP_BYTES = 256 << 20
 MAX_JSON_BYTES = 16 << 20
+MAX_WORLD = 1 << 17
 
 
 @dataclass
@@ -145,6 +146,8 @@ def build_report(src: Sources, plan: Any = None, bwmap: Any = None) -> Report:
         world = plan.world_size
     world = world or src.init.world_size() or (max(src.flight.world_ranks()) + 1 if src.flight.world_ranks()
                                                else None)
+    if world is not None and not 0 < world <= MAX_WORLD:
+        world = None  # a garbled number, not a job size
     hosts: dict[int, str] = {}
     if plan is not None and plan.hosts:
         for rp in plan.ranks:

@@ -91,7 +91,7 @@ class Flight:
     def add_dump(self, path: str, dump: dict[str, Any], evidence: str) -> None:
         m = DUMP_RANK_RE.search(PurePath(path).name)
         if m:
-            self.dumps[int(m.group(1))] = (dump, evidence)
+            self.dumps[int(m.group(1))] = (_clean(dump), evidence)
 
     # ---- conclusions -----------------------------------------------------------------
     def world_ranks(self) -> set[int]:
@@ -158,12 +158,11 @@ class Flight:
             for e in dump.get("entries") or []:
                 if not isinstance(e, dict) or e.get("is_p2p"):
                     continue
-                pgt = e.get("process_group") or ("?", "?")
-                name, desc = (list(pgt) + ["", ""])[:2]
+                name, desc = e["process_group"]
                 key = str(desc or name)
                 info = pgs.setdefault(key, {"expected": set(), "enq": {}, "comp": {}, "ops": {}, "evs": [],
                                             "name": str(name)})
-                seq = int(e.get("collective_seq_id") or 0)
+                seq = e["collective_seq_id"]
                 info["enq"][rank] = max(info["enq"].get(rank, 0), seq)
                 info["ops"].setdefault(seq, str(e.get("profiling_name", "?")))
                 if e.get("state") == "completed":
@@ -186,6 +185,23 @@ class Flight:
         return pgs
 
 
+def _clean(dump: dict[str, Any]) -> dict[str, Any]:
+    """Keep only well-formed parts of a dump (a truncated or foreign file must not break the analysis)."""
+    cfg = dump.get("pg_config")
+    status = dump.get("pg_status")
+    entries = []
+    for e in dump.get("entries") or []:
+        if not isinstance(e, dict):
+            continue
+        pg = e.get("process_group")
+        seq = e.get("collective_seq_id")
+        if not isinstance(pg, (list, tuple)) or not pg or isinstance(seq, bool) or not isinstance(seq, int):
+            continue
+        entries.append({**e, "process_group": (str(pg[0]), str(pg[1]) if len(pg) > 1 else "")})
+    return {"entries": entries, "pg_config": cfg if isinstance(cfg, dict) else {},
+            "pg_status": status if isinstance(status, dict) else {}, "version": dump.get("version")}
+
+
 def _cfg_for(cfg: dict[str, Any], name: str, desc: str) -> dict[str, Any]:
     if not isinstance(cfg, dict):
         return {}
@@ -201,7 +217,7 @@ def _rank_list(value: Any) -> list[int]:
     if isinstance(value, str):
         try:
             value = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             return [int(x) for x in re.findall(r"\d+", value)]
     if isinstance(value, (list, tuple, set)):
         return [int(x) for x in value if isinstance(x, int) or (isinstance(x, str) and x.isdigit())]

@@ -44,7 +44,7 @@ def parse_beat(text: str, evidence: str) -> Beat | None:
                     step=int(d["step"]), phase=str(d["phase"]),
                     last_collective=d.get("last_collective") if isinstance(d.get("last_collective"), str) else None,
                     collectives=int(d.get("collectives") or 0), updated=float(d["updated"]), evidence=evidence)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
 
 

@@ -41,6 +41,7 @@ NET_RE = re.compile(r"^NET/(?P<net>.+?)/(?P<dev>\d+)(?:\((?P<proxy>\d+)\))?(?P<r
 USING_NET_RE = re.compile(r"^Using network (?P<net>.+?)\s*$")
 IB_DEVS_RE = re.compile(r"^NET/IB ?: Using (?P<list>.*)$")
 IB_DEV_ITEM_RE = re.compile(r"\[(\d+)\]([\w.\-]+):(\d+)/(\w+)")
+MAX_NICS = 1024
 
 
 @dataclass
@@ -158,7 +159,7 @@ class NcclInit:
         elif msg.startswith("NET/IB"):
             d = IB_DEVS_RE.match(msg)
             if d:
-                devs = IB_DEV_ITEM_RE.findall(d["list"])
+                devs = [x for x in IB_DEV_ITEM_RE.findall(d["list"]) if int(x[0]) < MAX_NICS]
                 if devs:
                     names = [""] * (max(int(i) for i, *_ in devs) + 1)
                     for i, name, _port, _link in devs:

@@ -1,0 +1,168 @@
+"""diagnose on what real runs leave: heartbeat files (the run-dir contract), flight-recorder dumps
+written by torch itself (gloo on CPU records them too), and the bundled trainer under torchrun with
+one rank made to stall past the collective timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from launcher.diagnose import diagnose
+from launcher.diagnose.heartbeat import Heartbeats, parse_beat
+from tests.conftest import REPO
+
+PY = sys.executable
+
+
+def beat(rank, step, phase, collectives, updated, host=None, last="all_reduce(grads)") -> str:
+    return json.dumps({"rank": rank, "host": host or f"node{rank}", "pid": 100 + rank, "step": step,
+                       "phase": phase, "last_collective": last, "collectives": collectives, "updated": updated})
+
+
+def heartbeats(*beats: str) -> Heartbeats:
+    hb = Heartbeats()
+    for i, b in enumerate(beats):
+        hb.add(parse_beat(b, f"heartbeat/rank{i}.json:1"))
+    return hb
+
+
+def test_heartbeat_lagging_rank_after_others_failed():
+    hb = heartbeats(beat(0, 7, "error", 40, 1000.0), beat(1, 7, "error", 40, 1000.2),
+                    beat(2, 7, "forward", 38, 940.0), beat(3, 7, "error", 40, 1000.1))
+    (stall, info) = hb.findings(4, {})
+    assert stall.kind == "stalled_rank" and stall.ranks == [2] and stall.hosts == ["node2"]
+    assert "60s older" in stall.message and stall.evidence[0] == "heartbeat/rank2.json:1"
+    assert info.severity == "info"
+
+
+def test_heartbeat_file_stopped_updating_without_errors():
+    """Nobody failed yet (long timeout), but one rank's file is minutes behind and its count lags."""
+    hb = heartbeats(beat(0, 12, "backward", 90, 5000.0), beat(1, 11, "optimizer", 85, 4700.0))
+    stall = hb.findings(2, {})[0]
+    assert stall.ranks == [1] and "step 11" in stall.message
+
+
+def test_heartbeat_snapshot_skew_is_not_a_stall():
+    """Healthy ranks a few ms apart differ by a collective: facts only."""
+    hb = heartbeats(beat(0, 3, "backward", 12, 100.0), beat(1, 3, "forward", 11, 99.99))
+    assert [f.severity for f in hb.findings(2, {})] == ["info"]
+
+
+def test_heartbeat_missing_rank_and_done():
+    hb = heartbeats(beat(0, 1, "forward", 1, 10.0), beat(1, 1, "forward", 1, 10.0))
+    stall = hb.findings(3, {})[0]
+    assert stall.ranks == [2] and "never wrote a heartbeat" in stall.message
+    done = heartbeats(beat(0, 9, "done", 50, 10.0), beat(1, 9, "done", 50, 11.0))
+    assert all(f.severity == "info" for f in done.findings(2, {}))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+FR_WORKER = textwrap.dedent("""
+    import os, sys, torch, torch.distributed as dist
+    from datetime import timedelta
+    flight = sys.argv[1]
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    rank = dist.get_rank()
+    t = torch.ones(4)
+    for _ in range(3):
+        dist.all_reduce(t)
+    dist.barrier()
+    if rank != 1:                       # rank 1 never issues the 5th collective
+        dist.all_reduce(t, async_op=True)
+    import torch._C._distributed_c10d as c10d
+    with open(os.path.join(flight, f"rank_{rank}"), "wb") as fh:  # TORCH_NCCL_DEBUG_INFO_TEMP_FILE naming
+        fh.write(c10d._dump_fr_trace())
+    os._exit(0)
+""")
+
+
+@pytest.mark.slow
+def test_real_flight_recorder_dumps_name_missing_rank(tmp_path):
+    """Dumps written by torch's own flight recorder (gloo, 3 processes): rank 1 skipped collective #5."""
+    pytest.importorskip("torch")
+    flight = tmp_path / "logs" / "flight"
+    flight.mkdir(parents=True)
+    worker = tmp_path / "worker.py"
+    worker.write_text(FR_WORKER)
+    port = _free_port()
+    procs = []
+    for r in range(3):
+        env = {**os.environ, "RANK": str(r), "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "TORCH_FR_BUFFER_SIZE": "64", "OMP_NUM_THREADS": "1"}
+        procs.append(subprocess.Popen([PY, str(worker), str(flight)], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert sorted(os.listdir(flight)) == ["rank_0", "rank_1", "rank_2"]
+    report = diagnose(tmp_path / "logs")
+    assert report.stalled_ranks == [1], report.to_dict()
+    top = report.findings[0]
+    assert top.kind == "stalled_rank" and "#5" in top.message and "all_reduce" in top.message
+    assert "default_pg" in top.message
+    assert set(top.evidence) >= {"flight/rank_0:1", "flight/rank_2:1"}
+
+
+@pytest.mark.slow
+def test_trainer_stalled_rank_is_named_with_its_host(tmp_path):
+    """torchrun + the bundled trainer on gloo; rank 1 sleeps before step 3's collectives, rank 0 times
+    out after 3 s. diagnose on the run dir names rank 1 and its host."""
+    pytest.importorskip("torch")
+    engine = pytest.importorskip("launcher.trainer.engine")
+    if "inject_stall" not in engine.train.__code__.co_varnames:
+        pytest.skip("trainer has no --inject-stall yet")
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    from launcher.planner import plan_job
+    from launcher.spec import spec_from_dict
+
+    spec = spec_from_dict({
+        "name": "stall", "model": "tiny",
+        "train": {"seq_len": 32, "global_batch": 4, "steps": 5, "lr": 3.0e-3, "warmup_steps": 1,
+                  "precision": "fp32", "grad_dtype": "fp32", "seed": 1, "data": "synthetic", "checkpoint_every": 0},
+        "cluster": {"nodes": 1, "gpus_per_node": 2, "gpu": "cpu"},
+        "parallel": {"tp": 1, "cp": 1, "pp": 1, "zero": 1, "recompute": "none", "micro_batch": 2},
+        "diagnostics": {"init_timeout_s": 60, "collective_timeout_s": 60}})
+    plan = plan_job(spec, top=0).best
+    assert plan is not None and plan.world_size == 2 and plan.degrees["dp"] == 2
+    plan.save(run_dir / "plan.json")
+    torchrun = Path(PY).with_name("torchrun")
+    cmd = [str(torchrun), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
+           str(_free_port()), "-m", "launcher.trainer", "--plan", str(run_dir / "plan.json"),
+           "--run-dir", str(run_dir), "--inject-stall", "1:3", "--step-timeout-s", "3"]
+    with open(run_dir / "logs" / "node0.log", "w") as log:
+        p = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, timeout=240,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    text = (run_dir / "logs" / "node0.log").read_text()
+    assert p.returncode != 0, text
+    assert (run_dir / "heartbeat" / "rank1.json").exists(), text
+    host = json.loads((run_dir / "heartbeat" / "rank1.json").read_text())["host"]
+
+    report = diagnose(run_dir)
+    assert report.stalled_ranks == [1], (report.verdict, text[-3000:])
+    assert report.stalled_hosts == {1: host}
+    assert report.verdict.startswith(f"rank 1 ({host}) stalled")
+    kinds = [f.kind for f in report.findings]
+    assert kinds[0] == "stalled_rank" and "gloo_timeout" in kinds
+    assert any(e.startswith("heartbeat/rank1.json") for e in report.findings[0].evidence)
+    gloo = next(f for f in report.findings if f.kind == "gloo_timeout")
+    assert gloo.ranks == [0] and any(e.startswith("logs/node0.log:") for e in gloo.evidence)
+
+    # the CLI on the documented call, `launch diagnose <run_dir>/logs/`
+    launch = REPO / ".venv" / "bin" / "launch"
+    out = subprocess.run([str(launch) if launch.exists() else "launch", "diagnose", str(run_dir / "logs"),
+                          "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stderr
+    d = json.loads(out.stdout)
+    assert d["stalled_ranks"] == [1] and d["stalled_hosts"] == {"1": host}
