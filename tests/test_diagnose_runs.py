@@ -114,6 +114,37 @@ def test_real_flight_recorder_dumps_name_missing_rank(tmp_path):
     assert set(top.evidence) >= {"flight/rank_0:1", "flight/rank_2:1"}
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
+
+
+def _reap_stalled_rank(proc: subprocess.Popen, hb_dir: Path, limit_s: float = 200) -> None:
+    """Once rank 0 has failed and exited, SIGKILL the sleeping rank 1 (pid from its heartbeat) instead of
+    waiting out torchrun's 30 s SIGTERM grace: the trainer turns SIGTERM into "checkpoint after this step",
+    which a rank asleep before its collectives never reaches. What the logs and heartbeats hold is the same."""
+    import signal
+    import time
+
+    t0 = time.monotonic()
+    while proc.poll() is None and time.monotonic() - t0 < limit_s:
+        time.sleep(0.3)
+        try:
+            r0 = json.loads((hb_dir / "rank0.json").read_text())
+            r1 = json.loads((hb_dir / "rank1.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if r0["phase"] == "error" and not _alive(r0["pid"]):
+            time.sleep(1.0)  # let torchrun notice and send its SIGTERM first
+            if _alive(r1["pid"]):
+                os.kill(r1["pid"], signal.SIGKILL)
+            return
+
+
 @pytest.mark.slow
 def test_trainer_stalled_rank_is_named_with_its_host(tmp_path):
     """torchrun + the bundled trainer on gloo; rank 1 sleeps before step 3's collectives, rank 0 times
@@ -142,8 +173,14 @@ def test_trainer_stalled_rank_is_named_with_its_host(tmp_path):
            str(_free_port()), "-m", "launcher.trainer", "--plan", str(run_dir / "plan.json"),
            "--run-dir", str(run_dir), "--inject-stall", "1:3", "--step-timeout-s", "3"]
     with open(run_dir / "logs" / "node0.log", "w") as log:
-        p = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, timeout=240,
-                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+        p = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+        try:
+            _reap_stalled_rank(p, run_dir / "heartbeat")
+            p.wait(timeout=240)
+        finally:
+            if p.poll() is None:
+                p.kill()
     text = (run_dir / "logs" / "node0.log").read_text()
     assert p.returncode != 0, text
     assert (run_dir / "heartbeat" / "rank1.json").exists(), text
