@@ -289,3 +289,21 @@ def test_evidence_points_at_the_lines():
         for e in f.evidence:
             assert "NCCL WARN" in _line(log, e)
     json.dumps(report.to_dict())
+
+
+def test_init_hang_from_log_cut_mid_init(tmp_path):
+    """The real 2.27.5 log cut at line 745 (what a job hung in init leaves): ranks 9 and 14 printed
+    Init START but not Init COMPLETE."""
+    lines = shared_file(LOGS, F_IB).read_text().splitlines(keepends=True)
+    cut = tmp_path / "node1.log"
+    cut.write_text("".join(lines[:745]))
+    report = diagnose(cut)
+    f = report.findings[0]
+    assert f.kind == "nccl_init_hang" and f.ranks == [9, 14] and f.hosts == ["tpgds-aihub0008"]
+    assert "8, 10-13, 15 finished" in f.message and report.problem
+    assert report.nccl["communicators"][0]["init_incomplete"] == [9, 14]
+    # cut before any rank finished: nobody completed, ranks 0-7 (the other node) are not in the logs
+    early = tmp_path / "early.log"
+    early.write_text("".join(lines[:300]))
+    f = diagnose(early).findings[0]
+    assert f.kind == "nccl_init_hang" and f.ranks == list(range(8, 16)) and "ranks not in these logs: 0-7" in f.message

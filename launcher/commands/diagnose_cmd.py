@@ -46,6 +46,17 @@ def _human(report) -> str:
         if ev:
             more = f" (+{len(ev) - 4} more)" if len(ev) > 4 else ""
             lines.append("      evidence: " + ", ".join(ev[:4]) + more)
+    nccl = report.nccl or {}
+    if nccl.get("ranks"):
+        lines.append("nccl ranks (host: rank[cudaDev/busId]):")
+        by_host: dict[str, list[str]] = {}
+        for r in nccl["ranks"]:
+            by_host.setdefault(r["host"], []).append(f"{r['rank']}[{r['cuda_dev']}/{r['bus_id']}]")
+        for host, seats in by_host.items():
+            lines.append(f"  {host}: " + " ".join(seats[:32]) + (" ..." if len(seats) > 32 else ""))
+    for c in nccl.get("communicators", [])[:8]:
+        tr = ", ".join(f"{k} x{v}" for k, v in sorted(c["transports"].items())) or "no channel lines"
+        lines.append(f"  communicator {c['key']}: {c['nranks']} ranks, {c.get('nnodes') or '?'} node(s); {tr}")
     lines.append(f"read {len(report.files)} file(s)")
     return "\n".join(lines)
 

@@ -111,6 +111,7 @@ class Failures:
     peer_closed: dict[int | None, list[str]] = field(default_factory=dict)
     exits: dict[int, dict[str, str]] = field(default_factory=dict)
     hosts: dict[int, str] = field(default_factory=dict)
+    fr_disabled: str | None = None
     _pending_ib: IbError | None = None
     _pending_nccl: tuple[str, str, int | None] | None = None
     _block: dict[str, str] | None = None
@@ -154,6 +155,9 @@ class Failures:
                     self.watchdog[r] = WatchdogTimeout(
                         rank=r, seq=int(w["seq"]), op=w["op"], timeout_ms=int(t.group(1)) if t else None,
                         ran_ms=int(w["ran"]), evidence=evidence)
+            return
+        if "FlightRecorder is disabled" in line:
+            self.fr_disabled = evidence
             return
         if "failure detected by watchdog" in line:
             p = PG_STATUS_RE.search(line)
@@ -332,15 +336,21 @@ class Failures:
         msg = (f"NCCL watchdog timeout after {tmo} ms" if tmo else "NCCL watchdog timeout") + ": " + "; ".join(parts)
         out.append(Finding("collective_timeout", ERROR, msg, [wd[r].evidence for r in reporters], ranks=reporters))
         seqs = {wd[r].seq for r in reporters}
-        if len(seqs) > 1:
-            low = min(seqs)
-            lag = [r for r in reporters if wd[r].seq == low]
+        by_pg: dict[str | None, list[int]] = {}
+        for r in reporters:  # sequence numbers count per process group: compare within one
+            by_pg.setdefault(wd[r].pg, []).append(r)
+        for pg_ranks in by_pg.values():
+            pg_seqs = {wd[r].seq for r in pg_ranks}
+            if len(pg_seqs) < 2:
+                continue
+            low = min(pg_seqs)
+            lag = [r for r in pg_ranks if wd[r].seq == low]
             out.append(Finding("stalled_rank", ERROR,
                                f"rank {fmt_ranks(lag, hosts)} timed out at SeqNum={low} while others had "
-                               f"completed it and moved on to SeqNum={max(seqs)}: it lags",
-                               [wd[r].evidence for r in reporters], ranks=lag,
+                               f"completed it and moved on to SeqNum={max(pg_seqs)}: it lags",
+                               [wd[r].evidence for r in pg_ranks], ranks=lag,
                                hosts=[hosts[r] for r in lag if r in hosts], confidence=1))
-        if world:
+        if world and len(by_pg) == 1:
             missing = [r for r in range(world) if r not in wd]
             if missing and len(missing) < world:
                 seq = min(seqs)

@@ -22,6 +22,7 @@ KIND_WEIGHT = {
     "collective_timeout": 70,
     "gloo_timeout": 70,
     "flight_recorder": 68,
+    "nccl_init_hang": 80,
     "nccl_warn": 60,
     "process_exit": 55,
     "tp_across_nodes": 50,

@@ -92,6 +92,7 @@ class Comm:
     trees: dict[int, dict[int, str]] = field(default_factory=dict)
     nnodes: int | None = None
     complete: set[int] = field(default_factory=set)
+    started: set[int] = field(default_factory=set)
 
     def transports(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -200,6 +201,7 @@ class NcclInit:
                                           nvml_dev=int(m["nvml"]) if m["nvml"] else None,
                                           bus_id=m["bus"], evidence=evidence)
         if m["phase"] == "START":
+            comm.started.add(rank)
             self._current[proc] = key
             return
         comm.complete.add(rank)
@@ -271,6 +273,10 @@ class NcclInit:
                 "rings": {str(k): v for k, v in sorted(c.rings.items())},
                 "trees": {str(r): {str(k): v for k, v in t.items()} for r, t in sorted(c.trees.items())},
                 "init_complete": sorted(c.complete),
+                "init_incomplete": sorted(c.started - c.complete),
+                "net_channels": [{"channel": ch.channel, "src": ch.src, "dst": ch.dst, "direction": ch.direction,
+                                  "via": ch.via, "host": ch.host, "evidence": ch.evidence}
+                                 for ch in c.channels if ch.kind == "NET"][:64],
             })
         return {
             "versions": sorted(self.versions),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from launcher.diagnose.findings import INFO, WARNING, Finding
+from launcher.diagnose.findings import ERROR, INFO, WARNING, Finding
 from launcher.diagnose.nccl_init import Comm, NcclInit
 
 
@@ -20,6 +20,7 @@ def init_findings(init: NcclInit, plan: Any = None, bwmap: Any = None) -> list[F
     if init.empty:
         return []
     out = [_summary(init)]
+    out += _init_incomplete(init)
     out += _socket(init, bwmap)
     if plan is not None:
         out += _tp_over_net(init, plan)
@@ -50,6 +51,40 @@ def _summary(init: NcclInit) -> Finding:
     ev = [e for evs in init.versions.values() for e in evs[:1]] + [
         c.members[min(c.members)].evidence for c in init.comms.values() if c.members]
     return Finding("nccl_init", INFO, "; ".join(parts), ev[:6], hosts=hosts)
+
+
+def _init_incomplete(init: NcclInit) -> list[Finding]:
+    """ncclCommInitRank ... Init START with no Init COMPLETE: ranks stuck creating a communicator."""
+    out = []
+    for comm in init.comms.values():
+        stuck = sorted(comm.started - comm.complete)
+        if not stuck:
+            continue
+        hosts = sorted({comm.members[r].host for r in stuck})
+        unseen = sorted(set(range(comm.nranks)) - set(comm.members)) if comm.nranks <= 4096 else []
+        msg = (f"NCCL init of communicator {comm.key} ({comm.nranks} ranks) started but never completed on rank "
+               f"{', '.join(map(str, stuck))} ({', '.join(hosts)})")
+        if not comm.complete:
+            msg += ": no rank finished init, so a peer never joined or cannot be reached (bootstrap/network)"
+            if unseen:
+                msg += f"; ranks not in these logs: {_span(unseen)}"
+        else:
+            msg += f" while rank {_span(sorted(comm.complete))} finished: those ranks hang in connection setup"
+        out.append(Finding("nccl_init_hang", ERROR, msg, [comm.members[r].evidence for r in stuck][:6],
+                           ranks=stuck, hosts=hosts))
+    return out
+
+
+def _span(ranks: list[int]) -> str:
+    """[0,1,2,3,7] -> '0-3, 7'."""
+    parts, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            parts.append(f"{start}-{r}" if r > start else str(r))
+            start = None
+    return ", ".join(parts)
 
 
 def _ib_hosts(init: NcclInit, bwmap: Any) -> set[str]:
