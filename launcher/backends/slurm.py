@@ -186,38 +186,35 @@ class SSHRunner:
         except OSError as exc:
             raise UserError(f"cannot reach login node {where}: {exc.strerror or exc}") from None
         self.client = client
-        self._sftp = None
 
-    @property
-    def sftp(self):
-        if self._sftp is None:
-            self._sftp = self.client.open_sftp()
-        return self._sftp
-
-    def run(self, argv: list[str], cwd: str | None = None, timeout: float = 60) -> tuple[int, str, str]:
+    def run(self, argv: list[str], cwd: str | None = None, timeout: float = 60,
+            stdin: bytes | None = None) -> tuple[int, str, str]:
+        """One command through the login shell (argv quoted); no SFTP needed, which some sites disable."""
         cmd = " ".join(shlex.quote(a) for a in argv)
         if cwd:
             cmd = f"cd {shlex.quote(cwd)} && {cmd}"
-        _, out, err = self.client.exec_command(cmd, timeout=timeout)
-        stdout = out.read().decode(errors="replace")
-        stderr = err.read().decode(errors="replace")
-        rc = out.channel.recv_exit_status()
+        try:
+            sin, out, err = self.client.exec_command(cmd, timeout=timeout)
+            if stdin is not None:
+                sin.write(stdin)
+                sin.channel.shutdown_write()
+            stdout = out.read().decode(errors="replace")
+            stderr = err.read().decode(errors="replace")
+            rc = out.channel.recv_exit_status()
+        except OSError as exc:  # socket.timeout and paramiko's SSHException are both here
+            raise UserError(f"login node {self.host}: {' '.join(argv[:2])} failed ({exc})") from None
         if rc == 127 and "not found" in stderr:
             raise UserError(f"{argv[0]} not found on login node {self.host}")
         return rc, stdout, stderr
 
     def which(self, name: str) -> bool:
-        return self.run(["sh", "-c", f"command -v {shlex.quote(name)}"])[0] == 0
+        return self.run(["sh", "-c", 'command -v "$1"', "sh", name])[0] == 0
 
     def home(self) -> str:
-        return self.sftp.normalize(".")
+        return self.run(["sh", "-c", 'printf %s "$HOME"'])[1].strip()
 
     def exists(self, path: str) -> bool:
-        try:
-            self.sftp.stat(path)
-            return True
-        except OSError:
-            return False
+        return self.run(["test", "-e", path])[0] == 0
 
     def makedirs(self, path: str) -> None:
         rc, _, err = self.run(["mkdir", "-p", path + "/logs"])
@@ -225,25 +222,19 @@ class SSHRunner:
             raise UserError(f"cannot create {path} on {self.host}: {err.strip()}")
 
     def write(self, path: str, data: str, mode: int = 0o644) -> None:
-        with self.sftp.open(path + ".tmp", "w") as f:
-            f.write(data)
-        self.sftp.chmod(path + ".tmp", mode)
-        self.sftp.posix_rename(path + ".tmp", path)
+        rc, _, err = self.run(["sh", "-c", 'cat > "$1.tmp" && chmod "$2" "$1.tmp" && mv "$1.tmp" "$1"',
+                               "sh", path, f"{mode:o}"], stdin=data.encode())
+        if rc:
+            raise UserError(f"cannot write {path} on {self.host}: {err.strip()}")
 
     def read_from(self, path: str, offset: int) -> bytes | None:
-        try:
-            with self.sftp.open(path, "r") as f:
-                f.seek(offset)
-                return f.read()
-        except OSError:
-            return None
+        rc, out, _ = self.run(["sh", "-c", 'test -f "$1" && tail -c +"$2" "$1"', "sh", path, str(offset + 1)])
+        return out.encode() if rc == 0 else None
 
     def remove_tree(self, path: str) -> None:
         self.run(["rm", "-rf", "--", path])
 
     def close(self) -> None:
-        if self._sftp is not None:
-            self._sftp.close()
         self.client.close()
 
 

@@ -1,0 +1,222 @@
+"""End to end on a real Slurm (tests/services/slurm.py: munge, slurmctld, slurmd n1 and n2 on one
+machine, 2 fake GPUs each): `launch submit|status|logs|cancel` drive the bundled trainer on
+2 nodes x 2 processes (CPU, gloo), including preemption (USR1 -> checkpoint -> requeue -> resume),
+a hard `scontrol requeue`, submission over SSH to a real sshd on loopback, and bad inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from launcher.cli import cli
+from launcher.plan import Plan
+from tests.conftest import EXAMPLES
+from tests.services.slurm import slurm_cluster  # noqa: F401  (session fixture)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _state(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAUNCH4D_STATE", str(tmp_path / "state"))
+
+
+def write_job(tmp_path: Path, name: str, steps: int, checkpoint_every: int = 0, **slurm) -> Path:
+    d = yaml.safe_load((EXAMPLES / "tiny-slurm.yaml").read_text())
+    d["name"] = name
+    d["train"]["steps"] = steps
+    d["train"]["checkpoint_every"] = checkpoint_every
+    d["backend"]["log_dir"] = str(tmp_path / "runs")
+    d["backend"]["slurm"]["python"] = sys.executable
+    d["backend"]["slurm"].update(slurm)
+    p = tmp_path / f"{name}.yaml"
+    p.write_text(yaml.safe_dump(d))
+    return p
+
+
+def launch(*args: str, ok: bool = True):
+    res = CliRunner().invoke(cli, [str(a) for a in args])
+    if ok:
+        assert res.exit_code == 0, res.output
+    return res
+
+
+def submit(job: Path, *extra: str) -> dict:
+    return json.loads(launch("submit", job, "--json", *extra).output)
+
+
+def status(job_id: str) -> dict:
+    return json.loads(launch("status", job_id, "--json").output)
+
+
+def log_text(run_dir: str, job_id: str, stream: str = "out") -> str:
+    p = Path(run_dir) / "logs" / f"slurm-{job_id}.{stream}"
+    return p.read_text(errors="replace") if p.exists() else ""
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_submit_runs_to_completion_with_the_plans_rank_placement(slurm_cluster, tmp_path):  # noqa: F811
+    job = write_job(tmp_path, "e2e-ok", steps=4, checkpoint_every=2)
+    sub = submit(job)
+    jid, run_dir = sub["id"], sub["run_dir"]
+    assert jid.isdigit() and sub["backend"] == "slurm"
+    assert {"train.sbatch", "plan.json", "job.yaml"} <= {p.name for p in Path(run_dir).iterdir()}
+
+    res = launch("status", "e2e-ok", "--wait", "--timeout", "300", "--interval", "1", "--json")
+    st = json.loads(res.output)
+    assert (st["state"], st["slurm_state"], st["source"]) == ("SUCCEEDED", "COMPLETED", "squeue")
+
+    out = launch("logs", jid).output
+    for step in range(1, 5):
+        assert f"[rank0]: step {step}/4 | loss" in out
+    assert "launch4d: step finished with exit code 0" in out
+    rank0 = json.loads(launch("logs", jid, "--rank", "0", "--json").output)["lines"]
+    assert rank0 and all(not ln.startswith("[rank") for ln in rank0)
+    assert sum(ln.startswith("step ") for ln in rank0) == 4
+    rank3_err = json.loads(launch("logs", jid, "--rank", "3", "--stream", "err", "--json").output)["lines"]
+    assert rank3_err and not any("step 1/4 |" in ln for ln in rank3_err)
+
+    # Ranks landed where the plan said: node index i of the plan is the i-th node Slurm gave
+    # (n1, n2); each rank's heartbeat names its host (each slurmd has its own UTS hostname).
+    plan = Plan.load(Path(run_dir) / "plan.json")
+    nodes = ["n1", "n2"]
+    for line in ("0: launch4d: node n1 node_rank 0 CUDA_VISIBLE_DEVICES 0,1",
+                 "1: launch4d: node n2 node_rank 1 CUDA_VISIBLE_DEVICES 0,1"):
+        assert line in out
+    beats = {r.rank: json.loads((Path(run_dir) / "heartbeat" / f"rank{r.rank}.json").read_text())
+             for r in plan.ranks}
+    assert all(b["phase"] == "done" and b["step"] == 4 for b in beats.values())
+    if slurm_cluster.separate_hostnames:
+        assert {r.rank: beats[r.rank]["host"] for r in plan.ranks} == {r.rank: nodes[r.node] for r in plan.ranks}
+    # TP groups (consecutive ranks) share a node, as the plan's layout says
+    assert [r.node for r in plan.ranks] == [0, 0, 1, 1] and plan.degrees["tp"] == 2
+    metrics = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    assert len(metrics) == 4
+    assert (Path(run_dir) / "checkpoints" / "latest").read_text().strip() == "step-4"
+
+
+def test_cancel_a_running_job(slurm_cluster, tmp_path):  # noqa: F811
+    job = write_job(tmp_path, "e2e-cancel", steps=500)
+    sub = submit(job)
+    jid, run_dir = sub["id"], sub["run_dir"]
+    wait_for(lambda: "step 1/500" in log_text(run_dir, jid), 180, "the first training step")
+    assert status(jid)["state"] == "RUNNING"
+    res = launch("cancel", jid, "--json")
+    assert json.loads(res.output)["cancelled"] is True
+    st = wait_for(lambda: (s := status(jid))["done"] and s, 60, "the job to end")
+    assert (st["state"], st["slurm_state"]) == ("CANCELLED", "CANCELLED")
+    again = launch("cancel", jid, ok=False)
+    assert again.exit_code == 2 and "already ended (CANCELLED)" in again.output
+    wait_for(lambda: slurm_cluster._nodes_idle(), 60, "nodes idle again")
+
+
+def test_preemption_and_requeue_resume_from_checkpoint(slurm_cluster, tmp_path):  # noqa: F811
+    job = write_job(tmp_path, "e2e-requeue", steps=14)
+    sub = submit(job)
+    jid, run_dir = sub["id"], sub["run_dir"]
+    wait_for(lambda: "step 3/14" in log_text(run_dir, jid), 180, "step 3")
+
+    # 1. Preemption / time limit: what `#SBATCH --signal=B:USR1@N` delivers to the batch shell.
+    slurm_cluster.run("scancel", "--signal=USR1", "--batch", jid)
+    wait_for(lambda: "launch4d: requeueing job" in log_text(run_dir, jid), 90, "the batch script to requeue")
+    ck = re.findall(r"checkpoint step (\d+) ->", log_text(run_dir, jid))
+    assert ck, "the trainer wrote no checkpoint on USR1"
+    first = int(ck[-1])
+    st = wait_for(lambda: (s := status(jid))["restarts"] == 1 and s, 60, "restart count 1")
+    assert st["state"] in ("PENDING", "RUNNING") and not st["done"]
+    # Slurm keeps a requeued job pending ~2 minutes (BeginTime); let it start now.
+    slurm_cluster.run("scontrol", "update", f"jobid={jid}", "StartTime=now")
+    wait_for(lambda: f"resumed from step {first}" in log_text(run_dir, jid, "err"), 180, "resume after USR1")
+    wait_for(lambda: f"step {first + 2}/14" in log_text(run_dir, jid), 120, "training to continue")
+
+    # 2. A hard requeue (an admin, or preemption with PreemptMode=REQUEUE): SIGTERM to the step.
+    slurm_cluster.run("scontrol", "requeue", jid)
+    wait_for(lambda: status(jid)["restarts"] == 2, 60, "restart count 2")
+    slurm_cluster.run("scontrol", "update", f"jobid={jid}", "StartTime=now")
+    res = launch("status", jid, "--wait", "--timeout", "300", "--interval", "1", "--json")
+    assert json.loads(res.output)["slurm_state"] == "COMPLETED"
+
+    err = log_text(run_dir, jid, "err")
+    resumed = [int(s) for s in re.findall(r"resumed from step (\d+)", err)]
+    assert len(resumed) == 2 and resumed[0] == first and resumed[1] >= first
+    out = log_text(run_dir, jid)
+    assert out.count("launch4d: job") == 3                    # three starts, one log (open-mode=append)
+    after = out.split("restart 2 nodes")[1]
+    assert f"step {resumed[1] + 1}/14" in after and "step 1/14 " not in after
+    assert "step 14/14" in after and "launch4d: step finished with exit code 0" in after
+
+
+def test_submit_over_ssh(slurm_cluster, tmp_path):  # noqa: F811
+    from tests.services.sshd import SshCluster, sshd_available
+
+    reason = sshd_available()
+    if reason:
+        pytest.skip(reason)
+    with SshCluster(tmp_path / "ssh", ["login"], env={"SLURM_CONF": str(slurm_cluster.conf)}) as ssh:
+        node = ssh.nodes["login"]
+        common = dict(login_host="127.0.0.1", login_port=node.port, login_user=ssh.user,
+                      identity_file=str(ssh.client_key), remote_dir=str(tmp_path / "remote"))
+
+        # An unknown host key is refused, and nothing is created on the login node.
+        job = write_job(tmp_path, "e2e-ssh", steps=3, known_hosts=str(ssh.known_hosts), **common)
+        res = launch("submit", job, ok=False)
+        assert res.exit_code == 2 and "host key is not in known_hosts" in res.output
+        assert not (tmp_path / "remote").exists()
+
+        ssh.write_known_hosts()
+        sub = submit(job)
+        jid, remote = sub["id"], sub["run_dir"]
+        assert sub["host"] == "127.0.0.1" and remote.startswith(str(tmp_path / "remote") + "/e2e-ssh-")
+        assert {"train.sbatch", "plan.json", "job.yaml"} <= {p.name for p in Path(remote).iterdir()}
+        st = json.loads(launch("status", jid, "--wait", "--timeout", "300", "--interval", "1", "--json").output)
+        assert st["slurm_state"] == "COMPLETED"
+        lines = json.loads(launch("logs", "e2e-ssh", "--rank", "0", "--json").output)["lines"]
+        assert [ln.split(" |")[0] for ln in lines if ln.startswith("step ")] == ["step 1/3", "step 2/3", "step 3/3"]
+
+
+def test_bad_inputs_give_one_line_and_leave_nothing(slurm_cluster, tmp_path, monkeypatch):  # noqa: F811
+    runs = tmp_path / "runs"
+
+    def one_line_error(res) -> str:
+        lines = [ln for ln in res.output.splitlines() if ln.strip()]
+        assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), res.output
+        return lines[0]
+
+    job = write_job(tmp_path, "bad-part", steps=2, partition="nope")
+    msg = one_line_error(launch("submit", job, ok=False))
+    assert "sbatch refused the job" in msg and "invalid partition" in msg
+    assert not runs.exists() or not any(runs.iterdir())
+
+    job = write_job(tmp_path, "bad-login", steps=2, login_host="127.0.0.1", login_port=1,
+                    accept_unknown_host=True, ssh_timeout_s=5)
+    msg = one_line_error(launch("submit", job, ok=False))
+    assert "cannot reach login node 127.0.0.1:1" in msg
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    os.symlink("/bin/bash", bindir / "bash")
+    monkeypatch.setenv("PATH", str(bindir))
+    job = write_job(tmp_path, "no-sbatch", steps=2)
+    msg = one_line_error(launch("submit", job, ok=False))
+    assert "sbatch not found on PATH" in msg
+    assert not runs.exists() or not any(runs.iterdir())
+    res = launch("status", "no-sbatch", ok=False)
+    assert res.exit_code == 2 and "not known to launch4d" in res.output
