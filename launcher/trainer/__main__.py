@@ -1,0 +1,88 @@
+"""CLI of the trainer, started by torchrun on every node (RANK/WORLD_SIZE/LOCAL_RANK from its env).
+
+Backend: NCCL when CUDA is available, else gloo. The init timeout is passed to
+init_process_group (and, after mesh creation, to every subgroup) so a missing or stalled rank
+ends the job with an error on gloo as well as NCCL instead of hanging.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from datetime import timedelta
+
+from launcher.errors import UserError
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m launcher.trainer", description=__doc__.splitlines()[0])
+    ap.add_argument("--plan", required=True, help="plan.json written by `launch plan`")
+    ap.add_argument("--run-dir", required=True, help="metrics.jsonl, heartbeat/, checkpoints/ go here")
+    ap.add_argument("--resume", default="auto", help="auto | never | PATH (run dir or checkpoints/step-N)")
+    ap.add_argument("--steps", type=int, default=None, help="override plan.train.steps")
+    ap.add_argument("--inject-stall", default=None, metavar="RANK:STEP",
+                    help="fault injection: RANK sleeps forever before step STEP (1-based, as logged)")
+    ap.add_argument("--init-timeout-s", type=float, default=None,
+                    help="rendezvous/first-step timeout (default plan.diagnostics.init_timeout_s)")
+    ap.add_argument("--step-timeout-s", type=float, default=None,
+                    help="collective timeout after the first step (default plan.diagnostics.collective_timeout_s)")
+    return ap.parse_args(argv)
+
+
+def parse_stall(value: str | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    try:
+        rank, step = value.split(":")
+        return int(rank), int(step)
+    except ValueError:
+        raise UserError(f"--inject-stall {value!r}: expected RANK:STEP, e.g. 3:2") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, stream=sys.stderr,
+                        format=f"[rank{rank}] %(asctime)s %(levelname)s %(message)s")
+    try:
+        import torch
+        import torch.distributed as dist
+
+        from launcher.plan import Plan
+        from launcher.trainer.config import config_from_plan
+        from launcher.trainer.engine import default_device, train
+
+        stall = parse_stall(args.inject_stall)
+        cfg = config_from_plan(Plan.load(args.plan), steps=args.steps, init_timeout_s=args.init_timeout_s,
+                               step_timeout_s=args.step_timeout_s)
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world != cfg.plan.world_size:
+            raise UserError(f"{args.plan}: the plan is for {cfg.plan.world_size} ranks but WORLD_SIZE is {world}")
+        if args.resume not in ("auto", "never") and not os.path.exists(args.resume):
+            raise UserError(f"--resume {args.resume}: no such path (use auto, never or a checkpoint path)")
+        device = default_device()
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if "MASTER_ADDR" not in os.environ:       # a plain single-process run, no torchrun
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", "29511")
+            os.environ.setdefault("RANK", "0")
+            os.environ.setdefault("WORLD_SIZE", "1")
+        dist.init_process_group(backend, timeout=timedelta(seconds=cfg.init_timeout_s),
+                                device_id=device if device.type == "cuda" else None)
+        try:
+            train(cfg, args.run_dir, resume=args.resume, inject_stall=stall, device=device)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        del torch
+        return 0
+    except UserError as exc:
+        if rank == 0:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""The train loop: build the model for this rank, parallelize it, and step.
+
+Order (torchtitan's): pipeline split -> seeded init -> CP -> TP -> activation checkpointing
+-> FSDP. Each step: this dp rank's rows from the data source, its cp head/tail sequence
+chunks, micro-batches through the pipeline schedule (or a plain accumulation loop), gradient
+reduction as the ZeRO stage says, mesh-wide clipping, optimizer and LR schedule.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from launcher.trainer import context_parallel as cpar
+from launcher.trainer import fsdp
+from launcher.trainer.config import TrainerConfig
+from launcher.trainer.loss import ChunkedLoss, grad_norm_and_clip
+from launcher.trainer.mesh import MeshInfo, build_mesh, check_hosts, hostname, log_startup, set_timeouts
+from launcher.trainer.model import Transformer
+from launcher.trainer.pipeline import build_schedule, local_stage_ids, stage_range
+from launcher.trainer.recompute import apply_recompute
+from launcher.trainer.tensor_parallel import apply_tp
+
+log = logging.getLogger("launcher.trainer")
+
+
+def default_device() -> torch.device:
+    if torch.cuda.is_available():
+        import os
+
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def build_parts(cfg: TrainerConfig, mesh: MeshInfo, bf16_fsdp: bool) -> tuple[list[Transformer], list[int]]:
+    """This rank's model part(s): one per local pipeline stage, initialised and parallelized."""
+    p = cfg.parallel
+    n_stages = p.pp * p.virtual_stages
+    stage_ids = local_stage_ids(mesh.coords["pp"], p.pp, p.virtual_stages)
+    seq_local = cfg.train.seq_len // p.cp
+    dp_mode = fsdp.mode(p.zero_stage, mesh.dp_cp_size)
+    parts = []
+    for sid in stage_ids:
+        with torch.device("meta"):
+            m = Transformer(cfg.model, seq_len=seq_local)
+        if n_stages > 1:
+            first, last = stage_range(p.stage_layers, sid)
+            m.keep_only(first, last, has_embedding=sid == 0, has_head=sid == n_stages - 1)
+        m.to_empty(device=mesh.device)
+        cpar.apply_cp(m, mesh.group("cp"), mesh.coords["cp"], p.cp, cfg.train.seq_len)
+        m.init_weights(cfg.train.seed)
+        apply_tp(m, mesh.tp_mesh)
+        apply_recompute(m, p.recompute)
+        if dp_mode == "fsdp":
+            fsdp.apply_fsdp(m, mesh.dp_cp_mesh, p.zero_stage, bf16_fsdp)
+        parts.append(m)
+    return parts, stage_ids
+
+
+@dataclass
+class Engine:
+    """Everything one rank needs to run optimizer steps."""
+
+    cfg: TrainerConfig
+    mesh: MeshInfo
+    parts: list[Transformer] = field(init=False)
+    stage_ids: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        cfg, mesh, p = self.cfg, self.mesh, self.cfg.parallel
+        cuda = mesh.device.type == "cuda"
+        bf16 = cfg.train.precision == "bf16" and cuda
+        self.dp_mode = fsdp.mode(p.zero_stage, mesh.dp_cp_size)
+        self.parts, self.stage_ids = build_parts(cfg, mesh, bf16_fsdp=bf16)
+        # FSDP's policy casts parameters; without FSDP, bf16 means autocast around forward
+        self.autocast = bf16 and self.dp_mode != "fsdp"
+        if mesh.rank == 0:
+            log.info("data parallel: %s (dp·cp = %d)", fsdp.describe(p.zero_stage, mesh.dp_cp_size),
+                     mesh.dp_cp_size)
+            log.info("precision: %s", "bf16 params, fp32 reduce/optimizer" if bf16 else
+                     ("fp32 (CPU runs fp32; plan asked bf16)" if cfg.train.precision == "bf16" else "fp32"))
+            log.info("tp=%d (sequence parallel) cp=%d (all-gather KV, head/tail chunks) pp=%d schedule=%s "
+                     "virtual_stages=%d stage_layers=%s recompute=%s micro_batch=%d grad_accum=%d",
+                     p.tp, p.cp, p.pp, p.schedule, p.virtual_stages, list(p.stage_layers), p.recompute,
+                     p.micro_batch, p.grad_accum)
+        self.params = [q for m in self.parts for q in m.parameters()]
+        self.optimizer = make_optimizer(cfg, self.params)
+        self.scheduler = make_scheduler(cfg, self.optimizer)
+        n_stages = p.pp * p.virtual_stages
+        last = next((m for m, s in zip(self.parts, self.stage_ids) if s == n_stages - 1), None)
+        self.loss_fn = ChunkedLoss(lambda: last.output_weight(), cfg.train.tokens_per_step,
+                                   cfg.train.loss_chunk, mesh.group("tp") if p.tp > 1 else None)
+        self.schedule = None
+        if p.pp > 1:
+            self.schedule = build_schedule(p, self.parts, self.stage_ids, mesh.device, mesh.group("pp"),
+                                           self.loss_fn)
+        self.ranks_per_stage = dist.get_world_size() // p.pp
+
+    def train_step(self, batch: torch.Tensor, beat) -> tuple[float, float]:
+        """One optimizer step on this dp rank's rows [micro_batch·grad_accum, seq_len+1]."""
+        p, mesh = self.cfg.parallel, self.mesh
+        inputs = cpar.shard_sequence(batch[:, :-1], mesh.coords["cp"], p.cp).to(mesh.device)
+        labels = cpar.shard_sequence(batch[:, 1:], mesh.coords["cp"], p.cp).to(mesh.device)
+        local = torch.zeros((), dtype=torch.float32, device=mesh.device)
+        beat("forward", "pipeline" if self.schedule else "forward")
+        with torch.autocast(mesh.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            if self.schedule is not None:
+                losses: list[torch.Tensor] = []
+                self.schedule.step(inputs, target=labels, losses=losses, return_outputs=False)
+                for x in losses:
+                    local += x.detach().float()
+            else:
+                model = self.parts[0]
+                for inp, lab in zip(inputs.chunk(p.grad_accum), labels.chunk(p.grad_accum)):
+                    loss = self.loss_fn(model(inp), lab)
+                    beat("backward", None)
+                    loss.backward()
+                    local += loss.detach()
+        beat("optimizer", "all_reduce(grads)" if self.dp_mode == "replicate" else "all_reduce(grad_norm)")
+        if self.dp_mode == "replicate":
+            fsdp.all_reduce_grads(self.params, self.mesh.dp_cp_mesh.get_group())
+        norm = grad_norm_and_clip(self.params, self.cfg.train.grad_clip, self.ranks_per_stage)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        dist.all_reduce(local)                      # non-last pp stages add 0; tp ranks hold copies
+        return float(local) / p.tp, norm
+
+
+def make_optimizer(cfg: TrainerConfig, params: list) -> torch.optim.Optimizer:
+    t = cfg.train
+    if t.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=t.lr, momentum=0.9, weight_decay=t.weight_decay)
+    return torch.optim.AdamW(params, lr=t.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=t.weight_decay)
+
+
+def make_scheduler(cfg: TrainerConfig, opt: torch.optim.Optimizer):
+    """Linear warmup over train.warmup_steps, then constant."""
+    warm = cfg.train.warmup_steps
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm > 0 else 1.0)
+
+
+def _stall_forever(rank: int, step: int, beat) -> None:
+    log.warning("rank %d: --inject-stall: sleeping forever before step %d's collectives", rank, step)
+    beat("forward", None)
+    while True:
+        time.sleep(3600)
+
+
+def train(cfg: TrainerConfig, run_dir: str | Path, resume: str = "never",
+          inject_stall: tuple[int, int] | None = None, device: torch.device | None = None) -> list[float]:
+    """Run cfg.train.steps optimizer steps on an initialised default process group; the losses."""
+    from launcher.trainer.checkpoint import PREEMPT_EXIT_CODE, Checkpointer
+    from launcher.trainer.data import TokenSource
+    from launcher.trainer.metrics import Heartbeat, MetricsLogger
+
+    device = device or default_device()
+    rank = dist.get_rank()
+    run_dir = Path(run_dir)
+    hb = Heartbeat(run_dir, rank, hostname())
+    step_now = 0
+
+    def beat(phase: str, collective: str | None) -> None:
+        hb.beat(step_now, phase, last_collective=collective)
+
+    beat("init", "init_process_group")
+    try:
+        mesh = build_mesh(cfg, device)
+        set_timeouts(mesh, cfg.init_timeout_s)
+        hosts = check_hosts(cfg, mesh)
+        log_startup(cfg, mesh, hosts, dist.get_backend())
+        eng = Engine(cfg, mesh)
+        p = cfg.parallel
+        data = TokenSource(cfg.plan, mesh.coords["dp"], p.dp)
+        ckpt = Checkpointer(run_dir, cfg.train.checkpoint_every)
+        ckpt.install_signal_handlers()
+        start = 0
+        if resume != "never":
+            loader = ckpt if resume == "auto" else _loader_for(resume)
+            found = loader.load_latest(eng.parts, eng.optimizer, eng.scheduler)
+            if found is not None:
+                start, data_state = found
+                if data_state is not None:
+                    data.load_state_dict(data_state)
+                if rank == 0:
+                    log.info("resumed from step %d", start)
+        metrics = MetricsLogger(run_dir, rank, cfg.plan)
+        losses = []
+        for step in range(start + 1, cfg.train.steps + 1):
+            step_now = step
+            if inject_stall is not None and inject_stall == (rank, step):
+                _stall_forever(rank, step, beat)
+            t0 = time.perf_counter()
+            batch = data.next_batch()
+            loss, norm = eng.train_step(batch, beat)
+            dt = time.perf_counter() - t0
+            if step == start + 1:
+                set_timeouts(mesh, cfg.step_timeout_s)     # init/first-step slack is over
+            metrics.log_step(step, loss, norm, dt, cfg.train.tokens_per_step, lr=eng.scheduler.get_last_lr()[0])
+            losses.append(loss)
+            if ckpt.stop_requested(device):
+                beat("checkpoint", "dcp.save")
+                ckpt.maybe_save(step, eng.parts, eng.optimizer, eng.scheduler, data.state_dict(), force=True)
+                beat("done", None)
+                raise SystemExit(PREEMPT_EXIT_CODE)
+            if ckpt.due(step) or (step == cfg.train.steps and cfg.train.checkpoint_every > 0):
+                beat("checkpoint", "dcp.save")
+                ckpt.maybe_save(step, eng.parts, eng.optimizer, eng.scheduler, data.state_dict(), force=True)
+        beat("done", None)
+        return losses
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        hb.beat(step_now, "error")
+        log.error("rank %d failed at step %d: %s", rank, step_now, str(exc).splitlines()[0] if str(exc) else exc)
+        raise
+
+
+def _loader_for(path: str):
+    """A Checkpointer reading from --resume PATH: a run dir, its checkpoints/ dir, or one step-N dir."""
+    from launcher.errors import UserError
+    from launcher.trainer.checkpoint import Checkpointer, is_complete
+
+    p = Path(path)
+    if (p / "checkpoints").is_dir():
+        return Checkpointer(p, 0)
+    if p.name == "checkpoints" and p.is_dir():
+        return Checkpointer(p.parent, 0)
+    if is_complete(p):
+        loader = Checkpointer(p.parent.parent, 0)
+        loader.latest_dir = lambda: p
+        return loader
+    raise UserError(f"--resume {path}: not a run directory, a checkpoints/ directory or a complete step-N checkpoint")

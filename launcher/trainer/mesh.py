@@ -1,0 +1,152 @@
+"""DeviceMesh from the plan, and the start-up check that reality matches the plan.
+
+Why: the plan's rank grid (mesh_order outer→inner) is only worth something if the launcher
+really put consecutive ranks on one node. Every rank reports its host; a TP group that spans
+hosts is an error (or a warning when the plan was forced that way), caught before the first
+slow step rather than guessed from throughput.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from launcher import layout
+from launcher.errors import UserError
+from launcher.trainer.config import TrainerConfig
+
+log = logging.getLogger("launcher.trainer")
+
+ENV_PREFIXES = ("MASTER_", "RANK", "WORLD_SIZE", "LOCAL_", "GROUP_", "ROLE_", "NODE_RANK", "TORCHELASTIC_",
+                "NCCL_", "TORCH_NCCL_", "TORCH_DIST", "GLOO_", "CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID",
+                "SLURM_NODEID", "SLURM_PROCID", "LAUNCH4D_")
+SECRET_HINTS = ("TOKEN", "SECRET", "PASSWORD", "KEY")
+
+
+@dataclass
+class MeshInfo:
+    """The world mesh and the groups the trainer uses, with this rank's coordinates."""
+
+    world: DeviceMesh
+    rank: int
+    coords: dict[str, int]
+    device: torch.device
+    tp_mesh: DeviceMesh
+    dp_cp_mesh: DeviceMesh      # FSDP / gradient-reduction mesh: dp and cp flattened
+    sizes: dict[str, int]
+
+    def group(self, dim: str):
+        return self.world.get_group(dim)
+
+    @property
+    def dp_cp_size(self) -> int:
+        return self.sizes["dp"] * self.sizes["cp"]
+
+
+def hostname() -> str:
+    """This rank's host; LAUNCH4D_FAKE_HOSTS="a,a,b,b" (one per global rank) overrides it for tests."""
+    fake = os.environ.get("LAUNCH4D_FAKE_HOSTS")
+    if fake:
+        names = [h.strip() for h in fake.split(",")]
+        rank = int(os.environ.get("RANK", "0"))
+        if rank < len(names):
+            return names[rank]
+    return socket.gethostname()
+
+
+def build_mesh(cfg: TrainerConfig, device: torch.device) -> MeshInfo:
+    p = cfg.parallel
+    sizes = {"tp": p.tp, "cp": p.cp, "pp": p.pp, "dp": p.dp}
+    order = list(p.mesh_order)
+    world = init_device_mesh(device.type, tuple(sizes[d] for d in order), mesh_dim_names=tuple(order))
+    dims = [d for d in order if d in ("dp", "cp")]
+    dp_cp = world[tuple(dims)]._flatten("dp_cp")
+    rank = dist.get_rank()
+    coords = layout.coords_of(rank, sizes, order)
+    for d in order:
+        assert world.get_local_rank(d) == coords[d], "DeviceMesh layout differs from launcher.layout"
+    return MeshInfo(world=world, rank=rank, coords=coords, device=device, tp_mesh=world["tp"],
+                    dp_cp_mesh=dp_cp, sizes=sizes)
+
+
+def all_groups(mesh: MeshInfo) -> list:
+    groups = [dist.group.WORLD]
+    for d in mesh.world.mesh_dim_names:
+        groups.append(mesh.world.get_group(d))
+    groups.append(mesh.dp_cp_mesh.get_group())
+    return groups
+
+
+def set_timeouts(mesh: MeshInfo, seconds: float) -> None:
+    """Apply one collective timeout to every group (subgroups otherwise keep the 30-min default)."""
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    for g in all_groups(mesh):
+        _set_pg_timeout(timedelta(seconds=seconds), g)
+
+
+def tp_host_problems(cfg: TrainerConfig, hosts: list[str]) -> list[str]:
+    """One line per TP group whose ranks are not all on one host."""
+    p = cfg.parallel
+    degrees = {"tp": p.tp, "cp": p.cp, "pp": p.pp, "dp": p.dp}
+    out = []
+    for grp in layout.groups(degrees, p.mesh_order, "tp"):
+        names = sorted({hosts[r] for r in grp})
+        if len(names) > 1:
+            out.append(f"TP group ranks {grp} spans hosts {', '.join(names)}")
+    return out
+
+
+def check_hosts(cfg: TrainerConfig, mesh: MeshInfo) -> list[str]:
+    """All-gather hostnames; raise UserError when a TP group spans hosts (warning if plan.forced)."""
+    hosts: list = [None] * dist.get_world_size()
+    dist.all_gather_object(hosts, hostname())
+    problems = tp_host_problems(cfg, hosts)
+    if problems:
+        msg = (f"{problems[0]}{f' (and {len(problems) - 1} more)' if len(problems) > 1 else ''}: "
+               "tensor parallelism must stay inside one node; the launcher's rank order does not match "
+               "the plan (plan.mesh_order / rank map)")
+        if not cfg.plan.forced:
+            raise UserError(msg)
+        if mesh.rank == 0:
+            log.warning("%s; continuing because the plan was forced", msg)
+    plan_hosts = cfg.plan.hosts
+    if plan_hosts and mesh.rank == 0:
+        for r in cfg.plan.ranks:
+            want = plan_hosts[r.node] if r.node < len(plan_hosts) else None
+            if want and hosts[r.rank].split(".")[0] != want.split(".")[0]:
+                log.warning("rank %d runs on %s but the plan placed it on %s", r.rank, hosts[r.rank], want)
+                break
+    return hosts
+
+
+def log_startup(cfg: TrainerConfig, mesh: MeshInfo, hosts: list[str], backend: str) -> None:
+    if mesh.rank != 0:
+        return
+    p = cfg.parallel
+    nccl = "n/a"
+    if torch.cuda.is_available():
+        try:
+            nccl = ".".join(str(x) for x in torch.cuda.nccl.version())
+        except Exception:   # noqa: BLE001 - a build without NCCL
+            nccl = "unavailable"
+    log.info("torch %s, backend %s, NCCL %s, world %d", torch.__version__, backend, nccl, dist.get_world_size())
+    log.info("mesh %s = %s", "×".join(p.mesh_order), "×".join(str(mesh.sizes[d]) for d in p.mesh_order))
+    table = layout.rank_map_table(cfg.plan.ranks, p.mesh_order, max(1, cfg.plan.gpus_per_node)) \
+        if cfg.plan.ranks else "(plan has no rank map)"
+    log.info("rank map (plan):\n%s", table)
+    log.info("hosts by rank: %s", ", ".join(f"{r}:{h}" for r, h in enumerate(hosts)))
+    env = {k: v for k, v in sorted(os.environ.items())
+           if k.startswith(ENV_PREFIXES) and not any(s in k for s in SECRET_HINTS)}
+    log.info("distributed env: %s", " ".join(f"{k}={v}" for k, v in env.items()))
+
+
+__all__ = ["MeshInfo", "build_mesh", "check_hosts", "hostname", "log_startup", "set_timeouts", "tp_host_problems",
+           "UserError"]

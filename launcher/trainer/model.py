@@ -1,0 +1,211 @@
+"""Llama-style decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU or GELU MLP).
+
+Why it looks like this: every parallelism in this package edits this model from the outside
+(TP swaps Linear weights for DTensors, CP swaps the attention core, PP deletes the layers a
+stage does not own, FSDP shards what is left), so the model itself is plain and its module
+names (`layers.<global index>...`) never change with the layout.
+
+Initialisation is per parameter: each one is drawn from a CPU generator seeded by
+(seed, parameter name), so any rank can build exactly the parameters it keeps and every
+layout starts from bit-identical weights without materialising the whole model anywhere.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn_hidden: int
+    vocab: int
+    mlp: str = "swiglu"
+    tied_embeddings: bool = False
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+class RMSNorm(nn.Module):
+    """Written with plain ops so a sequence-sharded DTensor input works unchanged."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [len(positions), head_dim] (rotate-half layout) for the given absolute positions."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    ang = positions.to(torch.float64)[:, None] * inv[None, :]
+    ang = torch.cat([ang, ang], dim=-1)
+    return ang.cos().float(), ang.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [b, s, h, d]; cos/sin [s, d]."""
+    half = x.shape[-1] // 2
+    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    c, s = cos[None, :, None, :].to(x.dtype), sin[None, :, None, :].to(x.dtype)
+    return x * c + rot * s
+
+
+class Attention(nn.Module):
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.head_dim = a.head_dim
+        self.wq = nn.Linear(a.hidden, a.heads * a.head_dim, bias=False)
+        self.wk = nn.Linear(a.hidden, a.kv_heads * a.head_dim, bias=False)
+        self.wv = nn.Linear(a.hidden, a.kv_heads * a.head_dim, bias=False)
+        self.wo = nn.Linear(a.heads * a.head_dim, a.hidden, bias=False)
+        self.cp = None                  # a context_parallel.CPAttention once CP is applied
+        self.recompute_core = False     # selective recompute: checkpoint the s² attention core
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, s = x.shape[0], x.shape[1]
+        # After TP the projections return this rank's heads only; -1 picks that count up.
+        q = self.wq(x).view(b, s, -1, self.head_dim)
+        k = self.wk(x).view(b, s, -1, self.head_dim)
+        v = self.wv(x).view(b, s, -1, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.recompute_core:
+            out = checkpoint(self.core, q, k, v, use_reentrant=False)
+        else:
+            out = self.core(q, k, v)
+        return self.wo(out.reshape(b, s, -1))
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))      # [b, heads, s, d]
+        gqa = q.shape[1] != k.shape[1]
+        if self.cp is None:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        else:
+            o = self.cp.attention(q, k, v)
+        return o.transpose(1, 2)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.gated = a.mlp == "swiglu"
+        self.w1 = nn.Linear(a.hidden, a.ffn_hidden, bias=False)
+        self.w2 = nn.Linear(a.ffn_hidden, a.hidden, bias=False)
+        if self.gated:
+            self.w3 = nn.Linear(a.hidden, a.ffn_hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gated:
+            return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(F.gelu(self.w1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.attention_norm = RMSNorm(a.hidden, a.norm_eps)
+        self.attention = Attention(a)
+        self.ffn_norm = RMSNorm(a.hidden, a.norm_eps)
+        self.feed_forward = FeedForward(a)
+        self.recompute_all = False      # full recompute: keep only the block input
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.recompute_all:
+            return checkpoint(self._body, x, cos, sin, use_reentrant=False)
+        return self._body(x, cos, sin)
+
+    def _body(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    """The whole decoder, or one pipeline stage of it (modules it does not own are None).
+
+    forward returns the final hidden states (after the last norm on the last stage); the
+    output projection is applied inside the chunked loss, so full logits never exist.
+    """
+
+    def __init__(self, a: ModelArgs, seq_len: int):
+        super().__init__()
+        self.args = a
+        self.tok_embeddings: nn.Module | None = nn.Embedding(a.vocab, a.hidden)
+        self.layers = nn.ModuleDict({str(i): Block(a) for i in range(a.layers)})
+        self.norm: nn.Module | None = RMSNorm(a.hidden, a.norm_eps)
+        self.output: nn.Module | None = None if a.tied_embeddings else nn.Linear(a.hidden, a.vocab, bias=False)
+        self.register_buffer("rope_cos", torch.empty(seq_len, a.head_dim), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(seq_len, a.head_dim), persistent=False)
+        self.positions = torch.arange(seq_len)   # this rank's absolute token positions (CP changes it)
+
+    def keep_only(self, first: int, last: int, has_embedding: bool, has_head: bool) -> None:
+        """Turn this model into a pipeline stage owning layers [first, last)."""
+        for name in list(self.layers.keys()):
+            if not first <= int(name) < last:
+                del self.layers[name]
+        if not has_embedding:
+            self.tok_embeddings = None
+        if not has_head:
+            self.norm = None
+            self.output = None
+
+    def output_weight(self) -> torch.Tensor:
+        """The [vocab, hidden] projection (the embedding when tied)."""
+        return self.tok_embeddings.weight if self.args.tied_embeddings else self.output.weight
+
+    @property
+    def is_last(self) -> bool:
+        return self.norm is not None
+
+    def set_positions(self, positions: torch.Tensor) -> None:
+        self.positions = positions
+        cos, sin = rope_tables(positions, self.args.head_dim, self.args.rope_theta)
+        self.rope_cos = cos.to(self.rope_cos.device)
+        self.rope_sin = sin.to(self.rope_sin.device)
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """Seeded per-parameter init: same values for a parameter whatever the layout."""
+        std_out = 0.02 / math.sqrt(2 * self.args.layers)
+        for name, p in self.named_parameters():
+            g = torch.Generator().manual_seed(param_seed(seed, name))
+            if name.endswith("norm.weight"):
+                vals = torch.ones(p.shape)
+            elif name.endswith(("wo.weight", "w2.weight")):
+                vals = torch.randn(p.shape, generator=g) * std_out
+            else:
+                vals = torch.randn(p.shape, generator=g) * 0.02
+            p.copy_(vals.to(device=p.device, dtype=p.dtype))
+        self.set_positions(self.positions)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+        for layer in self.layers.values():
+            h = layer(h, self.rope_cos, self.rope_sin)
+        if self.norm is not None:
+            h = self.norm(h)
+        if hasattr(h, "to_local"):      # sequence-parallel DTensor -> this rank's sequence shard
+            h = h.to_local()
+        return h
+
+
+def param_seed(seed: int, name: str) -> int:
+    clean = name.replace("_checkpoint_wrapped_module.", "")
+    return (seed * 1_000_003 + zlib.crc32(clean.encode())) % (2**63)

@@ -1,0 +1,42 @@
+"""Pipeline parallelism with torch.distributed.pipelining: stages from plan.stage_layers.
+
+Why: layers are cut where the plan says (uneven splits allowed, e.g. fewer layers on the
+stages that also hold the embedding or the output); a pp rank with virtual stages holds
+stages r, r+pp, r+2·pp, ... (the layout Interleaved1F1B expects). Micro-batches are the
+gradient-accumulation steps; the loss is already normalised by the global token count, so
+the schedule must sum micro-batch gradients (scale_grads=False).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+from launcher.trainer.config import ParallelConfig, check_microbatches
+
+
+def local_stage_ids(pp_rank: int, pp: int, virtual_stages: int) -> list[int]:
+    return [pp_rank + k * pp for k in range(virtual_stages)]
+
+
+def stage_range(stage_layers: tuple[int, ...], stage_id: int) -> tuple[int, int]:
+    """[first, last) global layer indices of one stage."""
+    first = sum(stage_layers[:stage_id])
+    return first, first + stage_layers[stage_id]
+
+
+def build_schedule(p: ParallelConfig, modules: list[torch.nn.Module], stage_ids: list[int],
+                   device: torch.device, group, loss_fn):
+    """PipelineStages for this rank's modules and the planned schedule over them."""
+    n_stages = p.pp * p.virtual_stages
+    n_micro = p.grad_accum
+    check_microbatches(p.schedule, n_micro, p.pp)
+    stages = [PipelineStage(m, sid, n_stages, device, group=group) for m, sid in zip(modules, stage_ids)]
+    if p.schedule == "interleaved-1f1b":
+        return ScheduleInterleaved1F1B(stages, n_microbatches=n_micro, loss_fn=loss_fn, scale_grads=False)
+    cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}.get(p.schedule)
+    if cls is None:
+        raise ValueError(f"pipeline schedule {p.schedule!r} needs pp > 1 and one of gpipe, 1f1b, interleaved-1f1b")
+    if len(stages) != 1:
+        raise ValueError(f"schedule {p.schedule} runs one stage per rank; virtual stages need interleaved-1f1b")
+    return cls(stages[0], n_microbatches=n_micro, loss_fn=loss_fn, scale_grads=False)

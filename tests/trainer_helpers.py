@@ -1,0 +1,111 @@
+"""Helpers for the trainer's real-process tests: hand-built Plans and a spawn worker that runs
+several layouts in one set of processes (each layout gets its own gloo group of its own size).
+
+Why: spawning 8 Python processes that import torch costs more than the tiny model's training,
+so one spawned group runs every layout in sequence and writes the losses to a JSON file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+from launcher import layout, presets
+from launcher.plan import Plan
+
+
+def make_plan(tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, *, zero: int = 3, recompute: str = "none",
+              micro_batch: int = 1, grad_accum: int | None = None, global_batch: int = 8,
+              schedule: str | None = None, virtual_stages: int = 1, stage_layers: list[int] | None = None,
+              seq_len: int = 32, steps: int = 5, mesh_order=("pp", "dp", "cp", "tp"), gpus_per_node: int = 8,
+              model: str = "tiny", forced: bool = False, **train_over) -> Plan:
+    """A Plan for the given layout (what the planner would emit for a fully fixed `parallel`)."""
+    degrees = {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": 1}
+    world = tp * cp * pp * dp
+    if grad_accum is None:
+        grad_accum = global_batch // (micro_batch * dp)
+    n_stages = pp * virtual_stages
+    m = dict(presets.MODELS[model], preset=model)
+    if stage_layers is None:
+        base, extra = divmod(m["layers"], n_stages)
+        stage_layers = [base + (1 if i < extra else 0) for i in range(n_stages)]
+    train = dict(seq_len=seq_len, global_batch=global_batch, steps=steps, optimizer="adam", precision="fp32",
+                 grad_dtype="fp32", lr=3e-3, warmup_steps=2, weight_decay=0.01, grad_clip=1.0, seed=1234,
+                 data="synthetic", loss_chunk=16, checkpoint_every=0)
+    train.update(train_over)
+    gpn = min(gpus_per_node, world)
+    return Plan(name="t", world_size=world, nodes=max(1, world // gpn), gpus_per_node=gpn, degrees=degrees,
+                zero_stage=zero, recompute=recompute, micro_batch=micro_batch, grad_accum=grad_accum,
+                schedule=schedule or ("none" if pp == 1 else "1f1b"), virtual_stages=virtual_stages,
+                mesh_order=list(mesh_order), ranks=layout.placements(degrees, mesh_order, gpn),
+                stage_layers=stage_layers, fits=True, memory={}, estimate={}, bandwidth={}, warnings=[],
+                model=m, train=train, gpu=dict(presets.GPUS["cpu"], name="cpu"),
+                diagnostics={"init_timeout_s": 120, "collective_timeout_s": 120}, forced=forced)
+
+
+def run_layouts(rank: int, nprocs: int, jobs: list[dict], workdir: str, port: int) -> None:
+    """torch.multiprocessing.spawn target: run each job {name, plan(dict), env?} on ranks < its world size.
+
+    Writes <workdir>/<name>.json (rank 0: {"losses": [...]} or {"error": "..."}).
+    """
+    import logging
+
+    import torch
+    import torch.distributed as dist
+
+    from launcher.trainer.config import config_from_plan
+    from launcher.trainer.engine import train
+
+    logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(1)
+    # One TCP store for the whole run (FileStore is slow with the many keys mesh creation writes);
+    # each layout uses its own key prefix.
+    base = dist.TCPStore("127.0.0.1", port, nprocs, is_master=rank == 0, timeout=timedelta(seconds=300))
+    for job in jobs:
+        plan = Plan.from_dict(job["plan"])
+        if rank >= plan.world_size:
+            continue
+        name = job["name"]
+        os.environ["RANK"] = str(rank)
+        for k, v in job.get("env", {}).items():
+            os.environ[k] = v
+        store = dist.PrefixStore(name, base)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=plan.world_size,
+                                timeout=timedelta(seconds=300))
+        out: dict
+        try:
+            cfg = config_from_plan(plan)
+            losses = train(cfg, Path(workdir) / name, device=torch.device("cpu"))
+            out = {"losses": losses}
+        except Exception as exc:  # noqa: BLE001 - reported to the test through the file
+            out = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}
+        finally:
+            for k in job.get("env", {}):
+                os.environ.pop(k, None)
+        dist.destroy_process_group()
+        if rank == 0:
+            (Path(workdir) / f"{name}.json").write_text(json.dumps(out))
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_layouts(jobs: list[dict], workdir: str | Path, nprocs: int | None = None) -> dict[str, dict]:
+    """Run the jobs in one group of spawned processes; {name: result}."""
+    import torch.multiprocessing as mp
+
+    nprocs = nprocs or max(Plan.from_dict(j["plan"]).world_size for j in jobs)
+    mp.spawn(run_layouts, args=(nprocs, jobs, str(workdir), free_port()), nprocs=nprocs, join=True)
+    out = {}
+    for j in jobs:
+        f = Path(workdir) / f"{j['name']}.json"
+        out[j["name"]] = json.loads(f.read_text()) if f.exists() else {"error": "no result written"}
+    return out
