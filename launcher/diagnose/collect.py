@@ -166,7 +166,8 @@ def build_report(src: Sources, plan: Any = None, bwmap: Any = None) -> Report:
     stalled = stalled_from(findings)
     stalled_hosts = {r: hosts[r] for r in stalled if r in hosts}
     return Report(verdict=_verdict(findings, stalled, stalled_hosts, src), stalled_ranks=stalled,
-                  stalled_hosts=stalled_hosts, findings=findings, nccl=src.init.summary(), files=src.files)
+                  stalled_hosts=stalled_hosts, findings=findings, nccl=src.init.summary(), files=src.files,
+                  skipped=src.skipped)
 
 
 def _verdict(findings: list[Finding], stalled: list[int], hosts: dict[int, str], src: Sources) -> str:

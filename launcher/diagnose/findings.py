@@ -64,6 +64,7 @@ class Report:
     findings: list[Finding]
     nccl: dict[str, Any] = field(default_factory=dict)
     files: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
 
     @property
     def problem(self) -> bool:
@@ -78,6 +79,7 @@ class Report:
             "findings": [f.to_dict() for f in self.findings],
             "nccl": self.nccl,
             "files": self.files,
+            "skipped": self.skipped,
         }
 
 
@@ -99,18 +101,3 @@ def stalled_from(findings: list[Finding]) -> list[int]:
         return []
     best = max(f.confidence for f in stall)
     return sorted({r for f in stall if f.confidence == best for r in f.ranks})
-
-
-def verdict_for(findings: list[Finding], stalled: list[int], hosts: dict[int, str]) -> str:
-    ranked = rank_findings(findings)
-    problems = [f for f in ranked if f.severity in (ERROR, WARNING)]
-    if not problems:
-        return "no problem found" + (f" ({ranked[0].message})" if ranked else "")
-    top = problems[0]
-    if stalled:
-        who = fmt_ranks(stalled, hosts)
-        word = "rank" if len(stalled) == 1 else "ranks"
-        extra = [f for f in problems if f.kind not in ("stalled_rank",)][:1]
-        tail = f"; also: {extra[0].message}" if extra else ""
-        return f"{word} {who} stalled: {top.message if top.kind == 'stalled_rank' else ''}".rstrip(": ") + tail
-    return top.message
