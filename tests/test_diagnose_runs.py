@@ -203,3 +203,13 @@ def test_trainer_stalled_rank_is_named_with_its_host(tmp_path):
     assert out.returncode == 1, out.stderr
     d = json.loads(out.stdout)
     assert d["stalled_ranks"] == [1] and d["stalled_hosts"] == {"1": host}
+
+
+def test_heartbeat_pipeline_stages_compared_within_stage():
+    """pp=2: stage 1 issues fewer collectives per step than stage 0; only rank 3 lags inside its stage."""
+    hb = heartbeats(beat(0, 5, "error", 30, 100.0), beat(1, 5, "error", 30, 100.0),
+                    beat(2, 5, "error", 20, 100.0), beat(3, 5, "forward", 18, 80.0))
+    role = {0: 0, 1: 0, 2: 1, 3: 1}
+    stall = hb.findings(4, {}, role)[0]
+    assert stall.kind == "stalled_rank" and stall.ranks == [3]
+    assert hb.findings(4, {})[0].ranks == [2, 3]  # without the plan both stage-1 ranks look behind

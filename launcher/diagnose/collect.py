@@ -161,7 +161,8 @@ def build_report(src: Sources, plan: Any = None, bwmap: Any = None) -> Report:
     findings += init_findings(src.init, plan, bwmap)
     findings += src.failures.findings(world, hosts)
     findings += src.flight.findings(hosts)
-    findings += src.beats.findings(world, hosts)
+    role = {rp.rank: rp.coords.get("pp", 0) for rp in plan.ranks} if plan is not None else None
+    findings += src.beats.findings(world, hosts, role)
     findings = rank_findings(findings)
     stalled = stalled_from(findings)
     stalled_hosts = {r: hosts[r] for r in stalled if r in hosts}

@@ -60,7 +60,10 @@ class Heartbeats:
     def hosts(self) -> dict[int, str]:
         return {r: b.host for r, b in self.beats.items() if b.host != "?"}
 
-    def findings(self, world: int | None, hosts: dict[int, str]) -> list[Finding]:
+    def findings(self, world: int | None, hosts: dict[int, str],
+                 role: dict[int, Any] | None = None) -> list[Finding]:
+        """`role` groups ranks that issue the same collectives per step (the plan's pipeline stage):
+        collective counts are compared only inside a group, steps across all ranks."""
         if not self.beats:
             return []
         beats = self.beats
@@ -70,8 +73,15 @@ class Heartbeats:
         done = all(b.phase == "done" for b in beats.values())
         errored = sorted(r for r, b in beats.items() if b.phase == "error")
         newest = max(b.updated for b in beats.values())
-        lead = max((b.step, b.collectives) for b in beats.values())
-        lagging = sorted(r for r, b in beats.items() if (b.step, b.collectives) < lead and b.phase != "done")
+        role = role or {}
+        top_step = max(b.step for b in beats.values())
+        top_coll: dict[Any, int] = {}
+        for r, b in beats.items():
+            if b.step == top_step:
+                top_coll[role.get(r)] = max(top_coll.get(role.get(r), 0), b.collectives)
+        lead = (top_step, max(top_coll.values()))
+        lagging = sorted(r for r, b in beats.items() if b.phase != "done" and (
+            b.step < top_step or b.collectives < top_coll.get(role.get(r), b.collectives)))
         stale = [r for r in lagging if newest - beats[r].updated >= STALE_S]
         missing = sorted(set(range(world)) - set(beats)) if world else []
         table = "; ".join(f"rank {r}@{b.host}: step {b.step} {b.phase}, {b.collectives} collectives"
@@ -81,11 +91,12 @@ class Heartbeats:
         if lagging and (errored or stale):
             detail = "; ".join(
                 f"rank {r} at step {beats[r].step} phase {beats[r].phase} after {beats[r].collectives} collectives"
+                + (f" of {top_coll[role.get(r)]}" if role.get(r) in top_coll else "")
                 + (f" (last {beats[r].last_collective})" if beats[r].last_collective else "")
                 + f", heartbeat {newest - beats[r].updated:.0f}s older than the newest" for r in lagging)
             out.append(Finding("stalled_rank", ERROR,
                                f"rank {fmt_ranks(lagging, hosts)} stopped while the others went on to step "
-                               f"{lead[0]} / {lead[1]} collectives ({detail})"
+                               f"{lead[0]} ({detail})"
                                + (f"; rank {fmt_ranks(errored, hosts)} then failed waiting" if errored else "")
                                + " (heartbeat)",
                                [beats[r].evidence for r in lagging] + [beats[r].evidence for r in errored],
