@@ -73,8 +73,20 @@ PARSERS = {"topo": parse_topo, "gpu-query": parse_gpu_query, "nvlink": parse_nvl
 ATTR = {"topo": "topo", "gpu-query": "gpu", "nvlink": "nvlink", "ibstat": "ib", "xid": "xid"}
 
 
+def _cached(res: CommandResult, key: str, fn: Any) -> Any:
+    """Parse each output once, however often it is judged (orchestrate judges between phases)."""
+    cache = res.__dict__.setdefault("_parsed", {})
+    if key not in cache:
+        cache[key] = fn()
+    return cache[key]
+
+
 def parse_nccl_run(res: CommandResult, collective: str) -> tuple[NcclTestResult | None, str | None]:
     """The parsed test, or None and why not (died, hung, unparseable)."""
+    return _cached(res, "nccl:" + collective, lambda: _parse_nccl_run(res, collective))
+
+
+def _parse_nccl_run(res: CommandResult, collective: str) -> tuple[NcclTestResult | None, str | None]:
     if res.error:
         return None, res.error
     try:
@@ -105,10 +117,17 @@ def _node_data(host: str, probes: dict[str, CommandResult]) -> NodeData:
             nd.problems[check] = CheckResult(host, check, "fail", None, None,
                                              f"`{res.command.split(' 2>')[0][:60]}` failed: {res.reason()}")
             continue
-        try:
-            setattr(nd, ATTR[kind], PARSERS[kind](res.stdout))
-        except ParseError as exc:
-            nd.problems[check] = CheckResult(host, check, "fail", None, None, f"unparseable output: {exc}")
+        def parse(kind: str = kind, res: CommandResult = res) -> Any:
+            try:
+                return PARSERS[kind](res.stdout)
+            except ParseError as exc:
+                return exc
+
+        parsed = _cached(res, kind, parse)
+        if isinstance(parsed, ParseError):
+            nd.problems[check] = CheckResult(host, check, "fail", None, None, f"unparseable output: {parsed}")
+        else:
+            setattr(nd, ATTR[kind], parsed)
     return nd
 
 

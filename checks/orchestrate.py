@@ -1,9 +1,12 @@
 """Run a preflight: probes and nccl-tests on every node at once, then node pairs, then all nodes.
 
 Phase 1 (per host, all hosts concurrently): the node probes as one script, then nccl-tests over
-all of that node's GPUs. Phase 2: inter-node pairs in rounds of disjoint pairs along a ring (2
-rounds for an even count, 3 for odd: every node meets two different partners, so a slow node can
-be told from a slow partner) instead of N^2 runs. Phase 3: one run over every node still healthy.
+all of that node's GPUs. Phase 2: inter-node pairs in rounds of disjoint pairs instead of N^2 runs:
+round 1 pairs neighbours (h0,h1), (h2,h3), ...; only when a pair is slow or fails (or N is odd)
+does a second round pair each node of a bad pair with a node from a good pair, which tells the bad
+node from its partner. So 1 round on a healthy cluster, 2 (rarely 3) otherwise: constant in N.
+`ring_rounds` (every node meets two partners, 2-3 rounds) is the fixed schedule the Slurm batch
+job uses, since it cannot adapt. Phase 3: one run over every node still healthy.
 Multi-node runs go through mpirun (SSH: started on the pair's first host) or `srun --mpi`; the
 binary, sizes and launcher templates are configurable and every command run is recorded.
 """
@@ -11,11 +14,13 @@ binary, sizes and launcher templates are configurable and every command run is r
 from __future__ import annotations
 
 import shlex
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from checks.assemble import parse_nccl_run
 from checks.hosts import compress
 from checks.judges import JudgeConfig
 from checks.parsers import ParseError
@@ -69,6 +74,57 @@ def ring_rounds(hosts: Sequence[str]) -> list[list[tuple[str, str]]]:
     return [r for r in rounds if r]
 
 
+def first_round(hosts: Sequence[str]) -> list[tuple[str, str]]:
+    """Neighbours paired: (h0,h1), (h2,h3), ...; with an odd count the last host waits for round 2."""
+    return [(hosts[i], hosts[i + 1]) for i in range(0, len(hosts) - 1, 2)]
+
+
+def suspect_pairs(runs: Sequence[NcclRun], judge: JudgeConfig, collective: str) -> set[tuple[str, str]]:
+    """Pairs that failed, or whose busbw is under the threshold or well under the round's median."""
+    from checks.assemble import parse_nccl_run
+
+    bw: dict[tuple[str, str], float] = {}
+    bad: set[tuple[str, str]] = set()
+    for r in runs:
+        key = (r.hosts[0], r.hosts[1])
+        t, _ = parse_nccl_run(r.result, collective)
+        if t is None or t.failed or not t.busbw_at_max_size:
+            bad.add(key)
+        else:
+            bw[key] = t.busbw_at_max_size
+    floor = judge.min_inter_busbw_gbs
+    if bw:
+        med = sorted(bw.values())[len(bw) // 2]
+        for key, v in bw.items():
+            if (floor is not None and v < floor) or (len(bw) >= 2 and v < judge.outlier_warn * med):
+                bad.add(key)
+    return bad
+
+
+def second_round(hosts: Sequence[str], first: Sequence[tuple[str, str]],
+                 bad: set[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Each node of a bad pair (and an odd one out) meets a node from a good pair, pairs disjoint."""
+    paired = {h for p in first for h in p}
+    waiting = [h for p in first if p in bad for h in p] + [h for h in hosts if h not in paired]
+    if not waiting:
+        return []
+    good = [h for p in first if p not in bad for h in p]
+    out: list[tuple[str, str]] = []
+    left: list[str] = []
+    for h in waiting:
+        if good:
+            out.append((h, good.pop(0)))
+        else:
+            left.append(h)
+    done = set(first)
+    while len(left) >= 2:  # no good partner left: cross the suspects, avoiding pairs already run
+        a = left.pop(0)
+        b = next((x for x in left if (a, x) not in done and (x, a) not in done), left[0])
+        left.remove(b)
+        out.append((a, b))
+    return out
+
+
 def multi_command(opts: NcclOptions, runner: Runner, hosts: Sequence[str], gpus: int) -> str:
     cmd = nccl_command(opts.binary, 1, opts.sizes, opts.extra)  # one process per GPU
     template = opts.launcher or (SRUN_TEMPLATE if runner.launcher == "srun" else MPI_TEMPLATE)
@@ -97,6 +153,30 @@ def run_preflight(runner: Runner, hosts: Sequence[str], options: PreflightOption
     say = progress or (lambda _m: None)
     res = PreflightResults(hosts=list(hosts))
     node_runs: dict[str, NcclRun] = {}
+    multi = opts.nccl.enabled and opts.nccl.pairs and runner.launcher is not None
+    # Round 1 is pipelined: a pair starts as soon as both of its nodes passed their own run (the pair
+    # touches only those two nodes, so it cannot disturb nodes still measuring themselves).
+    first = first_round(hosts) if multi else []
+    partner = {a: b for a, b in first} | {b: a for a, b in first}
+    node_ok: dict[str, bool] = {}
+    lock = threading.Lock()
+    pair_pool = _pool(opts.workers, max(1, len(first)))
+    round1: list[tuple[tuple[str, str], Future[NcclRun]]] = []
+
+    def pair(ab: tuple[str, str]) -> NcclRun:
+        g = min(res.gpus_per_node.get(ab[0], 1), res.gpus_per_node.get(ab[1], 1))
+        cmd = multi_command(opts.nccl, runner, ab, g)
+        r = runner.run_multi(list(ab), cmd, opts.nccl_timeout)
+        say(f"[nccl-pairs] {ab[0]}<->{ab[1]}: " + ("ok" if r.ok else r.reason()) + f" ({r.seconds:.1f}s)")
+        return NcclRun("pair", list(ab), opts.nccl.collective, r)
+
+    def node_done(host: str, ok: bool) -> None:
+        with lock:
+            node_ok[host] = ok
+            other = partner.get(host)
+            if ok and other is not None and node_ok.get(other):
+                ab = next(p for p in first if host in p)
+                round1.append((ab, pair_pool.submit(pair, ab)))
 
     def node_phase(host: str) -> None:
         t0 = time.monotonic()
@@ -105,7 +185,7 @@ def run_preflight(runner: Runner, hosts: Sequence[str], options: PreflightOption
         if errors and all(r.error for r in probes.values()):
             res.unreachable[host] = sorted(errors)[0]
             say(f"[probe] {host}: FAILED: {res.unreachable[host]}")
-            return
+            return node_done(host, False)
         res.probes[host] = probes
         n = gpu_count(probes)
         if n:
@@ -116,12 +196,23 @@ def run_preflight(runner: Runner, hosts: Sequence[str], options: PreflightOption
         if opts.nccl.enabled and n:
             cmd = nccl_command(opts.nccl.binary, n, opts.nccl.sizes, opts.nccl.extra)
             r = runner.run(host, cmd, opts.nccl_timeout)
-            node_runs[host] = NcclRun("node", [host], opts.nccl.collective, r)
+            run = NcclRun("node", [host], opts.nccl.collective, r)
+            node_runs[host] = run
             say(f"[nccl-node] {host}: " + ("ok" if r.ok else r.reason()) + f" ({r.seconds:.1f}s)")
+            # pairs only among nodes whose own run worked: a node that hangs alone would hang its pairs
+            t, _ = parse_nccl_run(r, opts.nccl.collective)
+            return node_done(host, t is not None and not t.failed)
+        return node_done(host, False)
 
     say(f"[probe] {len(hosts)} host(s): {compress(list(hosts))}")
-    with _pool(opts.workers, len(hosts)) as pool:
-        list(pool.map(node_phase, hosts))
+    if first:
+        say(f"[nccl-pairs] round 1: up to {len(first)} pair(s), each as soon as both nodes are done")
+    try:
+        with _pool(opts.workers, len(hosts)) as pool:
+            list(pool.map(node_phase, hosts))
+        runs = [f.result() for _, f in sorted(round1, key=lambda x: first.index(x[0]))]
+    finally:
+        pair_pool.shutdown()
     for p in opts.probes:
         ran = [h for h in hosts if h in res.probes]
         if ran:
@@ -130,38 +221,41 @@ def run_preflight(runner: Runner, hosts: Sequence[str], options: PreflightOption
         if h in node_runs:
             res.nccl.append(node_runs[h])
             res.commands.append(f"[{h}] {node_runs[h].result.command}")
-
     if not opts.nccl.enabled:
         return res
     if runner.launcher is None:
         say(f"[nccl-pairs] skipped: the {runner.name} backend cannot start multi-node nccl-tests")
         return res
-    # pairs only among nodes whose own run worked: a node that hangs alone would hang its pairs too
-    from checks.assemble import parse_nccl_run
+    ok_nodes = [h for h in hosts if node_ok.get(h)]
 
-    ok_nodes = [h for h in hosts if h in node_runs
-                and (lambda t: t[0] is not None and not t[0].failed)(parse_nccl_run(node_runs[h].result,
-                                                                                    opts.nccl.collective))]
-    if opts.nccl.pairs and len(ok_nodes) >= 2:
-        rounds = ring_rounds(ok_nodes)
-        for i, rnd in enumerate(rounds, 1):
-            say(f"[nccl-pairs] round {i}/{len(rounds)}: {len(rnd)} pair(s)")
+    def record(rs: list[NcclRun]) -> None:
+        for run in rs:
+            res.nccl.append(run)
+            res.commands.append(f"[{run.hosts[0]}] {run.result.command}")
 
-            def pair(ab: tuple[str, str]) -> NcclRun:
-                g = min(res.gpus_per_node.get(ab[0], 1), res.gpus_per_node.get(ab[1], 1))
-                cmd = multi_command(opts.nccl, runner, ab, g)
-                r = runner.run_multi(list(ab), cmd, opts.nccl_timeout)
-                say(f"[nccl-pairs] {ab[0]}<->{ab[1]}: " + ("ok" if r.ok else r.reason()) + f" ({r.seconds:.1f}s)")
-                return NcclRun("pair", list(ab), opts.nccl.collective, r)
+    def run_round(i: int, rnd: list[tuple[str, str]]) -> list[NcclRun]:
+        say(f"[nccl-pairs] round {i}: {len(rnd)} pair(s)")
+        with _pool(opts.workers, len(rnd)) as pool:
+            rs = list(pool.map(pair, rnd))
+        record(rs)
+        return rs
 
-            with _pool(opts.workers, len(rnd)) as pool:
-                for run in pool.map(pair, rnd):
-                    res.nccl.append(run)
-                    res.commands.append(f"[{run.hosts[0]}] {run.result.command}")
+    if multi and len(ok_nodes) >= 2:
+        record(runs)
+        done_first = [(r.hosts[0], r.hosts[1]) for r in runs]
+        bad = suspect_pairs(runs, opts.judge, opts.nccl.collective)
+        second = second_round(ok_nodes, done_first, bad)
+        if second:
+            runs = runs + run_round(2, second)
+            covered = {h for r in runs for h in r.hosts}
+            lone = [h for h in ok_nodes if h not in covered]  # an odd one out with no partner yet
+            for j, h in enumerate(lone):
+                run_round(3 + j, [(h, next(x for x in ok_nodes if x != h))])
     if opts.nccl.all_nodes and len(ok_nodes) > 2:
         from checks.assemble import assemble
 
-        healthy = [h for h in ok_nodes if h not in set(assemble(res, opts.judge).exclude)]
+        excluded = set(assemble(res, opts.judge).exclude)
+        healthy = [h for h in ok_nodes if h not in excluded]
         if len(healthy) > 2:
             g = min(res.gpus_per_node.get(h, 1) for h in healthy)
             cmd = multi_command(opts.nccl, runner, healthy, g)

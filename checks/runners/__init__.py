@@ -53,7 +53,7 @@ def probe_script(probes: Sequence[Probe], timeout: float) -> tuple[str, str]:
     for p in probes:
         parts.append(
             f'echo "$M BEGIN {p.name}"; echo "$M BEGIN {p.name}" >&2; '
-            f"timeout -k 2 {t} bash -c {shlex.quote(p.command)}; rc=$?; "
+            f"timeout -k 2 {t} sh -c {shlex.quote(p.command)}; rc=$?; "
             f'echo; echo "$M END {p.name} $rc"; echo "$M END {p.name}" >&2'
         )
     return "\n".join(parts) + "\n", marker

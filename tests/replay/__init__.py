@@ -15,7 +15,7 @@ from pathlib import Path
 REPLAY_DIR = Path(__file__).resolve().parent
 TOOLS = ("nvidia-smi", "all_reduce_perf", "mpirun", "ibstat", "dmesg")
 KEYS = ("TOPO", "GPU_QUERY", "NVLINK", "IBSTAT", "DMESG", "NCCL_NODE", "NCCL_PAIR", "NCCL_ALL",
-        "NCCL_PAIR_OVERRIDE", "NCCL_ALL_OVERRIDE", "NCCL_HANG", "REPLAY_DELAY")
+        "NCCL_PAIR_OVERRIDE", "NCCL_ALL_OVERRIDE", "NCCL_HANG", "REPLAY_DELAY", "SMI_DELAY")
 
 
 def install(node_dir: Path, cluster_dir: Path, fixtures: Path, **settings: str | Path | None) -> None:
