@@ -175,3 +175,58 @@ def test_resume_parity_after_sigterm(full_run, tmp_path, env):
     assert sorted(got) == sorted(want) == list(range(1, 9))
     for step in want:
         assert got[step] == pytest.approx(want[step], rel=1e-6), (step, got[step], want[step])
+
+
+def test_run_dir_layout_and_refusal_of_another_jobs_dir(tmp_path):
+    from launcher.backends import prepare_run_dir
+    from launcher.errors import UserError
+    from tests.test_trainer_data import make_plan
+
+    rd = prepare_run_dir(tmp_path / "rd", make_plan(dp=2), "name: t\n")
+    for sub in ("logs/nccl", "logs/flight", "heartbeat", "checkpoints"):
+        assert (rd / sub).is_dir()
+    assert (rd / "job.yaml").read_text() == "name: t\n" and (rd / "plan.json").exists()
+    prepare_run_dir(rd, make_plan(dp=2), None)  # the same job again (a resume) is fine
+    with pytest.raises(UserError, match="holds a different job"):
+        prepare_run_dir(rd, make_plan(dp=4), None)
+
+
+def tiny_job(tmp_path: Path, name: str, replace: dict[str, str]) -> Path:
+    text = TINY.read_text()
+    for old, new in replace.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.slow
+def test_token_file_job_and_pipeline_resume_from_checkpoint(tmp_path, env):
+    """A byte-tokenised corpus through the real trainer, on a 2-stage interleaved pipeline (each rank
+    two model chunks); then a fresh run dir seeded with step-2's checkpoint resumes and matches."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The quick brown fox jumps over the lazy dog. " * 200)
+    tok = subprocess.run([sys.executable, "-m", "launcher.trainer.tokenize", str(corpus), "-o",
+                          str(tmp_path / "corpus.bin")], capture_output=True, text=True)
+    assert tok.returncode == 0, tok.stderr
+    job = tiny_job(tmp_path, "pp", {"data: synthetic": f"data: {tmp_path / 'corpus.bin'}",
+                                    "steps: 8": "steps: 4", "checkpoint_every: 4": "checkpoint_every: 2",
+                                    "tp: 2": "tp: 1", "pp: 1": "pp: 2\n  schedule: interleaved-1f1b\n"
+                                                               "  virtual_stages: 2"})
+    a = launch("run", job, "--nproc", 2, "--run-dir", tmp_path / "a", "--json", env=env)
+    assert a.returncode == 0, a.stderr[-3000:]
+    plan = json.loads((tmp_path / "a" / "plan.json").read_text())
+    assert plan["degrees"]["pp"] == 2 and plan["virtual_stages"] == 2
+    ref = losses(tmp_path / "a")
+    assert ref[4] < ref[1]  # real text is learnable
+    b = tmp_path / "b"
+    (b / "checkpoints").mkdir(parents=True)
+    subprocess.run(["cp", "-r", str(tmp_path / "a" / "checkpoints" / "step-2"), str(b / "checkpoints")], check=True)
+    (b / "checkpoints" / "latest").write_text("step-2\n")
+    r = launch("run", job, "--nproc", 2, "--run-dir", b, "--resume", "auto", "--json", env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = losses(b)
+    assert sorted(got) == [3, 4]
+    for step in (3, 4):
+        assert got[step] == pytest.approx(ref[step], rel=1e-6)

@@ -279,6 +279,10 @@ def _pp_worker(rank: int, world: int, store: str, run_dir: str) -> None:
         for i, part in enumerate(parts):
             for k, v in part.state_dict().items():
                 assert torch.equal(v, ref[i][k]), (rank, i, k)
+        # each stage got its own optimizer groups back (hyperparameters too) and can step on
+        assert opt.param_groups[0]["betas"] == (0.9, 0.999) and len(opt.state) == len(params)
+        sum(p.sum() for p in params).backward()
+        opt.step()
         if rank == 0:
             from torch.distributed.checkpoint import FileSystemReader
 

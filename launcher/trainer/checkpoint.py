@@ -100,6 +100,17 @@ def merge_parts(model: nn.Module | Sequence[nn.Module]) -> nn.Module:
     return merged
 
 
+def _optim_options():
+    """Optimizer state keyed per parameter name, hyperparameters included ("param_groups.<fqn>.lr").
+
+    Unflattened, param_groups is one list object that DCP dedups across ranks: pipeline stages
+    (different parameters per rank) would all load rank 0's groups and lose their own.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
+
+
 def is_complete(path: Path) -> bool:
     """A finished checkpoint dir: final name, DCP metadata and rank 0's extras present."""
     return (path.is_dir() and not path.name.endswith(".tmp") and (path / ".metadata").is_file()
@@ -194,7 +205,7 @@ class Checkpointer:
         _barrier()
         module = merge_parts(model)
         state = {"model": get_model_state_dict(module),
-                 "optim": get_optimizer_state_dict(module, _as_list(optimizer))}
+                 "optim": get_optimizer_state_dict(module, _as_list(optimizer), options=_optim_options())}
         dcp.save(state, checkpoint_id=str(tmp))
         if _rank() == 0:
             scheds = _as_list(scheduler)
@@ -276,10 +287,11 @@ class Checkpointer:
         path = Path(found)
         module = merge_parts(model)
         optims = _as_list(optimizer)
-        state = {"model": get_model_state_dict(module), "optim": get_optimizer_state_dict(module, optims)}
+        opts = _optim_options()
+        state = {"model": get_model_state_dict(module), "optim": get_optimizer_state_dict(module, optims, options=opts)}
         dcp.load(state, checkpoint_id=str(path))
         set_model_state_dict(module, state["model"])
-        set_optimizer_state_dict(module, optims, state["optim"])
+        set_optimizer_state_dict(module, optims, state["optim"], options=opts)
         extra = torch.load(path / EXTRA, weights_only=True)
         scheds = _as_list(scheduler)
         if scheds and extra.get("scheduler") is not None:
