@@ -230,3 +230,22 @@ def test_token_file_job_and_pipeline_resume_from_checkpoint(tmp_path, env):
     assert sorted(got) == [3, 4]
     for step in (3, 4):
         assert got[step] == pytest.approx(ref[step], rel=1e-6)
+
+
+def test_local_env_pins_cpu_jobs_and_follows_the_plans_gpu_order(tmp_path, monkeypatch):
+    from launcher.layout import placements
+    from launcher.spec import load_spec
+    from tests.test_trainer_data import make_plan
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    spec = load_spec(TINY)
+    be = LocalBackend()
+    cpu = be.env(spec, make_plan(dp=2), tmp_path)
+    assert cpu["CUDA_VISIBLE_DEVICES"] == "" and cpu["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[rank${rank}]: "
+    assert cpu["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "logs" / "flight" / "rank_")
+    gpu_plan = make_plan(dp=4)
+    gpu_plan.gpu = {"name": "h100-pcie", "peak_tflops": 756}
+    gpu_plan.ranks = placements(gpu_plan.degrees, gpu_plan.mesh_order, 4, [0, 2, 1, 3])
+    assert be.env(spec, gpu_plan, tmp_path)["CUDA_VISIBLE_DEVICES"] == "0,2,1,3"
+    gpu_plan.ranks = placements(gpu_plan.degrees, gpu_plan.mesh_order, 4)
+    assert "CUDA_VISIBLE_DEVICES" not in be.env(spec, gpu_plan, tmp_path)

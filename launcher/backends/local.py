@@ -130,7 +130,15 @@ class LocalBackend:
         env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = LOG_PREFIX
         env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
         if (plan.gpu or {}).get("name") == "cpu":
+            # A CPU job stays on CPU (gloo) even on a machine with GPUs.
             env["LAUNCH4D_DEVICE"] = "cpu"
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        elif "CUDA_VISIBLE_DEVICES" not in os.environ:
+            # Local rank i drives the GPU the plan placed it on (NVLink-aware gpu_order): the trainer
+            # uses cuda:LOCAL_RANK, so list the plan's GPUs in local-rank order.
+            order = [r.gpu for r in sorted(plan.ranks, key=lambda r: r.local_rank) if r.node == 0]
+            if order != list(range(len(order))):
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, order))
         return env
 
     def submit(self, spec: JobSpec, plan: Plan, run_dir: str | Path, dry_run: bool = False,
