@@ -18,6 +18,19 @@ from checks.hosts import compress
 from checks.orchestrate import NcclOptions, ring_rounds
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "slurm" / "preflight.sbatch.j2"
+SBATCH_SAFE = re.compile(r"^[A-Za-z0-9._:+@,=/%\[\]-]+$")
+
+
+class SlurmJobError(ValueError):
+    """A value that cannot go into the batch script; the message names it."""
+
+
+def sbatch_value(value: object) -> str:
+    """#SBATCH lines are not shell: sbatch reads them itself, so only plain values may go there."""
+    s = str(value)
+    if not SBATCH_SAFE.match(s):
+        raise SlurmJobError(f"{s!r} cannot go on an #SBATCH line (allowed: letters, digits and ._:+@,=/%[]-)")
+    return s
 
 
 @dataclass
@@ -42,17 +55,18 @@ def render(hosts: list[str], opts: SlurmJobOptions, template: Path | None = None
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              trim_blocks=True, lstrip_blocks=True)
     env.filters["q"] = lambda v: shlex.quote(str(v))
+    env.filters["sbatch"] = sbatch_value
     tpl = env.get_template((template or TEMPLATE).name)
     return tpl.render(hosts=hosts, nodelist=compress(hosts), rounds=ring_rounds(hosts) if opts.nccl.pairs else [],
                       o=opts, nccl=opts.nccl, collective=opts.nccl.collective)
 
 
-def submit(script: str, out_dir: Path, sbatch: str = "sbatch") -> str:
+def submit(script: str, out_dir: Path, sbatch: str = "sbatch", env: dict[str, str] | None = None) -> str:
     """Write the script next to its outputs and sbatch it; returns the job id."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "preflight.sbatch"
     path.write_text(script)
-    p = subprocess.run([sbatch, "--parsable", str(path)], capture_output=True, text=True)
+    p = subprocess.run([sbatch, "--parsable", str(path)], capture_output=True, text=True, env=env)
     if p.returncode != 0:
         raise RuntimeError(f"sbatch failed: {(p.stderr or p.stdout).strip()}")
     m = re.match(r"^(\d+)", p.stdout.strip())

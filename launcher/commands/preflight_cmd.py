@@ -108,6 +108,7 @@ def threshold_options(f: Any) -> Any:
 @click.option("--account", help="slurm backend: account.")
 @click.option("--time", "time_limit", default="00:30:00", show_default=True, help="slurm backend: time limit.")
 @click.option("--gpus-per-node", type=click.IntRange(1), help="slurm/k8s backends: GPUs per node.")
+@click.option("--mpi", "srun_mpi", default="pmix", show_default=True, help="slurm backend: srun --mpi plugin.")
 @click.option("--dry-run", is_flag=True, help="slurm/k8s backends: print what would be submitted.")
 @click.option("--namespace", default="default", show_default=True, help="k8s backend: namespace.")
 @click.option("--image", default="nvcr.io/nvidia/pytorch:24.05-py3", show_default=True,
@@ -122,7 +123,7 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
               connect_timeout: float, probe_timeout: float, nccl_timeout: float, workers: int, no_nccl: bool,
               no_pairs: bool, no_all: bool, nccl_binary: str, sizes: str, nccl_args: str, launcher_tpl: str | None,
               out_dir: str | None, partition: str | None, account: str | None, time_limit: str,
-              gpus_per_node: int | None, dry_run: bool, namespace: str, image: str, kube_context: str | None,
+              gpus_per_node: int | None, srun_mpi: str, dry_run: bool, namespace: str, image: str, kube_context: str | None,
               thresholds: str | None, expected_gpus: int | None, min_intra_busbw: float | None,
               min_inter_busbw: float | None, output: str | None, exclude_failed: bool, as_json: bool) -> int | None:
     """Measure nodes and links (nvidia-smi topo, health, nccl-tests); write a bandwidth map."""
@@ -161,8 +162,8 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
     cfg = _judge_config(thresholds, expected_gpus, min_intra_busbw, min_inter_busbw)
 
     if backend == "slurm":
-        return _slurm_job(hosts, nccl, out_dir, partition, account, time_limit, gpus_per_node, probe_timeout,
-                          nccl_timeout, dry_run, as_json)
+        return _slurm_job(hosts, nccl, out_dir, partition, account, time_limit, gpus_per_node, srun_mpi,
+                          probe_timeout, nccl_timeout, dry_run, as_json)
     from checks.runners import get_runner
 
     if backend == "ssh":
@@ -188,15 +189,19 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
 
 
 def _slurm_job(hosts: list[str], nccl: Any, out_dir: str | None, partition: str | None, account: str | None,
-               time_limit: str, gpus_per_node: int | None, probe_timeout: float, nccl_timeout: float,
-               dry_run: bool, as_json: bool) -> int:
-    from checks.runners.slurm_job import SlurmJobOptions, render, submit
+               time_limit: str, gpus_per_node: int | None, srun_mpi: str, probe_timeout: float,
+               nccl_timeout: float, dry_run: bool, as_json: bool) -> int:
+    from checks.runners.slurm_job import SlurmJobError, SlurmJobOptions, render, submit
 
     out = Path(out_dir or f"preflight-{datetime.now():%Y%m%d-%H%M%S}").resolve()
     opts = SlurmJobOptions(out_dir=str(out), partition=partition, account=account, time=time_limit,
-                           python=sys.executable, gpus_per_node=gpus_per_node, probe_timeout=int(probe_timeout),
+                           python=sys.executable, gpus_per_node=gpus_per_node, mpi=srun_mpi,
+                           probe_timeout=int(probe_timeout),
                            nccl_timeout=int(nccl_timeout), nccl=nccl)
-    script = render(hosts, opts)
+    try:
+        script = render(hosts, opts)
+    except SlurmJobError as exc:
+        raise UserError(f"--backend slurm: {exc}") from None
     if dry_run:
         emit({"script": script, "out_dir": str(out)}, as_json, lambda: script)
         return 0
