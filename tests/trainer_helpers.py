@@ -78,7 +78,8 @@ def run_layouts(rank: int, nprocs: int, jobs: list[dict], workdir: str, port: in
         out: dict
         try:
             cfg = config_from_plan(plan)
-            losses = train(cfg, Path(workdir) / name, device=torch.device("cpu"))
+            losses = train(cfg, Path(workdir) / name, device=torch.device("cpu"),
+                           handle_signals=False)
             out = {"losses": losses}
         except Exception as exc:  # noqa: BLE001 - reported to the test through the file
             out = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}
@@ -86,8 +87,24 @@ def run_layouts(rank: int, nprocs: int, jobs: list[dict], workdir: str, port: in
             for k in job.get("env", {}):
                 os.environ.pop(k, None)
         dist.destroy_process_group()
+        clear_dtensor_caches()
         if rank == 0:
             (Path(workdir) / f"{name}.json").write_text(json.dumps(out))
+
+
+def clear_dtensor_caches() -> None:
+    """DTensor caches sharding decisions keyed by meshes that compare equal across process groups;
+    a second layout in the same process would reuse the destroyed groups' names without this."""
+    import torch
+    from torch.distributed.tensor import DTensor, _redistribute
+
+    prop = DTensor._op_dispatcher.sharding_propagator
+    prop.propagate_op_sharding.cache_clear()
+    prop._propagate_tensor_meta_cached.cache_clear()
+    _redistribute._gen_transform_infos.cache_clear()
+    clear_native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if clear_native is not None:     # the C++ dispatch fast path keeps its own cache
+        clear_native()
 
 
 def free_port() -> int:

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from launcher.errors import UserError
 from launcher.trainer import context_parallel as cpar
 from launcher.trainer import fsdp
 from launcher.trainer.config import TrainerConfig
@@ -148,6 +149,10 @@ def make_scheduler(cfg: TrainerConfig, opt: torch.optim.Optimizer):
 
 
 def _stall_forever(rank: int, step: int, beat) -> None:
+    """A rank that stops answering (fault injection); SIGTERM ends it like a hung process."""
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     log.warning("rank %d: --inject-stall: sleeping forever before step %d's collectives", rank, step)
     beat("forward", None)
     while True:
@@ -155,8 +160,12 @@ def _stall_forever(rank: int, step: int, beat) -> None:
 
 
 def train(cfg: TrainerConfig, run_dir: str | Path, resume: str = "never",
-          inject_stall: tuple[int, int] | None = None, device: torch.device | None = None) -> list[float]:
-    """Run cfg.train.steps optimizer steps on an initialised default process group; the losses."""
+          inject_stall: tuple[int, int] | None = None, device: torch.device | None = None,
+          handle_signals: bool = True) -> list[float]:
+    """Run cfg.train.steps optimizer steps on an initialised default process group; the losses.
+
+    `handle_signals` installs the SIGTERM/SIGUSR1 preemption handlers (checkpoint, exit 75).
+    """
     from launcher.trainer.checkpoint import PREEMPT_EXIT_CODE, Checkpointer
     from launcher.trainer.data import TokenSource
     from launcher.trainer.metrics import Heartbeat, MetricsLogger
@@ -180,7 +189,8 @@ def train(cfg: TrainerConfig, run_dir: str | Path, resume: str = "never",
         p = cfg.parallel
         data = TokenSource(cfg.plan, mesh.coords["dp"], p.dp)
         ckpt = Checkpointer(run_dir, cfg.train.checkpoint_every)
-        ckpt.install_signal_handlers()
+        if handle_signals:
+            ckpt.install_signal_handlers()
         start = 0
         if resume != "never":
             loader = ckpt if resume == "auto" else _loader_for(resume)
@@ -217,6 +227,9 @@ def train(cfg: TrainerConfig, run_dir: str | Path, resume: str = "never",
         return losses
     except SystemExit:
         raise
+    except UserError:
+        hb.beat(step_now, "error")
+        raise
     except BaseException as exc:
         hb.beat(step_now, "error")
         log.error("rank %d failed at step %d: %s", rank, step_now, str(exc).splitlines()[0] if str(exc) else exc)
@@ -225,7 +238,6 @@ def train(cfg: TrainerConfig, run_dir: str | Path, resume: str = "never",
 
 def _loader_for(path: str):
     """A Checkpointer reading from --resume PATH: a run dir, its checkpoints/ dir, or one step-N dir."""
-    from launcher.errors import UserError
     from launcher.trainer.checkpoint import Checkpointer, is_complete
 
     p = Path(path)

@@ -1,0 +1,235 @@
+"""The bundled trainer's correctness: loss parity across layouts (real gloo processes), plus the
+pieces that can be checked in one process (config errors, CP split, chunked loss, seeded init,
+mesh-wide clipping, the TP-across-hosts check).
+
+Tolerance: every layout's per-step loss must equal the single-process reference's within
+relative 1e-5 (fp32 on CPU; observed differences are ~1e-7, summation order only).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from launcher.errors import UserError
+from launcher.trainer.config import config_from_plan
+from tests.trainer_helpers import make_plan, spawn_layouts
+
+RTOL = 1e-5
+STEPS = 5
+
+# name -> make_plan kwargs; all compared with "ref" (one process, whole batch, grad_accum 8)
+LAYOUTS = {
+    "ref": dict(),
+    "dp8_zero3": dict(dp=8, zero=3),
+    "tp2_dp4_zero2": dict(tp=2, dp=4, zero=2),
+    "pp2_1f1b_tp2_dp2_uneven": dict(pp=2, tp=2, dp=2, schedule="1f1b", stage_layers=[1, 3]),
+    "cp2_tp2_dp2": dict(cp=2, tp=2, dp=2),
+    "pp2_interleaved_v2_cp2_tp2": dict(pp=2, cp=2, tp=2, schedule="interleaved-1f1b", virtual_stages=2),
+    "dp2_ga2_zero0": dict(dp=2, micro_batch=2, grad_accum=2, zero=0),
+    "dp4_ga1": dict(dp=4, micro_batch=2, grad_accum=1),
+    "recompute_selective_cp2_tp2_dp2": dict(cp=2, tp=2, dp=2, recompute="selective"),
+    "recompute_full_pp2_gpipe_tp2_dp2": dict(pp=2, tp=2, dp=2, schedule="gpipe", recompute="full"),
+}
+
+
+@pytest.fixture(scope="module")
+def parity_results(tmp_path_factory) -> dict[str, dict]:
+    work = tmp_path_factory.mktemp("parity")
+    jobs = [dict(name=n, plan=make_plan(steps=STEPS, **kw).to_dict()) for n, kw in LAYOUTS.items()]
+    # the TP-host check, in the same processes: TP pairs (0,1) and (2,3) split over two fake hosts
+    bad_hosts = {"LAUNCH4D_FAKE_HOSTS": "a,b,a,b"}
+    jobs.append(dict(name="tp_across_hosts", plan=make_plan(tp=2, dp=2, steps=1).to_dict(), env=bad_hosts))
+    jobs.append(dict(name="tp_across_hosts_forced", plan=make_plan(tp=2, dp=2, steps=1, forced=True).to_dict(),
+                     env=bad_hosts))
+    jobs.append(dict(name="tp_on_one_host", plan=make_plan(tp=2, dp=2, steps=1).to_dict(),
+                     env={"LAUNCH4D_FAKE_HOSTS": "a,a,b,b"}))
+    return spawn_layouts(jobs, work)
+
+
+def _losses(results: dict, name: str) -> list[float]:
+    r = results[name]
+    assert "losses" in r, f"{name} failed: {r.get('error')}\n{r.get('trace', '')}"
+    assert len(r["losses"]) == STEPS
+    return r["losses"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in LAYOUTS if n != "ref"])
+def test_loss_parity_with_single_process(parity_results, name):
+    ref = _losses(parity_results, "ref")
+    got = _losses(parity_results, name)
+    assert all(math.isfinite(x) for x in got)
+    for step, (a, b) in enumerate(zip(got, ref), start=1):
+        assert a == pytest.approx(b, rel=RTOL), f"{name} step {step}: {a} vs reference {b}"
+    assert ref[0] != ref[-1], "the reference did not train (loss never moved)"
+
+
+@pytest.mark.slow
+def test_grad_accum_split_matches_dp_split(parity_results):
+    a = _losses(parity_results, "dp2_ga2_zero0")
+    b = _losses(parity_results, "dp4_ga1")
+    assert a == pytest.approx(b, rel=RTOL)
+
+
+@pytest.mark.slow
+def test_tp_group_across_hosts_is_an_error(parity_results):
+    r = parity_results["tp_across_hosts"]
+    assert "losses" not in r
+    assert r["error"].startswith("UserError")
+    assert "spans hosts a, b" in r["error"] and "inside one node" in r["error"]
+
+
+@pytest.mark.slow
+def test_tp_group_across_hosts_forced_runs(parity_results):
+    assert len(_losses(parity_results, "tp_across_hosts_forced")) == 1
+    assert len(_losses(parity_results, "tp_on_one_host")) == 1
+
+
+# --- single-process checks ---------------------------------------------------------------------
+
+def test_config_rejects_too_few_microbatches_for_1f1b():
+    plan = make_plan(pp=2, dp=4, micro_batch=2, grad_accum=1, schedule="1f1b")
+    with pytest.raises(UserError, match=r"grad_accum=1: schedule 1f1b needs at least pp=2 micro-batches"):
+        config_from_plan(plan)
+    config_from_plan(make_plan(pp=2, dp=4, micro_batch=2, grad_accum=1, schedule="gpipe"))
+
+
+def test_config_names_the_bad_field():
+    with pytest.raises(UserError, match=r"plan.stage_layers sums to 5"):
+        config_from_plan(make_plan(pp=2, stage_layers=[2, 3]))
+    with pytest.raises(UserError, match=r"plan.degrees.tp=4 must divide model.heads=4 and kv_heads=2"):
+        config_from_plan(make_plan(tp=4, dp=2))
+    with pytest.raises(UserError, match=r"seq_len=36 must be divisible by 2·cp·tp=8"):
+        config_from_plan(make_plan(cp=2, tp=2, dp=2, seq_len=36))
+
+
+def test_cp_head_tail_split_covers_sequence_once():
+    from launcher.trainer.context_parallel import positions, shard_sequence
+
+    seq, cp = 32, 4
+    allpos = torch.cat([positions(seq, r, cp) for r in range(cp)])
+    assert sorted(allpos.tolist()) == list(range(seq))
+    assert positions(seq, 0, cp).tolist() == [0, 1, 2, 3, 28, 29, 30, 31]
+    x = torch.arange(seq)[None, :]
+    assert shard_sequence(x, 1, cp).tolist() == [[4, 5, 6, 7, 24, 25, 26, 27]]
+    # every rank gets the same causal work: sum over its queries of visible keys
+    work = [int(sum(p + 1 for p in positions(seq, r, cp).tolist())) for r in range(cp)]
+    assert len(set(work)) == 1
+
+
+def test_chunked_loss_equals_full_cross_entropy():
+    from launcher.trainer.loss import ChunkedLoss
+
+    torch.manual_seed(0)
+    h = torch.randn(2, 12, 16, requires_grad=True)
+    w = torch.randn(40, 16, requires_grad=True)
+    y = torch.randint(0, 40, (2, 12))
+    full = torch.nn.functional.cross_entropy((h @ w.t()).reshape(-1, 40), y.reshape(-1), reduction="sum") / 96
+    full.backward()
+    gh, gw = h.grad.clone(), w.grad.clone()
+    h.grad = w.grad = None
+    loss = ChunkedLoss(lambda: w, global_tokens=96, chunk=5)(h, y)   # 24 tokens in chunks of 5
+    loss.backward()
+    assert loss.item() == pytest.approx(full.item(), rel=1e-6)
+    assert torch.allclose(h.grad, gh, atol=1e-6) and torch.allclose(w.grad, gw, atol=1e-6)
+
+
+def test_seeded_init_is_layout_independent():
+    from launcher.trainer.config import model_args
+    from launcher.trainer.model import Transformer
+
+    args = model_args(make_plan().model)
+    full = Transformer(args, seq_len=8)
+    full.init_weights(7)
+    stage = Transformer(args, seq_len=8)
+    stage.keep_only(2, 4, has_embedding=False, has_head=True)
+    stage.init_weights(7)
+    ref = dict(full.named_parameters())
+    for name, p in stage.named_parameters():
+        assert torch.equal(p, ref[name]), name
+    other = Transformer(args, seq_len=8)
+    other.init_weights(8)
+    assert not torch.equal(other.layers["0"].attention.wq.weight, full.layers["0"].attention.wq.weight)
+
+
+def test_grad_norm_and_clip_matches_torch_in_one_process():
+    from launcher.trainer.loss import grad_norm_and_clip
+
+    torch.manual_seed(1)
+    a = [torch.nn.Parameter(torch.randn(5, 3)) for _ in range(3)]
+    b = [torch.nn.Parameter(t.detach().clone()) for t in a]
+    for x, y in zip(a, b):
+        g = torch.randn_like(x) * 3
+        x.grad, y.grad = g.clone(), g.clone()
+    ours = grad_norm_and_clip(a, 1.0, ranks_per_stage=1)
+    theirs = float(torch.nn.utils.clip_grad_norm_(b, 1.0))
+    assert ours == pytest.approx(theirs, rel=1e-6)
+    for x, y in zip(a, b):
+        assert torch.allclose(x.grad, y.grad, atol=1e-6)
+
+
+def test_tp_host_problems_names_groups():
+    from launcher.trainer.mesh import tp_host_problems
+
+    cfg = config_from_plan(make_plan(tp=2, dp=4))
+    assert tp_host_problems(cfg, ["a"] * 4 + ["b"] * 4) == []
+    probs = tp_host_problems(cfg, ["a", "a", "a", "b", "b", "b", "b", "b"])
+    assert probs == ["TP group ranks [2, 3] spans hosts a, b"]
+
+
+def test_cli_bad_plan_is_one_line_exit_2(tmp_path):
+    plan = make_plan(pp=2, dp=4, micro_batch=2, grad_accum=1, schedule="1f1b")
+    plan.save(tmp_path / "plan.json")
+    env = dict(os.environ, RANK="0", WORLD_SIZE="8")
+    r = subprocess.run([sys.executable, "-m", "launcher.trainer", "--plan", str(tmp_path / "plan.json"),
+                        "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1].startswith("error: plan.grad_accum=1")
+    assert "Traceback" not in r.stderr
+    assert json.loads((tmp_path / "plan.json").read_text())["degrees"]["pp"] == 2
+
+
+def _torchrun(plan, tmp_path, *extra: str, nproc: int = 2, timeout: int = 240) -> subprocess.CompletedProcess:
+    from tests.trainer_helpers import free_port
+
+    plan.save(tmp_path / "plan.json")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                             "MASTER_PORT")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
+           "127.0.0.1", "--master-port", str(free_port()), "-m", "launcher.trainer",
+           "--plan", str(tmp_path / "plan.json"), "--run-dir", str(tmp_path / "run"), *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_cli_under_torchrun_writes_metrics_and_heartbeats(tmp_path):
+    from launcher.trainer.metrics import read_heartbeats, read_metrics
+
+    r = _torchrun(make_plan(dp=2, steps=2), tmp_path, "--resume", "never")
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = read_metrics(tmp_path / "run")
+    assert [m["step"] for m in recs] == [1, 2]
+    assert all(math.isfinite(m["loss"]) for m in recs)
+    beats = read_heartbeats(tmp_path / "run")
+    assert [(b["rank"], b["phase"], b["step"]) for b in beats] == [(0, "done", 2), (1, "done", 2)]
+    assert "ZeRO 3: fully_shard per block + root" in r.stderr       # the log says how ZeRO mapped
+    assert "TP group" not in r.stderr
+
+
+@pytest.mark.slow
+def test_cli_inject_stall_times_out_and_heartbeats_name_the_rank(tmp_path):
+    from launcher.trainer.metrics import read_heartbeats
+
+    r = _torchrun(make_plan(dp=2, steps=3), tmp_path, "--resume", "never", "--inject-stall", "1:2",
+                  "--step-timeout-s", "5")
+    assert r.returncode != 0
+    beats = {b["rank"]: b for b in read_heartbeats(tmp_path / "run")}
+    assert beats[1]["step"] == 2 and beats[1]["phase"] == "forward"     # the stalled rank
+    assert beats[0]["step"] == 2 and beats[0]["phase"] == "error"       # its peer timed out waiting
