@@ -213,3 +213,30 @@ def test_heartbeat_pipeline_stages_compared_within_stage():
     stall = hb.findings(4, {}, role)[0]
     assert stall.kind == "stalled_rank" and stall.ranks == [3]
     assert hb.findings(4, {})[0].ranks == [2, 3]  # without the plan both stage-1 ranks look behind
+
+
+def _dump(rank_status: tuple[int, int], seqs: list[int], ranks="[0, 1, 2]") -> dict:
+    """A dump in the shape torch 2.13's _dump_fr_trace() writes (keys as in the real dumps above)."""
+    enq, comp = rank_status
+    return {"version": "2.10", "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": ranks}},
+            "pg_status": {"0": {"last_enqueued_collective": enq, "last_started_collective": -1,
+                                "last_completed_collective": comp}},
+            "entries": [{"process_group": ("0", "default_pg"), "collective_seq_id": s, "p2p_seq_id": 0,
+                         "profiling_name": "nccl:all_reduce", "state": "completed" if s <= comp else "started",
+                         "is_p2p": False} for s in seqs]}
+
+
+def test_flight_dumps_everyone_entered_but_stuck_and_rank_without_dump():
+    from launcher.diagnose.flight import Flight
+
+    fl = Flight()
+    for r in range(3):
+        fl.add_dump(f"flight/rank_{r}", _dump((7, 6), list(range(1, 8))), f"flight/rank_{r}:1")
+    (f,) = fl.findings({})
+    assert f.kind == "flight_recorder" and "#7" in f.message and "stuck inside" in f.message
+    fl = Flight()
+    for r in (0, 2):
+        fl.add_dump(f"flight/rank_{r}", _dump((7, 7), list(range(1, 8))), f"flight/rank_{r}:1")
+    (f,) = fl.findings({1: "node1"})
+    assert f.kind == "stalled_rank" and f.ranks == [1] and "left no flight-recorder dump" in f.message
+    assert f.hosts == ["node1"] and f.confidence == 1

@@ -121,19 +121,26 @@ class Flight:
         out = []
         for pg, info in sorted(self._per_pg().items()):
             expected, enq, comp, ops, evs = info["expected"], info["enq"], info["comp"], info["ops"], info["evs"]
-            top = max(enq.values(), default=0)
             if not enq:
                 continue
-            if not comp:  # no completion info in these dumps: compare how far each rank got
-                if min(enq.values()) == top and not (expected - set(enq)):
-                    continue
-                first = min(enq.values()) + 1
-            elif all(comp.get(r, -1) >= top for r in expected if r in enq):
-                continue
+            top, low = max(enq.values()), min(enq.values())
+            if low < top:
+                # some rank never entered a collective the others entered: the first such one names it
+                # (completion marks can lag behind in a dump; entries are what a rank really issued)
+                first = low + 1
+            elif comp and any(comp.get(r, 0) < top for r in enq):
+                first = min(comp.get(r, 0) for r in enq) + 1
             else:
-                first = min(comp.get(r, 0) + 1 for r in enq)
+                absent = sorted(expected - set(enq))
+                if absent:
+                    out.append(Finding("stalled_rank", ERROR,
+                                       f"process group {pg}: rank {fmt_ranks(absent, hosts)} left no flight-recorder "
+                                       f"dump while rank {fmt_ranks(sorted(enq), hosts)} did: it died or hung before "
+                                       "dumping (flight recorder dumps)", evs, ranks=absent,
+                                       hosts=[hosts[x] for x in absent if x in hosts], confidence=1))
+                continue
             op = ops.get(first, "?")
-            missing = sorted(r for r in expected if enq.get(r, -1) < first)
+            missing = sorted(r for r in enq if enq[r] < first)
             no_dump = sorted(r for r in expected if r not in enq)
             if missing:
                 note = f" (no dump from rank {fmt_ranks(no_dump, hosts)})" if no_dump else ""
@@ -144,8 +151,10 @@ class Flight:
                                    hosts=[hosts[x] for x in missing if x in hosts], confidence=3))
             else:
                 out.append(Finding("flight_recorder", ERROR,
-                                   f"process group {pg}: every rank entered collective #{first} {op} but it did "
-                                   "not complete - stuck inside the collective (network or GPU), not a missing rank",
+                                   f"process group {pg}: every rank "
+                                   + (f"with a dump (none from {fmt_ranks(no_dump, hosts)}) " if no_dump else "")
+                                   + f"entered collective #{first} {op} but it did not complete - stuck inside the "
+                                   "collective (network or GPU), not a missing rank",
                                    evs, ranks=sorted(expected)))
         return out
 
