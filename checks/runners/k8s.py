@@ -64,7 +64,8 @@ class K8sRunner(Runner):
         start = time.monotonic()
         self._n += 1
         marker = f"__launch4d_stderr_{secrets.token_hex(4)}__"
-        wrapped = f"{{ {command}\n}} 2>/tmp/launch4d.err; rc=$?; echo; echo {marker}; cat /tmp/launch4d.err; exit $rc"
+        err = f"/tmp/{marker}.err"
+        wrapped = f"( {command}\n) 2>{err}; rc=$?; echo; echo {marker}; cat {err}; rm -f {err}; exit $rc"
         safe = re.sub(r"[^a-z0-9-]", "-", host.lower()).strip("-")[:40]
         name = f"launch4d-preflight-{self.run_id}-{self._n}-{safe}"
         try:
