@@ -281,3 +281,25 @@ def test_k8s_runner_splits_stderr_and_runs_probes(tmp_path):
     assert {c.check for c in bw.checks if c.status == "fail"} == set()
     assert bw.nodes["gpu01"].intra_busbw_gbs == 482.27 and bw.nodes["gpu01"].gpus == 8
     assert all(p["spec"]["nodeName"] == "gpu01" for p in api.created)
+
+
+@pytest.mark.slow
+def test_srun_backend_inside_a_real_allocation(slurm_cluster, tmp_path):  # noqa: F811
+    """`launch preflight --slurm-allocation` in a batch job: per-node srun steps, then a pair through srun."""
+    bin_dir = replay_node(tmp_path / "replay")
+    out = tmp_path / "bw.json"
+    cmd = (f"{sys.executable} -c 'from launcher.cli import main; main()' preflight --slurm-allocation "
+           f"--launcher 'srun --mpi=none -N {{nnodes}} -w {{hostlist}} --ntasks-per-node=1 {{cmd}}' "
+           f"--nccl-timeout 60 -o {out}")
+    env = {**slurm_cluster.env, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
+    p = subprocess.run(["sbatch", "--parsable", "-N", str(len(slurm_cluster.nodes)), "--exclusive",
+                        f"--output={tmp_path}/job.out", "--wrap", cmd], capture_output=True, text=True, env=env)
+    assert p.returncode == 0, p.stderr
+    state = _final_state(slurm_cluster, p.stdout.strip().split(";")[0], timeout=120)
+    log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
+    assert state in ("COMPLETED", "FAILED"), log  # FAILED would be exit 1: a failed check, shown in the log
+    bw = json.loads(out.read_text())
+    assert sorted(bw["nodes"]) == sorted(slurm_cluster.nodes), log
+    assert [c for c in bw["checks"] if c["status"] == "fail"] == [], log
+    assert len(bw["pairs"]) == 1 and bw["pairs"][0]["status"] == "pass"
+    assert any(c.startswith("[n1") and "srun --mpi=none -N 2" in c for c in bw["commands"])
