@@ -114,3 +114,11 @@ def test_subprocess_cli():
     assert json.loads(p.stdout)["stalled_ranks"] == [1]
     p = subprocess.run([launch, "diagnose", "/definitely/not/here"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stderr.startswith("error: ") and "Traceback" not in p.stderr
+
+
+def test_pasted_log_on_stdin():
+    text = shared_file(LOGS, F_DESYNC).read_text()
+    res = CliRunner().invoke(cli, ["diagnose", "-", "--json"], input=text)
+    assert res.exit_code == 1
+    d = json.loads(res.output)
+    assert d["stalled_ranks"] == [1] and "stdin.log:4" in d["findings"][0]["evidence"]

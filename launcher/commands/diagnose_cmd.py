@@ -72,12 +72,20 @@ def diagnose(target: str, plan_path: str | None, bwmap_path: str | None, as_json
     """Explain a hang or failure: the stalled rank and its host, NCCL transports, TP across nodes.
 
     LOGDIR may hold any mix of files (NCCL_DEBUG_FILE output, torchrun/srun logs, flight-recorder
-    dumps, heartbeat/ files); a single log pasted from a ticket works too. JOB is a job id or name
-    recorded by `launch submit`.
+    dumps, heartbeat/ files); a single log pasted from a ticket works too (`-` reads it from stdin).
+    JOB is a job id or name recorded by `launch submit`.
     """
     from launcher.diagnose import diagnose as run_diagnose
 
-    path, job_plan = _target(target)
-    report = run_diagnose(path, plan_path or job_plan, bwmap_path)
+    if target == "-":  # a log pasted on stdin
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            pasted = Path(tmp) / "stdin.log"
+            pasted.write_bytes(sys.stdin.buffer.read())
+            report = run_diagnose(pasted, plan_path, bwmap_path)
+    else:
+        path, job_plan = _target(target)
+        report = run_diagnose(path, plan_path or job_plan, bwmap_path)
     emit(report.to_dict(), as_json, lambda: _human(report))
     sys.exit(1 if report.problem else 0)
