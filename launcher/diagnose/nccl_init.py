@@ -71,6 +71,7 @@ class Channel:
     host: str
     pid: int
     evidence: str
+    proxy: int | None = None  # PXN: "NET/IB/1(9)" goes through rank 9's NIC on purpose
 
     @property
     def label(self) -> str:
@@ -289,7 +290,7 @@ class NcclInit:
 
 def _channel(m: re.Match, host: str, pid: int, evidence: str) -> Channel:
     via = m["via"]
-    kind, net, nic, gdr = "OTHER", None, None, False
+    kind, net, nic, gdr, proxy = "OTHER", None, None, False, None
     if via.startswith("P2P"):
         kind = "P2P"
     elif via.startswith("SHM") or "shared memory" in via:
@@ -302,5 +303,7 @@ def _channel(m: re.Match, host: str, pid: int, evidence: str) -> Channel:
         n = NET_RE.match(via)
         if n:
             kind, net, nic, gdr = "NET", n["net"], int(n["dev"]), "GDRDMA" in n["rest"]
+            proxy = int(n["proxy"]) if n["proxy"] else None
     return Channel(channel=int(m["ch"]), src=int(m["src"]), dst=int(m["dst"]), direction=m["dir"],
-                   via=via, kind=kind, net=net, nic=nic, gdr=gdr, host=host, pid=pid, evidence=evidence)
+                   via=via, kind=kind, net=net, nic=nic, gdr=gdr, host=host, pid=pid, evidence=evidence,
+                   proxy=proxy)

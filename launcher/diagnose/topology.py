@@ -186,8 +186,8 @@ def _nic_not_nearest(init: NcclInit, bwmap: Any) -> list[Finding]:
     for comm in init.comms.values():
         seats = {r: i for r, i in comm.members.items()}
         for ch in comm.channels:
-            if ch.kind != "NET" or ch.nic is None:
-                continue
+            if ch.kind != "NET" or ch.nic is None or ch.proxy is not None:
+                continue  # PXN channels use another GPU's NIC by design
             me = ch.src if ch.direction == "send" else ch.dst
             info = seats.get(me)
             if info is None or (info.host, info.pid) != (ch.host, ch.pid):
