@@ -17,7 +17,8 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 demo: install
-	$(VENV)/bin/launch plan examples/llama3-70b-64xh100.yaml
+	$(VENV)/bin/launch plan examples/llama3-70b-64xh100.yaml --top 3
+	$(VENV)/bin/launch run examples/tiny-cpu.yaml
 
 test: install
 	bash .ci/setup-services.sh
