@@ -249,3 +249,23 @@ def test_local_env_pins_cpu_jobs_and_follows_the_plans_gpu_order(tmp_path, monke
     assert be.env(spec, gpu_plan, tmp_path)["CUDA_VISIBLE_DEVICES"] == "0,2,1,3"
     gpu_plan.ranks = placements(gpu_plan.degrees, gpu_plan.mesh_order, 4)
     assert "CUDA_VISIBLE_DEVICES" not in be.env(spec, gpu_plan, tmp_path)
+
+
+@pytest.mark.slow
+def test_resume_into_another_layout(full_run, tmp_path, env):
+    """The 2-rank (tp=2) run's step-4 checkpoint continues on 4 ranks (tp=2 × dp=2, ZeRO 3): DCP
+    reshards, the data position is layout-free, and the losses follow the original run's (fp32, a
+    different reduction order: relative 1e-5)."""
+    ref_dir, ref = full_run
+    assert ref.returncode == 0
+    r = launch("run", TINY, "--nproc", 4, "--run-dir", tmp_path / "wide", "--resume",
+               ref_dir / "checkpoints" / "step-4", "--json", env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    plan = json.loads((tmp_path / "wide" / "plan.json").read_text())
+    assert plan["degrees"]["dp"] == 2 and plan["degrees"]["tp"] == 2
+    got, want = losses(tmp_path / "wide"), losses(ref_dir)
+    assert sorted(got) == [5, 6, 7, 8]
+    for step in got:
+        assert got[step] == pytest.approx(want[step], rel=1e-5)
+    bad = launch("run", TINY, "--nproc", 2, "--run-dir", tmp_path / "x", "--resume", tmp_path / "nope", env=env)
+    assert bad.returncode == 2 and "--resume" in bad.stderr

@@ -120,8 +120,9 @@ def follow(backend, handle, as_json: bool) -> dict[int, collections.deque]:
 @click.argument("job", type=click.Path(dir_okay=False))
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Run directory (default <log_dir>/<name>-<time>).")
 @click.option("--nproc", type=int, help="Processes on this machine (overrides cluster.gpus_per_node).")
-@click.option("--resume", type=click.Choice(["auto", "never"]), default="never", show_default=True,
-              help="auto: continue from the run dir's latest complete checkpoint.")
+@click.option("--resume", default="never", show_default=True, metavar="auto|never|PATH",
+              help="auto: continue from the run dir's latest complete checkpoint; PATH: start from another "
+                   "run's checkpoint (a run dir or checkpoints/step-N; the layout may differ, DCP reshards).")
 @click.option("--dry-run", is_flag=True, help="Print the plan and the command; start nothing, write nothing.")
 @json_option
 def run(job: str, run_dir: str | None, nproc: int | None, resume: str, dry_run: bool, as_json: bool) -> int:
@@ -129,6 +130,10 @@ def run(job: str, run_dir: str | None, nproc: int | None, resume: str, dry_run: 
     from launcher.backends import default_run_dir, get_backend
     from launcher.planner import plan_job
 
+    if resume not in ("auto", "never"):
+        if not Path(resume).exists():
+            raise UserError(f"--resume: {resume} is neither auto, never nor an existing checkpoint path")
+        resume = str(Path(resume).resolve())
     spec, text = load_job(job, nproc)
     if spec.cluster.nodes != 1:
         raise UserError(f"cluster.nodes: `launch run` uses this machine only, but the job asks for "
