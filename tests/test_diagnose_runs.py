@@ -90,7 +90,7 @@ FR_WORKER = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_real_flight_recorder_dumps_name_missing_rank(tmp_path):
-    """Dumps written by torch's own flight recorder (gloo, 3 processes): rank 1 skipped collective #5."""
+    """Dumps written by torch's own flight recorder (gloo, 2 processes): rank 1 skipped collective #5."""
     pytest.importorskip("torch")
     flight = tmp_path / "logs" / "flight"
     flight.mkdir(parents=True)
@@ -98,20 +98,20 @@ def test_real_flight_recorder_dumps_name_missing_rank(tmp_path):
     worker.write_text(FR_WORKER)
     port = _free_port()
     procs = []
-    for r in range(3):
-        env = {**os.environ, "RANK": str(r), "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1",
+    for r in range(2):
+        env = {**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(port), "TORCH_FR_BUFFER_SIZE": "64", "OMP_NUM_THREADS": "1"}
         procs.append(subprocess.Popen([PY, str(worker), str(flight)], env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     outs = [p.communicate(timeout=120)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
-    assert sorted(os.listdir(flight)) == ["rank_0", "rank_1", "rank_2"]
+    assert sorted(os.listdir(flight)) == ["rank_0", "rank_1"]
     report = diagnose(tmp_path / "logs")
     assert report.stalled_ranks == [1], report.to_dict()
     top = report.findings[0]
     assert top.kind == "stalled_rank" and "#5" in top.message and "all_reduce" in top.message
     assert "default_pg" in top.message
-    assert set(top.evidence) >= {"flight/rank_0:1", "flight/rank_2:1"}
+    assert set(top.evidence) == {"flight/rank_0:1", "flight/rank_1:1"}
 
 
 def _alive(pid: int) -> bool:
