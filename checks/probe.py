@@ -52,11 +52,19 @@ def nccl_command(binary: str, gpus: int, sizes: tuple[str, str], extra: str = ""
     return f"{binary} -b {lo} -e {hi} -f 2 -g {gpus}" + (f" {extra}" if extra else "")
 
 
-def run_local(command: str, timeout: float, host: str = "localhost") -> CommandResult:
+def standalone_env() -> dict[str, str]:
+    """This environment without the launcher's (Slurm step, PMI, Open MPI) variables, so an MPI-built
+    nccl-tests started by the probe runs as one node alone instead of joining the probe's own step."""
+    drop = ("SLURM_", "PMI_", "PMIX_", "OMPI_", "PMI_RANK", "MPI_LOCALRANKID")
+    return {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+
+
+def run_local(command: str, timeout: float, host: str = "localhost",
+              env: dict[str, str] | None = None) -> CommandResult:
     start = time.monotonic()
     try:
         p = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=timeout,
-                           errors="replace")
+                           errors="replace", env=env)
         return CommandResult(host, command, p.stdout, p.stderr, p.returncode, seconds=time.monotonic() - start)
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
@@ -101,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         lo, hi = args.sizes.split(",")
         if gpus:
             cmd = nccl_command(args.nccl_binary, gpus, (lo, hi))
-            results["nccl-node"] = run_local(cmd, args.timeout, host)
+            results["nccl-node"] = run_local(cmd, args.timeout, host, env=standalone_env())
     d = save(Path(args.out), host, results)
     print(f"probe: {host}: {len(results)} outputs in {d}", file=sys.stderr)
     return 0

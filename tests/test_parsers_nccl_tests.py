@@ -176,3 +176,15 @@ def test_fuzz_truncated_and_garbled_real_outputs(data):
     for t in tests:
         if not t.complete:
             assert t.failed  # a run without its Avg line is never taken as a pass
+
+
+def test_launcher_lines_interleaved_are_kept_and_srun_errors_fail():
+    lines = shared_file("nccl-tests", "h100-2node-1gpu-per-node-allreduce-sendrecv-smoke.txt").read_text().splitlines()
+    i = next(k for k, ln in enumerate(lines) if ln.startswith("    "))
+    # CONSTRUCTED interleavings (a launcher's stderr merged into the log)
+    noisy = lines[:i] + ["Warning: Permanently added 'node2' (ED25519) to the list of known hosts."] + lines[i:]
+    t = parse_nccl_tests("\n".join(noisy), "all_reduce")
+    assert t.other_lines == ["Warning: Permanently added 'node2' (ED25519) to the list of known hosts."]
+    assert t.errors == [] and t.busbw_at_max_size == 46.32
+    bad = lines[:i] + ["srun: error: n2: task 1: Exited with exit code 1"] + lines[i:]
+    assert parse_nccl_tests("\n".join(bad), "all_reduce").failed

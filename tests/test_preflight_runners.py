@@ -126,7 +126,8 @@ def replay_node(tmp_path: Path, **extra: str) -> Path:
     (tmp_path / "ib.txt").write_text(ibstat_text())
     install(node, tmp_path, fixtures_dir(), TOPO="topo/h100-sxm-8gpu-12nic-mlx5-1numa.txt",
             GPU_QUERY=tmp_path / "gq.csv", NVLINK=tmp_path / "nv.txt", IBSTAT=tmp_path / "ib.txt",
-            NCCL_NODE="nccl-tests/h100-1node-8gpu-5colls-v2.17.8.txt", **extra)
+            NCCL_NODE="nccl-tests/h100-1node-8gpu-5colls-v2.17.8.txt",
+            NCCL_PAIR="nccl-tests/h100-a3mega-2node-16gpu-all_reduce_perf.txt", **extra)
     return node / "bin"
 
 
@@ -211,7 +212,7 @@ def test_slurm_backend_runs_the_job_on_real_slurm(slurm_cluster, tmp_path):  # n
     bw = json.loads((out / "bwmap.json").read_text())
     assert sorted(bw["nodes"]) == sorted(nodes)  # files filed under SLURMD_NODENAME
     assert all(n["gpus"] == 8 and n["intra_busbw_gbs"] == 482.27 for n in bw["nodes"].values())
-    assert len(bw["pairs"]) == 1 and bw["pairs"][0]["busbw_gbs"] == 482.27  # srun ran the replay per task
+    assert len(bw["pairs"]) == 1 and bw["pairs"][0]["busbw_gbs"] == 338.82  # the 2-node capture, rank 0 only
 
 
 def _final_state(cluster, job: str, timeout: float) -> str | None:
@@ -301,5 +302,5 @@ def test_srun_backend_inside_a_real_allocation(slurm_cluster, tmp_path):  # noqa
     bw = json.loads(out.read_text())
     assert sorted(bw["nodes"]) == sorted(slurm_cluster.nodes), log
     assert [c for c in bw["checks"] if c["status"] == "fail"] == [], log
-    assert len(bw["pairs"]) == 1 and bw["pairs"][0]["status"] == "pass"
+    assert [(p["a"], p["b"], p["busbw_gbs"], p["status"]) for p in bw["pairs"]] == [("n1", "n2", 338.82, "pass")], log
     assert any(c.startswith("[n1") and "srun --mpi=none -N 2" in c for c in bw["commands"])

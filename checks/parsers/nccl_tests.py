@@ -28,6 +28,8 @@ OOB_RE = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)\s+(OK|FAILED)\s*$")
 AVG_RE = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(\S+)\s*$")
 FAIL_RE = re.compile(r"Test NCCL failure\s+(\S+)\s+'(.*)'|Test failure\s+(\S+)|Test CUDA failure\s+(\S+)\s*(.*)")
 WARN_RE = re.compile(r"NCCL WARN\s+(.*)$")
+LAUNCHER_ERR_RE = re.compile(r"^(srun|slurmstepd|mpirun|prterun|orterun|mpiexec)\b.*\b(error|failed|abort)",
+                             re.IGNORECASE)
 NUM_RE = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$")
 
 
@@ -75,6 +77,7 @@ class NcclTestResult:
     out_of_bounds: int | None = None
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    other_lines: list[str] = field(default_factory=list)  # foreign lines (launcher/MPI chatter), kept
     command: str | None = None
 
     @property
@@ -127,6 +130,7 @@ class NcclTestResult:
             "complete": self.complete,
             "errors": self.errors,
             "warnings": self.warnings,
+            "other_lines": self.other_lines,
         }
 
 
@@ -306,7 +310,15 @@ def parse_nccl_tests_all(text: str) -> list[NcclTestResult]:
             continue
         if re.match(r"^\S+:\d+:\d+ \[\d+\]", s):  # other NCCL debug lines (host:pid:tid [dev])
             continue
-        raise ParseError(KIND, "unrecognised line", line_no, line)
+        if LAUNCHER_ERR_RE.match(s):
+            (cur.errors if cur else orphan_errors).append(s)
+            continue
+        # a launcher's or MPI's own chatter interleaved with the table (stderr merged into the log):
+        # kept for the record, not fatal; the table rows themselves are still checked strictly
+        if cur is not None:
+            cur.other_lines.append(s[:200])
+            continue
+        raise ParseError(KIND, "unrecognised line before any nccl-tests header", line_no, line)
     if cur is not None:
         _finish(cur)
     if not tests:
