@@ -191,7 +191,7 @@ class SlurmCluster:
 
     # --- helpers for tests ------------------------------------------------------------------
     def job_state(self, job_id: str) -> str | None:
-        out = self.run("squeue", "-h", "-j", job_id, "-o", "%T", check=False)
+        out = self.run("squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T", check=False)
         return out.stdout.strip() or None
 
     def wait_state(self, job_id: str, states: set[str], timeout: float = 120) -> str:
