@@ -49,7 +49,7 @@ def make_plan(tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, *, zero: int =
 def run_layouts(rank: int, nprocs: int, jobs: list[dict], workdir: str, port: int) -> None:
     """torch.multiprocessing.spawn target: run each job {name, plan(dict), env?} on ranks < its world size.
 
-    Writes <workdir>/<name>.json (rank 0: {"losses": [...]} or {"error": "..."}).
+    Writes <workdir>/<name>.json (rank 0: {"losses": [...], "grad_norms": [...]} or {"error": "..."}).
     """
     import logging
 
@@ -81,6 +81,10 @@ def run_layouts(rank: int, nprocs: int, jobs: list[dict], workdir: str, port: in
             losses = train(cfg, Path(workdir) / name, device=torch.device("cpu"),
                            handle_signals=False)
             out = {"losses": losses}
+            if rank == 0:
+                from launcher.trainer.metrics import read_metrics
+
+                out["grad_norms"] = [m["grad_norm"] for m in read_metrics(Path(workdir) / name)]
         except Exception as exc:  # noqa: BLE001 - reported to the test through the file
             out = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}
         finally:
