@@ -358,6 +358,10 @@ def _ib_check(h: str, ib: IbStatus, cfg: JudgeConfig, best: dict[str, float],
     return c
 
 
+def _has_active_ib(nd: NodeData | None) -> bool:
+    return bool(nd and nd.ib and any(p.active for p in nd.ib.ports))
+
+
 def _intra_checks(data: dict[str, NodeData], cfg: JudgeConfig) -> list[CheckResult]:
     out: list[CheckResult] = []
     values: dict[str, float] = {}
@@ -399,12 +403,20 @@ def _pair_checks(results: PreflightResults, data: dict[str, NodeData],
             for h in (a, b):
                 per_node.setdefault(h, []).append((p, f"{a}<->{b}: {reason}"))
             continue
+        if "NET/Socket" in t.transports and any(_has_active_ib(data.get(h)) for h in (a, b)):
+            # an IB/RoCE cluster whose pair fell back to TCP: a broken RDMA path, whatever the figure
+            p = PairReport(a, b, t.busbw_at_max_size or 0.0, "fail")
+            pairs.append(p)
+            for h in (a, b):
+                per_node.setdefault(h, []).append((p, f"{a}<->{b}: NCCL used TCP sockets (NET/Socket) between "
+                                                      "the nodes although InfiniBand/RoCE ports are active"))
+            continue
         p = PairReport(a, b, t.busbw_at_max_size or 0.0, "pass")
         pairs.append(p)
         for h in (a, b):
             per_node.setdefault(h, []).append((p, ""))
     # A node is as good as its best pair: if any pair of it is fast, its own links are fine.
-    score = {h: max(p.busbw_gbs for p, _ in lst) for h, lst in per_node.items()}
+    score = {h: max((p.busbw_gbs for p, _ in lst if p.status != "fail"), default=0.0) for h, lst in per_node.items()}
     flagged = outliers({h: s for h, s in score.items() if s > 0}, cfg.outlier_fail, cfg.outlier_warn)
     med = statistics.median([s for s in score.values() if s > 0]) if any(s > 0 for s in score.values()) else 0.0
     for p in pairs:

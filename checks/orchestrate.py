@@ -30,8 +30,10 @@ from checks.probe import PROBES, Probe, nccl_command
 from checks.results import CommandResult, NcclRun, PreflightResults
 from checks.runners import Runner
 
-MPI_TEMPLATE = "mpirun --allow-run-as-root -np {np} -H {hosts_slots} --bind-to none -x NCCL_DEBUG=WARN {cmd}"
-SRUN_TEMPLATE = "srun --mpi=pmix -N {nnodes} -w {hostlist} --ntasks-per-node={gpus} --gpus-per-node={gpus} {cmd}"
+# NCCL_DEBUG=INFO: the log then says which transport each channel used (NET/IB vs a NET/Socket fallback)
+MPI_TEMPLATE = "mpirun --allow-run-as-root -np {np} -H {hosts_slots} --bind-to none -x NCCL_DEBUG=INFO {cmd}"
+SRUN_TEMPLATE = ("srun --mpi=pmix -N {nnodes} -w {hostlist} --ntasks-per-node={gpus} --gpus-per-node={gpus} "
+                 "--export=ALL,NCCL_DEBUG=INFO {cmd}")
 Progress = Callable[[str], None]
 
 

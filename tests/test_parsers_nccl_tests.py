@@ -188,3 +188,16 @@ def test_launcher_lines_interleaved_are_kept_and_srun_errors_fail():
     assert t.errors == [] and t.busbw_at_max_size == 46.32
     bad = lines[:i] + ["srun: error: n2: task 1: Exited with exit code 1"] + lines[i:]
     assert parse_nccl_tests("\n".join(bad), "all_reduce").failed
+
+
+def test_transports_from_nccl_debug_info_lines():
+    """Real NCCL_DEBUG=INFO init logs (nccl-logs/) in front of a real nccl-tests table, as mpirun prints them."""
+    table = shared_file("nccl-tests", "h100-2node-1gpu-per-node-allreduce-sendrecv-smoke.txt").read_text()
+    sock = shared_file("nccl-logs", "2node-8rank-nccl2.7.8-init-INFO-net-socket-fallback-p2p-shm-old-format.txt")
+    t = parse_nccl_tests(sock.read_text() + table, "all_reduce")
+    assert t.transports == ["NET/Socket", "P2P/IPC", "direct shared memory"] and t.network == "Socket"
+    assert t.errors == [] and t.warnings[0] == "NCCL WARN Failed to open libibverbs.so[.1]"
+    assert t.other_lines == ["NCCL version 2.7.8+cuda10.1"]
+    ib = shared_file("nccl-logs", "h100-roce-2node-16rank-nccl2.27.5-init-INFO-p2p-ipc-net-ib-gdrdma.txt")
+    t = parse_nccl_tests(ib.read_text() + table, "all_reduce")
+    assert t.transports == ["NET/IB", "P2P/IPC"] and t.network == "IB" and t.busbw_at_max_size == 46.32

@@ -171,3 +171,20 @@ def test_python_m_checks_assemble_matches_import(tmp_path):
                        capture_output=True, text=True, cwd=REPO)
     assert p.returncode == 0, p.stdout + p.stderr
     assert BandwidthMap.load(d / "bwmap.json").intra_node_busbw_gbs == 482.27
+
+
+def test_tcp_fallback_between_ib_nodes_blames_the_node(tmp_path):
+    """Pair logs = a real NCCL_DEBUG=INFO init log (nccl-logs/) + a real nccl-tests table."""
+    table = shared_file("nccl-tests", PAIR_OK).read_text()
+    ib = shared_file("nccl-logs", "h100-roce-2node-16rank-nccl2.27.5-init-INFO-p2p-ipc-net-ib-gdrdma.txt").read_text()
+    sock = shared_file("nccl-logs", "2node-8rank-nccl2.7.8-init-INFO-net-socket-fallback-p2p-shm-old-format.txt")
+    d = make_dir(tmp_path, HOSTS)
+    (d / "pairs").mkdir()
+    for (a, b), pre in {("n1", "n2"): ib, ("n3", "n4"): sock.read_text(), ("n2", "n3"): sock.read_text(),
+                        ("n4", "n1"): ib}.items():
+        (d / "pairs" / f"{a}+{b}.txt").write_text(pre + table)
+    bw = assemble(load_dir(d))
+    assert failing(bw) == {("n3", "nccl_inter")}
+    c = next(c for c in bw.checks if c.node == "n3" and c.check == "nccl_inter")
+    assert "NET/Socket" in c.message
+    assert {(p.a, p.b) for p in bw.pairs if p.status == "fail"} == {("n3", "n4"), ("n2", "n3")}

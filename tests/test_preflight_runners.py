@@ -89,10 +89,11 @@ def test_second_round_repairs_suspects_with_good_nodes():
 def test_multi_node_launch_commands():
     opts = NcclOptions(sizes=("1G", "4G"))
     mpi = multi_command(opts, LocalRunner(), ["n1", "n2"], 8)
-    assert mpi == ("mpirun --allow-run-as-root -np 16 -H n1:8,n2:8 --bind-to none -x NCCL_DEBUG=WARN "
+    assert mpi == ("mpirun --allow-run-as-root -np 16 -H n1:8,n2:8 --bind-to none -x NCCL_DEBUG=INFO "
                    "all_reduce_perf -b 1G -e 4G -f 2 -g 1")
     srun = multi_command(opts, SrunRunner(), ["n1", "n2", "n3"], 4)
-    assert srun.startswith("srun --mpi=pmix -N 3 -w n[1-3] --ntasks-per-node=4 --gpus-per-node=4 all_reduce_perf")
+    assert srun.startswith("srun --mpi=pmix -N 3 -w n[1-3] --ntasks-per-node=4 --gpus-per-node=4 "
+                           "--export=ALL,NCCL_DEBUG=INFO all_reduce_perf")
     custom = NcclOptions(binary="/opt/nccl-tests/build/all_gather_perf", launcher="mpiexec -n {np} {cmd}")
     assert multi_command(custom, LocalRunner(), ["a", "b"], 2) == \
         "mpiexec -n 4 /opt/nccl-tests/build/all_gather_perf -b 512M -e 8G -f 2 -g 1"
@@ -185,7 +186,7 @@ def test_slurm_job_script_renders_and_is_valid_bash(tmp_path):
     s = render(["n1", "n2", "n3", "n4"], SlurmJobOptions(out_dir=str(tmp_path / "o"), partition="gpu",
                                                           gpus_per_node=8, nccl=NcclOptions(sizes=("1G", "2G"))))
     assert "#SBATCH --nodelist=n[1-4]" in s and "#SBATCH --partition=gpu" in s and "G=8" in s
-    assert s.count("--mpi=pmix -N 2") == 4 and s.count("wait") == 2  # 2 rounds of 2 disjoint pairs
+    assert s.count("--mpi=pmix --export=ALL,NCCL_DEBUG=INFO -N 2") == 4 and s.count("wait") == 2  # 2 rounds of 2 disjoint pairs
     assert '"$OUT/pairs/"n1+n2.txt' in s and "-N 4" in s
     assert s.rstrip().endswith('-m checks.assemble "$OUT" -o "$OUT/bwmap.json"')
     subprocess.run(["bash", "-n"], input=s, text=True, check=True)

@@ -84,7 +84,7 @@ def test_healthy_cluster_all_phases(cluster):
     assert [r.kind for r in res.nccl].count("all") == 1
     assert bw.intra_node_busbw_gbs == 482.27 and bw.inter_node_busbw_gbs == 338.82
     assert bw.all_nodes_busbw_gbs == 320.54
-    assert "[node01] mpirun --allow-run-as-root -np 16 -H node01:8,node02:8 --bind-to none -x NCCL_DEBUG=WARN " \
+    assert "[node01] mpirun --allow-run-as-root -np 16 -H node01:8,node02:8 --bind-to none -x NCCL_DEBUG=INFO " \
            "all_reduce_perf -b 512M -e 8G -f 2 -g 1" in bw.commands
     assert "[node[01-04]] nvidia-smi topo -m" in bw.commands
     assert bw.nodes["node02"].gpu_nic["GPU0"] == "mlx5_0"

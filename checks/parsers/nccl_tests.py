@@ -30,6 +30,8 @@ FAIL_RE = re.compile(r"Test NCCL failure\s+(\S+)\s+'(.*)'|Test failure\s+(\S+)|T
 WARN_RE = re.compile(r"NCCL WARN\s+(.*)$")
 LAUNCHER_ERR_RE = re.compile(r"^(srun|slurmstepd|mpirun|prterun|orterun|mpiexec)\b.*\b(error|failed|abort)",
                              re.IGNORECASE)
+VIA_RE = re.compile(r"\bvia (NET/[A-Za-z]+|P2P/[A-Za-z]+|SHM|direct shared memory|CollNet\w*)")
+NETWORK_RE = re.compile(r"NCCL INFO Using network (\w+)")
 NUM_RE = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?$")
 
 
@@ -78,6 +80,8 @@ class NcclTestResult:
     errors: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     other_lines: list[str] = field(default_factory=list)  # foreign lines (launcher/MPI chatter), kept
+    transports: list[str] = field(default_factory=list)  # from NCCL_DEBUG=INFO: NET/IB, NET/Socket, P2P/IPC, SHM
+    network: str | None = None  # "Using network IB|Socket|..."
     command: str | None = None
 
     @property
@@ -131,6 +135,8 @@ class NcclTestResult:
             "errors": self.errors,
             "warnings": self.warnings,
             "other_lines": self.other_lines,
+            "transports": self.transports,
+            "network": self.network,
         }
 
 
@@ -228,6 +234,7 @@ def parse_nccl_tests_all(text: str) -> list[NcclTestResult]:
     cur: NcclTestResult | None = None
     cols: list[str] | None = None
     orphan_errors: list[str] = []
+    pending_info = NcclTestResult()  # NCCL INFO seen before the first table header (init comes first)
     for idx, raw in enumerate(lines):
         line_no = idx + 1
         line = raw.rstrip()
@@ -255,6 +262,9 @@ def parse_nccl_tests_all(text: str) -> list[NcclTestResult]:
             cur = NcclTestResult(nthread=int(m.group(1)), ngpus=int(m.group(2)), min_bytes=int(m.group(3)),
                                  max_bytes=int(m.group(4)), **pending)
             cur.errors.extend(orphan_errors)
+            cur.transports, cur.network = pending_info.transports, pending_info.network
+            cur.other_lines, cur.warnings = pending_info.other_lines, pending_info.warnings
+            pending_info = NcclTestResult()
             orphan_errors = []
             pending = {}
             tests.append(cur)
@@ -267,7 +277,7 @@ def parse_nccl_tests_all(text: str) -> list[NcclTestResult]:
             continue
         w = WARN_RE.search(s)
         if w:
-            (cur.warnings if cur else orphan_errors).append("NCCL WARN " + w.group(1).strip())
+            (cur if cur is not None else pending_info).warnings.append("NCCL WARN " + w.group(1).strip())
             continue
         fm = FAIL_RE.search(s)
         if fm:
@@ -277,6 +287,13 @@ def parse_nccl_tests_all(text: str) -> list[NcclTestResult]:
                 target.append(msg)
             continue
         if "NCCL INFO" in s:
+            target = cur if cur is not None else pending_info
+            v = VIA_RE.search(s)
+            if v and v.group(1) not in target.transports:
+                target.transports.append(v.group(1))
+            n = NETWORK_RE.search(s)
+            if n:
+                target.network = n.group(1)
             continue
         if s.startswith("#"):
             body = s.lstrip("#").strip()
@@ -315,10 +332,7 @@ def parse_nccl_tests_all(text: str) -> list[NcclTestResult]:
             continue
         # a launcher's or MPI's own chatter interleaved with the table (stderr merged into the log):
         # kept for the record, not fatal; the table rows themselves are still checked strictly
-        if cur is not None:
-            cur.other_lines.append(s[:200])
-            continue
-        raise ParseError(KIND, "unrecognised line before any nccl-tests header", line_no, line)
+        (cur if cur is not None else pending_info).other_lines.append(s[:200])
     if cur is not None:
         _finish(cur)
     if not tests:
