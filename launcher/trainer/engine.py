@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,10 @@ from launcher.trainer.recompute import apply_recompute
 from launcher.trainer.tensor_parallel import apply_tp
 
 log = logging.getLogger("launcher.trainer")
+
+# A sequence-parallel stage returns DTensor.to_local(), a view; FSDP2 warns in case the caller
+# modifies it in place. Neither the loss nor the pipeline schedule ever does.
+warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
 
 
 def default_device() -> torch.device:
@@ -83,8 +88,8 @@ class Engine:
         # FSDP's policy casts parameters; without FSDP, bf16 means autocast around forward
         self.autocast = bf16 and self.dp_mode != "fsdp"
         if mesh.rank == 0:
-            log.info("data parallel: %s (dp·cp = %d)", fsdp.describe(p.zero_stage, mesh.dp_cp_size),
-                     mesh.dp_cp_size)
+            log.info("data parallel over dp·cp = %d ranks: %s", mesh.dp_cp_size,
+                     fsdp.describe(p.zero_stage, mesh.dp_cp_size))
             log.info("precision: %s", "bf16 params, fp32 reduce/optimizer" if bf16 else
                      ("fp32 (CPU runs fp32; plan asked bf16)" if cfg.train.precision == "bf16" else "fp32"))
             log.info("tp=%d (sequence parallel) cp=%d (all-gather KV, head/tail chunks) pp=%d schedule=%s "
