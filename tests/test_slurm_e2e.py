@@ -65,12 +65,25 @@ def log_text(run_dir: str, job_id: str, stream: str = "out") -> str:
 
 def wait_for(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
+    t0 = time.monotonic()
     while time.monotonic() < deadline:
         value = predicate()
         if value:
+            if os.environ.get("L4D_TIMING"):
+                print(f"[{time.strftime('%H:%M:%S')}] {what}: {time.monotonic() - t0:.1f}s", flush=True)
             return value
         time.sleep(0.5)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def release(cluster, jid: str) -> None:
+    """Slurm holds a requeued job ~2 minutes (BeginTime); once it is pending again, let it start now."""
+    def started() -> bool:
+        state = cluster.job_state(jid)
+        if state == "PENDING":
+            cluster.run("scontrol", "update", f"jobid={jid}", "StartTime=now", check=False)
+        return state in ("RUNNING", "COMPLETED")
+    wait_for(started, 120, f"requeued job {jid} to start again")
 
 
 def test_submit_runs_to_completion_with_the_plans_rank_placement(slurm_cluster, tmp_path):  # noqa: F811
@@ -117,7 +130,7 @@ def test_cancel_a_running_job(slurm_cluster, tmp_path):  # noqa: F811
     job = write_job(tmp_path, "e2e-cancel", steps=500)
     sub = submit(job)
     jid, run_dir = sub["id"], sub["run_dir"]
-    wait_for(lambda: "step 1/500" in log_text(run_dir, jid), 180, "the first training step")
+    wait_for(lambda: "node_rank 1" in log_text(run_dir, jid), 120, "torchrun started on both nodes")
     assert status(jid)["state"] == "RUNNING"
     res = launch("cancel", jid, "--json")
     assert json.loads(res.output)["cancelled"] is True
@@ -142,15 +155,14 @@ def test_preemption_and_requeue_resume_from_checkpoint(slurm_cluster, tmp_path):
     first = int(ck[-1])
     st = wait_for(lambda: (s := status(jid))["restarts"] == 1 and s, 60, "restart count 1")
     assert st["state"] in ("PENDING", "RUNNING") and not st["done"]
-    # Slurm keeps a requeued job pending ~2 minutes (BeginTime); let it start now.
-    slurm_cluster.run("scontrol", "update", f"jobid={jid}", "StartTime=now")
+    release(slurm_cluster, jid)
     wait_for(lambda: f"resumed from step {first}" in log_text(run_dir, jid, "err"), 180, "resume after USR1")
     wait_for(lambda: f"step {first + 2}/14" in log_text(run_dir, jid), 120, "training to continue")
 
     # 2. A hard requeue (an admin, or preemption with PreemptMode=REQUEUE): SIGTERM to the step.
     slurm_cluster.run("scontrol", "requeue", jid)
     wait_for(lambda: status(jid)["restarts"] == 2, 60, "restart count 2")
-    slurm_cluster.run("scontrol", "update", f"jobid={jid}", "StartTime=now")
+    release(slurm_cluster, jid)
     res = launch("status", jid, "--wait", "--timeout", "300", "--interval", "1", "--json")
     assert json.loads(res.output)["slurm_state"] == "COMPLETED"
 
