@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from launcher.backends import PREEMPT_EXIT_CODE, PREEMPTED, SUCCEEDED, JobHandle, state_for_exit
@@ -71,8 +72,15 @@ def test_bad_nproc_and_missing_data_file(tmp_path, env):
     job = tmp_path / "data.yaml"
     job.write_text(TINY.read_text().replace("data: synthetic", "data: corpus.bin"))
     r = launch("run", job, "--nproc", 2, "--run-dir", tmp_path / "rd2", "--dry-run", "--json", env=env, cwd=tmp_path)
+    assert r.returncode == 2 and "corpus.bin does not exist" in r.stderr and not (tmp_path / "rd2").exists()
     # relative data paths are resolved against the working directory before they go into plan.json
+    np.arange(500, dtype=np.uint16).tofile(tmp_path / "corpus.bin")
+    (tmp_path / "corpus.bin.json").write_text('{"dtype": "uint16", "vocab": 256, "tokens": 500}')
+    r = launch("run", job, "--nproc", 2, "--run-dir", tmp_path / "rd2", "--dry-run", "--json", env=env, cwd=tmp_path)
     assert json.loads(r.stdout)["plan"]["train"]["data"] == str(tmp_path / "corpus.bin")
+    (tmp_path / "corpus.bin.json").write_text('{"dtype": "uint16", "vocab": 512, "tokens": 500}')
+    r = launch("run", job, "--nproc", 2, "--run-dir", tmp_path / "rd2", env=env, cwd=tmp_path)
+    assert r.returncode == 2 and "vocab 512 but model.vocab is 256" in r.stderr and not (tmp_path / "rd2").exists()
 
 
 def test_exit_code_from_real_torchrun_failure_summary(tmp_path):

@@ -144,6 +144,10 @@ def run(job: str, run_dir: str | None, nproc: int | None, resume: str, dry_run: 
         top = sorted(result.rejected.items(), key=lambda kv: -kv[1])[:3]
         why = "; ".join(f"{reason} ({n})" for reason, n in top) or "no layout matches the fixed parallel section"
         raise UserError(f"parallel: no layout of {spec.name} runs on {spec.cluster.world_size} processes: {why}")
+    if spec.train.data != "synthetic":  # a bad token file fails here, before anything is written
+        from launcher.trainer.data import read_token_file
+
+        read_token_file(spec.train.data, spec.model.vocab, spec.train.seq_len)
     rd = Path(run_dir) if run_dir else default_run_dir(spec)
     backend = get_backend("local")
     if dry_run:
