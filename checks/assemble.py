@@ -112,7 +112,10 @@ def _node_data(host: str, probes: dict[str, CommandResult]) -> NodeData:
                                              f"ibstat/ibv_devinfo gave nothing ({res.reason()}); no InfiniBand?")
             continue
         if kind == "xid" and not res.ok and not res.stdout.strip():
-            continue  # no permission to read the kernel log is not a node fault
+            # no permission to read the kernel log is not a node fault, but nothing was checked either
+            nd.problems[check] = CheckResult(host, check, "warn", None, None,
+                                             f"XIDs not checked: {res.reason()}")
+            continue
         if not res.ok:
             nd.problems[check] = CheckResult(host, check, "fail", None, None,
                                              f"`{res.command.split(' 2>')[0][:60]}` failed: {res.reason()}")

@@ -39,7 +39,9 @@ PROBES: tuple[Probe, ...] = (
     Probe("nvlink", "nvlink.txt", "nvidia-smi nvlink -s"),
     Probe("ibstat", "ibstat.txt", "ibstat 2>/dev/null || ibv_devinfo"),
     Probe("xid", "xid.txt",
-          "{ dmesg 2>/dev/null || journalctl -k --no-pager 2>/dev/null; } | grep -E 'NVRM: Xid' || true"),
+          "if log=$(dmesg 2>/dev/null) || log=$(journalctl -k --no-pager -q 2>/dev/null); then "
+          "printf '%s\\n' \"$log\" | grep -E 'NVRM: Xid' || true; "
+          "else echo 'cannot read the kernel log (dmesg, journalctl -k): no permission?' >&2; exit 3; fi"),
 )
 PROBE_BY_NAME = {p.name: p for p in PROBES}
 NCCL_NODE_FILE = "nccl-node.txt"

@@ -215,3 +215,15 @@ def test_cli_end_to_end_names_the_bad_node(cluster, tmp_path):
     for phase in ("[probe] node01:", "[nccl-node] node04:", "[nccl-pairs] round 1: up to 2 pair(s)", "[nccl-all] 3 nodes"):
         assert phase in p.stderr
     assert json.loads(Path(out).read_text())["exclude"] == ["node04"]
+
+
+def test_refused_authentication_is_that_hosts_reason(cluster, tmp_path):
+    from tests.services.sshd import keygen
+
+    configure(cluster)
+    keygen(tmp_path / "stranger")
+    with SSHRunner(ssh_config=str(cluster.ssh_config), known_hosts=str(cluster.known_hosts), connect_timeout=3,
+                   identity_file=str(tmp_path / "stranger"), use_agent=False) as r:
+        res = run_preflight(r, NODES[:2], PreflightOptions(nccl=NcclOptions(enabled=False)))
+    assert set(res.unreachable) == {"node01", "node02"}
+    assert all("authentication failed" in why for why in res.unreachable.values())
