@@ -203,7 +203,9 @@ def assemble(results: PreflightResults, config: JudgeConfig | None = None) -> Ba
 def _hardware_checks(data: dict[str, NodeData], cfg: JudgeConfig) -> list[CheckResult]:
     out: list[CheckResult] = []
     counts = {h: nd.gpu_count for h, nd in data.items() if nd.gpu_count is not None}
-    expected = cfg.expected_gpus or (max(mode(list(counts.values())), 0) if counts else None)
+    # the count most nodes have; on a tie the larger one (a node is more often missing a GPU than gaining one)
+    tally = {c: list(counts.values()).count(c) for c in set(counts.values())}
+    expected = cfg.expected_gpus or (max(tally, key=lambda c: (tally[c], c)) if tally else None)
     models = {h: nd.model for h, nd in data.items() if nd.model}
     common_model = mode(list(models.values()))
     drivers = {h: nd.gpu.gpus[0].driver for h, nd in data.items() if nd.gpu and nd.gpu.gpus}

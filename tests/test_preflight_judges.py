@@ -188,3 +188,11 @@ def test_tcp_fallback_between_ib_nodes_blames_the_node(tmp_path):
     c = next(c for c in bw.checks if c.node == "n3" and c.check == "nccl_inter")
     assert "NET/Socket" in c.message
     assert {(p.a, p.b) for p in bw.pairs if p.status == "fail"} == {("n3", "n4"), ("n2", "n3")}
+
+
+def test_two_nodes_one_missing_a_gpu_blames_the_smaller(tmp_path):
+    d = make_dir(tmp_path, ["a", "b"], bad={"a": {"gpu-query.csv": gpu_query_csv(n=7)}})
+    bw = assemble(load_dir(d))
+    assert failing(bw) == {("a", "gpu_count")}
+    d2 = make_dir(tmp_path / "x", ["a", "b"], bad={"a": {"gpu-query.csv": gpu_query_csv(n=7)}})
+    assert failing(assemble(load_dir(d2), JudgeConfig(expected_gpus=7))) == set()
