@@ -123,8 +123,16 @@ def render_template(name: str, context: dict[str, Any], user_dir: str | Path | N
 
 
 # --- shared context -------------------------------------------------------------------------
+def measured_nccl_env(plan: Plan) -> dict[str, str]:
+    """From preflight, through the plan: NCCL_IB_HCA restricted (exact match) to the NICs nearest
+    the job's GPUs, so a storage or management port is never picked."""
+    nics = sorted({r.nic for r in plan.ranks if getattr(r, "nic", None)})
+    return {"NCCL_IB_HCA": "=" + ",".join(nics)} if nics else {}
+
+
 def diagnostics_env(spec: JobSpec, run_dir: str, extra: dict[str, str] | None = None) -> list[tuple[str, str]]:
-    """NCCL / PyTorch observability variables from the job's `diagnostics` section."""
+    """NCCL / PyTorch observability variables from the job's `diagnostics` section; interface
+    hints given in the job file win over measured ones (`extra`)."""
     d = spec.diagnostics
     env: list[tuple[str, str]] = []
     if d.nccl_debug != "off":
@@ -213,7 +221,7 @@ def slurm_context(spec: JobSpec, plan: Plan, run_dir: str, exclude: list[str] | 
         "python": s.python,
         "master_port": s.master_port,
         "grace_seconds": max(s.signal_seconds - 10, 5),
-        "diag_env": diagnostics_env(spec, run_dir, measured_env),
+        "diag_env": diagnostics_env(spec, run_dir, {**measured_nccl_env(plan), **(measured_env or {})}),
         "user_env": user_env(spec),
     }
 
@@ -263,7 +271,7 @@ def k8s_context(spec: JobSpec, plan: Plan, run_dir: str) -> dict[str, Any]:
     plan_path = f"{PLAN_MOUNT}/plan.json"
     env = [("LAUNCH4D_RUN_DIR", run_dir), ("LAUNCH4D_PLAN", plan_path),
            ("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]: ")]
-    env += diagnostics_env(spec, run_dir) + user_env(spec)
+    env += diagnostics_env(spec, run_dir, measured_nccl_env(plan)) + user_env(spec)
     lists = gpu_lists(plan)
     if any(lst != ",".join(str(i) for i in range(g)) for lst in lists):
         env.append(("LAUNCH4D_GPU_LISTS", " ".join(lists)))

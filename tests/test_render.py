@@ -319,3 +319,29 @@ def test_render_cli_human_and_json(tmp_path):
 def test_examples_load():
     for name in ("tiny-slurm.yaml", "tiny-k8s.yaml"):
         assert load_spec(EXAMPLES / name).backend.kind in ("slurm", "k8s")
+
+
+def test_interface_hints_measured_or_given(tmp_path):
+    spec, plan = spec_plan()
+    for r in plan.ranks:
+        r.nic = f"mlx5_{r.local_rank}"
+    s = render_slurm(spec, plan, str(tmp_path)).files["train.sbatch"]
+    assert "export NCCL_IB_HCA==mlx5_0,mlx5_1\n" in s and "NCCL_SOCKET_IFNAME" not in s
+    spec, _ = spec_plan(**{"diagnostics.ib_hca": "^mlx5_bond0", "diagnostics.socket_ifname": "^lo,docker"})
+    s = render_slurm(spec, plan, str(tmp_path)).files["train.sbatch"]
+    assert f"export NCCL_IB_HCA={shlex.quote('^mlx5_bond0')}\n" in s
+    assert f"export NCCL_SOCKET_IFNAME={shlex.quote('^lo,docker')}\n" in s
+
+
+def test_preflight_exclude_list_reaches_sbatch(tmp_path):
+    from checks.bwmap import BandwidthMap, NodeReport
+
+    bw = BandwidthMap(nodes={h: NodeReport(host=h, gpus=2) for h in ("a1", "a2", "a3")}, exclude=["a2"])
+    (tmp_path / "bw.json").write_text(json.dumps(bw.to_dict()))
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(job_dict()))
+    res = cli_run("render", str(job), "--preflight", str(tmp_path / "bw.json"), "--json")
+    assert res.exit_code == 0, res.output
+    s = json.loads(res.output)["files"]["train.sbatch"]
+    assert "#SBATCH --exclude=a2\n" in s
+    assert "#SBATCH --nodelist=a1,a3\n" in s and "export LAUNCH4D_HOSTS='a1 a3'" in s

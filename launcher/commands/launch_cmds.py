@@ -39,14 +39,6 @@ def _load(job_file: str, backend: str | None, preflight: str | None):
     return spec, result.best, bwmap, kind
 
 
-def _measured_env(bwmap) -> dict[str, str]:
-    """NCCL interface hints a preflight measured, where the bandwidth map carries them."""
-    if bwmap is None:
-        return {}
-    env = getattr(bwmap, "nccl_env", None)
-    return dict(env) if isinstance(env, dict) else {}
-
-
 def _stamp() -> str:
     return time.strftime("%Y%m%d-%H%M%S")
 
@@ -85,8 +77,7 @@ def render(job_file: str, backend: str | None, out_dir: str | None, bwmap: str |
     if kind == "slurm":
         run_dir = str(Path(out_dir).resolve()) if out_dir else str(
             Path(spec.backend.log_dir).expanduser().resolve() / spec.name)
-        rendered = render_slurm(spec, plan, run_dir, templates, list(bw.exclude) if bw else None,
-                                _measured_env(bw))
+        rendered = render_slurm(spec, plan, run_dir, templates, list(bw.exclude) if bw else None)
     else:
         rendered = render_k8s(spec, plan, None, templates)
     written: list[str] = []
@@ -121,7 +112,7 @@ def submit(job_file: str, backend: str | None, bwmap: str | None, run_dir: str |
     rd = run_dir or str(Path(spec.backend.log_dir).expanduser() / f"{spec.name}-{_stamp()}")
     options: dict[str, Any] = {"templates": templates, "job_text": Path(job_file).read_text()}
     if kind == "slurm":
-        options.update(exclude=list(bw.exclude) if bw else None, measured_env=_measured_env(bw))
+        options.update(exclude=list(bw.exclude) if bw else None)
     handle = be.submit(spec, plan, rd, dry_run=dry_run, **options)
     payload = {"id": handle.id, "backend": kind, "name": handle.name, "run_dir": handle.run_dir,
                "dry_run": handle.dry_run, "host": handle.extra.get("host"),
