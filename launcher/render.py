@@ -148,9 +148,9 @@ def diagnostics_env(spec: JobSpec, run_dir: str, extra: dict[str, str] | None = 
                 ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"),
                 ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", f"{run_dir}/logs/flight/rank_"),
                 ("TORCH_FR_DUMP_TEMP_FILE", f"{run_dir}/logs/flight/rank_")]
-    env += [("LAUNCH4D_INIT_TIMEOUT_S", str(d.init_timeout_s)),
-            ("LAUNCH4D_COLLECTIVE_TIMEOUT_S", str(d.collective_timeout_s)),
-            ("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", str(max(d.collective_timeout_s, 60)))]
+    # The init and collective timeouts go to the trainer's flags (trainer_args); the NCCL watchdog's
+    # heartbeat monitor must not fire before the collective timeout does.
+    env.append(("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", str(max(d.collective_timeout_s, 60))))
     measured = extra or {}
     ifname = d.socket_ifname or measured.get("NCCL_SOCKET_IFNAME")
     hca = d.ib_hca or measured.get("NCCL_IB_HCA")
@@ -159,6 +159,13 @@ def diagnostics_env(spec: JobSpec, run_dir: str, extra: dict[str, str] | None = 
     if hca:
         env.append(("NCCL_IB_HCA", hca))
     return env
+
+
+def trainer_args(spec: JobSpec, plan_path: str, run_dir: str) -> str:
+    """The trainer's command-line arguments, shell-quoted."""
+    d = spec.diagnostics
+    return (f"--plan {shell_quote(plan_path)} --run-dir {shell_quote(run_dir)} --resume auto "
+            f"--init-timeout-s {d.init_timeout_s} --step-timeout-s {d.collective_timeout_s}")
 
 
 def user_env(spec: JobSpec) -> list[tuple[str, str]]:
@@ -218,6 +225,7 @@ def slurm_context(spec: JobSpec, plan: Plan, run_dir: str, exclude: list[str] | 
         "gpu_lists": gpu_lists(plan),
         "run_dir": run_dir,
         "plan_path": f"{run_dir}/plan.json",
+        "trainer_args": trainer_args(spec, f"{run_dir}/plan.json", run_dir),
         "python": s.python,
         "master_port": s.master_port,
         "grace_seconds": max(s.signal_seconds - 10, 5),
@@ -285,7 +293,7 @@ def k8s_context(spec: JobSpec, plan: Plan, run_dir: str) -> dict[str, Any]:
         f"exec python -m torch.distributed.run --nnodes={plan.nodes} --nproc-per-node={g} "
         "--node-rank=\"$node_rank\" --rdzv-backend=static --master-addr=\"$MASTER_ADDR\" "
         "--master-port=\"$MASTER_PORT\" --max-restarts=0 --tee=3 "
-        f"-m launcher.trainer --plan {q(plan_path)} --run-dir {q(run_dir)} --resume auto",
+        f"-m launcher.trainer {trainer_args(spec, plan_path, run_dir)}",
     ])
     bash_syntax_check(script, "pod command")
     return {

@@ -62,7 +62,8 @@ def test_sbatch_has_the_directives_and_static_rendezvous(tmp_path):
         assert f"#SBATCH {line}\n" in s, line
     assert "--rdzv-backend=static" in s and 'node-rank="$node_rank"' in s and "--rdzv-backend=c10d" not in s
     assert "--kill-on-bad-exit=1" in s
-    assert f"--plan {tmp_path}/run/plan.json --run-dir {tmp_path}/run --resume auto" in s
+    assert (f"-m launcher.trainer --plan {tmp_path}/run/plan.json --run-dir {tmp_path}/run --resume auto "
+            "--init-timeout-s 120 --step-timeout-s 120 &") in s
     assert "scontrol requeue" in s and "trap on_usr1 USR1" in s
     assert f"export NCCL_DEBUG_FILE={tmp_path}/run/logs/nccl/%h.%p.log" in s
     assert "export NCCL_DEBUG=INFO" in s and "export TORCH_NCCL_DUMP_ON_TIMEOUT=1" in s
@@ -345,3 +346,17 @@ def test_preflight_exclude_list_reaches_sbatch(tmp_path):
     s = json.loads(res.output)["files"]["train.sbatch"]
     assert "#SBATCH --exclude=a2\n" in s
     assert "#SBATCH --nodelist=a1,a3\n" in s and "export LAUNCH4D_HOSTS='a1 a3'" in s
+
+
+def test_submit_dry_run_writes_and_records_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAUNCH4D_STATE", str(tmp_path / "state"))
+    d = job_dict(**{"backend.log_dir": str(tmp_path / "runs")})
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(d))
+    res = cli_run("submit", str(job), "--dry-run", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert out["dry_run"] and out["id"] == "dry-run"
+    assert out["request"].startswith(f"cd {tmp_path}/runs/tiny-slurm-") and "sbatch --parsable train.sbatch" in out["request"]
+    assert "#SBATCH --nodes=2" in out["request"]
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "state").exists()
