@@ -139,9 +139,7 @@ class Checkpointer:
         self.keep = keep
         self.preempt_requested = False
         self.preempt_signal: int | None = None
-        self.last_saved: int | None = None
-        if _rank() == 0:
-            self.dir.mkdir(parents=True, exist_ok=True)
+        self.last_saved: int | None = None  # the directory is created by the first save
 
     # --- preemption ----------------------------------------------------------------------------
     def install_signal_handlers(self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGUSR1)) -> None:
