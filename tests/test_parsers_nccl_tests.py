@@ -201,3 +201,17 @@ def test_transports_from_nccl_debug_info_lines():
     ib = shared_file("nccl-logs", "h100-roce-2node-16rank-nccl2.27.5-init-INFO-p2p-ipc-net-ib-gdrdma.txt")
     t = parse_nccl_tests(ib.read_text() + table, "all_reduce")
     assert t.transports == ["NET/IB", "P2P/IPC"] and t.network == "IB" and t.busbw_at_max_size == 46.32
+
+
+@pytest.mark.parametrize("name", ["h100-1node-8gpu-5colls-v2.17.8.txt", "h100-a3mega-2node-16gpu-all_reduce_perf.txt",
+                                  "a100-sxm4-40gb-1node-8gpu-allreduce-old-nccl-tests-format.txt"])
+def test_every_line_cut_is_an_error_or_a_failed_run(name):
+    """Output cut at any line (a run killed mid-way) is never taken for a complete, passing run."""
+    lines = shared_file("nccl-tests", name).read_text().splitlines()
+    for k in range(1, len(lines)):
+        try:
+            tests = parse_nccl_tests_all("\n".join(lines[:k]) + "\n")
+        except ParseError:
+            continue
+        last = tests[-1]
+        assert last.complete or last.failed, k

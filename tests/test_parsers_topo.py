@@ -162,3 +162,14 @@ def test_fuzz_truncated_and_garbled_real_outputs(data):
         return
     for g in t.gpus:  # whatever parsed must be a consistent matrix
         assert t.links[g.name][g.name] == "X"
+
+
+@pytest.mark.parametrize("name", TOPO_FILES)
+def test_every_cut_inside_the_matrix_is_a_parse_error(name):
+    """A matrix cut at any row boundary never parses as a smaller node."""
+    lines = shared_file("topo", name).read_text().splitlines()
+    n_rows = next(i for i, ln in enumerate(lines[1:], 1) if not ln.strip())  # header + device rows
+    for k in range(1, n_rows):
+        with pytest.raises(ParseError):
+            parse_topo("\n".join(lines[:k]) + "\n")
+    assert parse_topo("\n".join(lines[:n_rows]) + "\n").gpus  # the full matrix alone still parses

@@ -166,7 +166,12 @@ def _wrong(tok: str, line_no: int, line: str) -> int | float | None:
 
 def _columns(line: str, line_no: int) -> list[str]:
     cols = line.lstrip("#").split()
-    if cols[:3] != ["size", "count", "type"] or cols.count("time") != 2:
+    prefix = cols[:cols.index("time")] if "time" in cols else []
+    tail = cols[len(prefix):]
+    ok_prefix = prefix in (["size", "count", "type"], ["size", "count", "type", "redop"],
+                           ["size", "count", "type", "redop", "root"], ["size", "count", "type", "root"])
+    ok_tail = any(tail == ["time", "algbw", "busbw", w] * 2 for w in ("#wrong", "error"))
+    if not (ok_prefix and ok_tail):
         raise ParseError(KIND, "unrecognised column header", line_no, line)
     return cols
 
