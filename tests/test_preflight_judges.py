@@ -196,3 +196,34 @@ def test_two_nodes_one_missing_a_gpu_blames_the_smaller(tmp_path):
     assert failing(bw) == {("a", "gpu_count")}
     d2 = make_dir(tmp_path / "x", ["a", "b"], bad={"a": {"gpu-query.csv": gpu_query_csv(n=7)}})
     assert failing(assemble(load_dir(d2), JudgeConfig(expected_gpus=7))) == set()
+
+
+def _results(texts_by_host: dict[str, dict[str, str]]):
+    from checks.results import CommandResult, NcclRun, PreflightResults
+
+    res = PreflightResults(hosts=list(texts_by_host))
+    for h, files in texts_by_host.items():
+        res.probes[h] = {k: CommandResult(h, k, v, "", 0) for k, v in files.items() if k != "nccl"}
+        res.nccl.append(NcclRun("node", [h], "all_reduce", CommandResult(h, "nccl", files["nccl"], "", 0)))
+    return res
+
+
+def test_fuzz_garbage_on_one_node_never_crashes_or_fails_another():
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    good = {"topo": shared_file("topo", H100_TOPO).read_text(), "gpu-query": gpu_query_csv(),
+            "nvlink": nvlink_status(), "ibstat": ibstat_text(), "xid": "",
+            "nccl": shared_file("nccl-tests", H100_NODE).read_text()}
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.sampled_from(sorted(good)), st.data())
+    def check(kind, data):
+        text = good[kind]
+        i = data.draw(st.integers(0, max(0, len(text) - 1)))
+        bad = text[:i] + data.draw(st.text(max_size=10)) + (text[i + 1:] if data.draw(st.booleans()) else "")
+        res = _results({"n1": dict(good), "n2": dict(good), "n3": {**good, kind: bad}})
+        bw = assemble(res)
+        assert {n for n, _ in failing(bw)} <= {"n3"}
+
+    check()
