@@ -182,7 +182,14 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:
-        """Seeded per-parameter init: same values for a parameter whatever the layout."""
+        """Seeded per-parameter init: same values for a parameter whatever the layout.
+
+        Each parameter's full value is drawn on CPU from its own generator (one parameter at a
+        time, so peak host memory is one full matrix); a TP-sharded DTensor keeps only its
+        local shard of it.
+        """
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
         std_out = 0.02 / math.sqrt(2 * self.args.layers)
         for name, p in self.named_parameters():
             g = torch.Generator().manual_seed(param_seed(seed, name))
@@ -192,7 +199,11 @@ class Transformer(nn.Module):
                 vals = torch.randn(p.shape, generator=g) * std_out
             else:
                 vals = torch.randn(p.shape, generator=g) * 0.02
-            p.copy_(vals.to(device=p.device, dtype=p.dtype))
+            if isinstance(p, DTensor):
+                local = distribute_tensor(vals.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
+                p._local_tensor.copy_(local._local_tensor)
+            else:
+                p.copy_(vals.to(device=p.device, dtype=p.dtype))
         self.set_positions(self.positions)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
