@@ -12,6 +12,13 @@ Usage (as a context manager; pytest fixtures wrap it):
         c.client_key                    # private key authorised on every node
         c.user                          # the login user (the current user)
 
+Or as the `ssh_cluster` pytest fixture (one node named "node01", known_hosts already written):
+
+    from tests.services.sshd import ssh_cluster  # noqa: F401
+
+    def test_x(ssh_cluster):
+        node = ssh_cluster.nodes["node01"]       # 127.0.0.1:node.port as root, key ssh_cluster.client_key
+
 Each node is one `/usr/sbin/sshd -D` process (own port, host key, PidFile) with
 `SetEnv PATH=<bin_dir>:/usr/bin:/bin` and `SetEnv REPLAY_NODE=<name>`, so replay executables put in
 bin_dir shadow real tools on that node only. Nothing system-wide is touched except `mkdir
@@ -29,6 +36,8 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
 
 SSHD = "/usr/sbin/sshd"
 
@@ -153,3 +162,14 @@ class SshCluster:
                 except subprocess.TimeoutExpired:
                     node.proc.kill()
                     node.proc.wait()
+
+
+@pytest.fixture
+def ssh_cluster(tmp_path):
+    """One sshd "node" (node01) on loopback, its host key in ssh_cluster.known_hosts; skips where impossible."""
+    why = sshd_available()
+    if why:
+        pytest.skip(why)
+    with SshCluster(tmp_path / "sshd", ["node01"]) as c:
+        c.write_known_hosts()
+        yield c
