@@ -13,7 +13,6 @@ binary, sizes and launcher templates are configurable and every command run is r
 
 from __future__ import annotations
 
-import shlex
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -267,7 +266,3 @@ def run_preflight(runner: Runner, hosts: Sequence[str], options: PreflightOption
             res.nccl.append(NcclRun("all", healthy, opts.nccl.collective, r))
             res.commands.append(f"[{healthy[0]}] {cmd}")
     return res
-
-
-def quote_hosts(hosts: Sequence[str]) -> str:
-    return " ".join(shlex.quote(h) for h in hosts)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import secrets
 import shlex
-import time
 from collections.abc import Sequence
 
 from checks.probe import Probe
@@ -89,15 +88,6 @@ def split_probe_output(res: CommandResult, probes: Sequence[Probe], marker: str)
             r.error = res.reason() if not res.ok else "no output from the probe script"
         out[p.name] = r
     return out
-
-
-class Timer:
-    def __init__(self) -> None:
-        self.start = time.monotonic()
-
-    @property
-    def elapsed(self) -> float:
-        return time.monotonic() - self.start
 
 
 def get_runner(backend: str, **kwargs: object) -> Runner:

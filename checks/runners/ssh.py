@@ -15,7 +15,6 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -257,11 +256,3 @@ def _quote(s: str) -> str:
     import shlex
 
     return shlex.quote(s)
-
-
-def run_many(runner: Runner, hosts: Sequence[str], fn: Any, workers: int = 64) -> dict[str, Any]:
-    """fn(host) for every host on a thread pool; returns {host: result}."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(hosts)))) as pool:
-        return dict(zip(hosts, pool.map(fn, hosts)))
