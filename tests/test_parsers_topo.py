@@ -173,3 +173,12 @@ def test_every_cut_inside_the_matrix_is_a_parse_error(name):
         with pytest.raises(ParseError):
             parse_topo("\n".join(lines[:k]) + "\n")
     assert parse_topo("\n".join(lines[:n_rows]) + "\n").gpus  # the full matrix alone still parses
+
+
+def test_glued_column_names_in_a_pasted_header():
+    """SOURCES.md notes a paste with `NIC8NIC9` glued (vllm#13855); made here from a real capture, header only."""
+    text = shared_file("topo", "h100-sxm-8gpu-12nic-mlx5-1numa.txt").read_text()
+    header, rest = text.split("\n", 1)
+    glued = parse_topo(header.replace("NIC8\tNIC9", "NIC8NIC9") + "\n" + rest)
+    assert [n.name for n in glued.nics] == [f"NIC{i}" for i in range(12)]
+    assert glued.links == parse_topo(text).links
