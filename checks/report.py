@@ -46,10 +46,12 @@ def render(bw: BandwidthMap, max_pairs: int = 20) -> str:
     fig = []
     if bw.intra_node_busbw_gbs:
         fig.append(f"intra-node {bw.intra_node_busbw_gbs:.1f}")
+    gpus = sorted(n.gpus for h, n in bw.nodes.items() if n.gpus and h not in bw.exclude)
     if bw.inter_node_busbw_gbs:
-        fig.append(f"inter-node pair {bw.inter_node_busbw_gbs:.1f}")
+        per_gpu = f" = {bw.inter_node_busbw_gbs / gpus[len(gpus) // 2]:.1f} per GPU" if gpus else ""
+        fig.append(f"inter-node pair {bw.inter_node_busbw_gbs:.1f}{per_gpu}")
     if bw.ratio:
-        fig.append(f"ratio {bw.ratio:.1f}x")
+        fig.append(f"intra/inter {bw.ratio:.1f}x")
     if bw.all_nodes_busbw_gbs:
         fig.append(f"all healthy nodes {bw.all_nodes_busbw_gbs:.1f}")
     if fig:
