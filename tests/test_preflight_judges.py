@@ -118,6 +118,12 @@ def test_slow_pair_blames_the_node_whose_every_pair_is_slow(tmp_path):
     assert c.value == 222.88 and "outlier" in c.message
     assert [(p.a, p.b, p.status) for p in bw.pairs[:2]] == [("n2", "n3", "fail"), ("n3", "n4", "fail")]
     assert bw.inter_node_busbw_gbs == 338.82  # median over pairs without the excluded node
+    from checks.report import render
+
+    text = render(bw)
+    pair_lines = [ln for ln in text.splitlines() if "<->" in ln]
+    assert [float(ln.split()[0]) for ln in pair_lines] == [222.9, 222.9, 338.8, 338.8]  # slowest first
+    assert "FAIL  n3           nccl_inter" in text and "Exclude: n3" in text
 
 
 def test_thresholds_file_and_overrides(tmp_path):
