@@ -83,6 +83,14 @@ def test_bad_nproc_and_missing_data_file(tmp_path, env):
     assert r.returncode == 2 and "vocab 512 but model.vocab is 256" in r.stderr and not (tmp_path / "rd2").exists()
 
 
+def test_resume_path_must_hold_a_complete_checkpoint(tmp_path, env):
+    (tmp_path / "run" / "checkpoints" / "step-3.tmp").mkdir(parents=True)  # an unfinished save only
+    for bad in (tmp_path / "nope", tmp_path / "run"):
+        r = launch("run", TINY, "--nproc", 2, "--run-dir", tmp_path / "x", "--resume", bad, env=env)
+        assert r.returncode == 2 and r.stderr.startswith("error: --resume:") and "no complete checkpoint" in r.stderr
+    assert not (tmp_path / "x").exists()
+
+
 def test_exit_code_from_real_torchrun_failure_summary(tmp_path):
     """torchrun exits 1 for any worker failure; the worker's own code is in its root-cause summary."""
     script = tmp_path / "w.py"
@@ -275,5 +283,3 @@ def test_resume_into_another_layout(full_run, tmp_path, env):
     assert sorted(got) == [5, 6, 7, 8]
     for step in got:
         assert got[step] == pytest.approx(want[step], rel=1e-5)
-    bad = launch("run", TINY, "--nproc", 2, "--run-dir", tmp_path / "x", "--resume", tmp_path / "nope", env=env)
-    assert bad.returncode == 2 and "--resume" in bad.stderr

@@ -51,6 +51,23 @@ def load_job(job: str, nproc: int | None):
     return spec, text
 
 
+def checkpoint_source(path: str) -> Path:
+    """--resume PATH: a run dir, its checkpoints/ dir, or one complete step-N dir (what the trainer takes)."""
+    from launcher.trainer.checkpoint import Checkpointer, is_complete
+
+    p = Path(path).resolve()
+    if (p / "checkpoints").is_dir():
+        found = Checkpointer(p, 0).latest_dir()
+    elif p.name == "checkpoints" and p.is_dir():
+        found = Checkpointer(p.parent, 0).latest_dir()
+    else:
+        found = p if is_complete(p) else None
+    if found is None:
+        raise UserError(f"--resume: {path} holds no complete checkpoint (give auto, never, a run dir, "
+                        "its checkpoints/ dir or a checkpoints/step-N dir)")
+    return p
+
+
 def check_devices(plan, as_json: bool) -> str:
     """'cuda' or 'cpu'; a clear error when the plan wants more GPUs than this machine has."""
     import torch
@@ -131,9 +148,7 @@ def run(job: str, run_dir: str | None, nproc: int | None, resume: str, dry_run: 
     from launcher.planner import plan_job
 
     if resume not in ("auto", "never"):
-        if not Path(resume).exists():
-            raise UserError(f"--resume: {resume} is neither auto, never nor an existing checkpoint path")
-        resume = str(Path(resume).resolve())
+        resume = str(checkpoint_source(resume))
     spec, text = load_job(job, nproc)
     if spec.cluster.nodes != 1:
         raise UserError(f"cluster.nodes: `launch run` uses this machine only, but the job asks for "
