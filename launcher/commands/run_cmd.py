@@ -189,7 +189,7 @@ def run(job: str, run_dir: str | None, nproc: int | None, resume: str, dry_run: 
     code = status.exit_code if status.exit_code is not None else 1
     payload = {"run_dir": handle.run_dir, "exit_code": code, "state": status.state, "job_id": handle.id,
                "steps": steps[-1]["step"] if steps else 0, "final_loss": steps[-1]["loss"] if steps else None}
-    if code not in (0,):
+    if code != 0:
         _explain(handle, status, tails)
     progress(f"launch: {status.state} (exit {code}) after {time.time() - t0:.1f} s, {payload['steps']} steps"
              + (f", final loss {payload['final_loss']:.4f}" if steps else "")
