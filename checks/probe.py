@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host", default=None, help="name to file under (default: this host's name)")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per probe")
     ap.add_argument("--nccl", action="store_true", help="also run the single-node nccl-tests all_reduce")
+    ap.add_argument("--nccl-timeout", type=float, default=900.0, help="seconds for the nccl-tests run")
     ap.add_argument("--nccl-binary", default="all_reduce_perf")
     ap.add_argument("--sizes", default="512M,8G", help="nccl-tests -b,-e")
     ap.add_argument("--gpus", type=int, default=None, help="GPUs for nccl-tests -g (default: counted)")
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         lo, hi = args.sizes.split(",")
         if gpus:
             cmd = nccl_command(args.nccl_binary, gpus, (lo, hi))
-            results["nccl-node"] = run_local(cmd, args.timeout, host, env=standalone_env())
+            results["nccl-node"] = run_local(cmd, args.nccl_timeout, host, env=standalone_env())
     d = save(Path(args.out), host, results)
     print(f"probe: {host}: {len(results)} outputs in {d}", file=sys.stderr)
     return 0
