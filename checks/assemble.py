@@ -333,9 +333,10 @@ def _gpu_health(h: str, q: GpuQuery, cfg: JudgeConfig) -> list[CheckResult]:
             merge(ecc, "warn", f"{gid}: {g.ecc_corrected} corrected ECC errors (> {cfg.ecc_corrected_warn})")
         if g.pcie_width is not None and g.pcie_width_max and g.pcie_width < g.pcie_width_max:
             merge(pcie, "fail", f"{gid}: PCIe x{g.pcie_width} of x{g.pcie_width_max}")
-        if g.pcie_gen is not None and g.pcie_gen_max and g.pcie_gen < g.pcie_gen_max:
-            merge(pcie, "warn", f"{gid}: PCIe gen {g.pcie_gen} of {g.pcie_gen_max} (idle GPUs downshift; "
-                                "check under load)")
+        idle = g.clock_event_reasons is not None and int(g.clock_event_reasons, 16) & 0x1
+        if g.pcie_gen is not None and g.pcie_gen_max and g.pcie_gen < g.pcie_gen_max and not idle:
+            # an idle GPU downshifts its link to save power (clock event reason 0x1): only a busy one counts
+            merge(pcie, "warn", f"{gid}: PCIe gen {g.pcie_gen} of {g.pcie_gen_max} while not idle")
         if g.clock_event_reasons is not None and int(g.clock_event_reasons, 16) not in BENIGN_CLOCK_REASONS:
             merge(clocks, "warn", f"{gid}: clocks limited (event reasons {g.clock_event_reasons})")
     ecc.value = unc_total

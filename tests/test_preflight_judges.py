@@ -98,6 +98,13 @@ def test_one_bad_output_fails_exactly_that_node_and_check(tmp_path, bad_file, te
     assert bw.exclude == ["n3"]
 
 
+def test_idle_gpu_link_downshift_is_not_a_warning(tmp_path):
+    d = make_dir(tmp_path, ["a", "b"], bad={"a": {"gpu-query.csv": gpu_query_csv(overrides={
+        0: {"pcie.link.gen.current": "1", "clocks_event_reasons.active": "0x0000000000000001"}})}})
+    bw = assemble(load_dir(d))
+    assert next(c for c in bw.checks if c.node == "a" and c.check == "pcie").status == "pass"
+
+
 def test_warnings_do_not_fail(tmp_path):
     d = make_dir(tmp_path, HOSTS, bad={"n2": {
         "gpu-query.csv": gpu_query_csv(overrides={0: {"pcie.link.gen.current": "1", "ecc.errors.corrected"
