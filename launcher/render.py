@@ -202,11 +202,27 @@ def default_run_dir(spec: JobSpec, stamp: str) -> str:
 
 
 # --- Slurm ------------------------------------------------------------------------------------
+def _check_sbatch_fields(spec: JobSpec) -> None:
+    """Every job-file value bound for an #SBATCH line, checked with its dotted path in the error."""
+    s = spec.backend.slurm
+    fields: list[tuple[str, Any]] = [("name", spec.name)]
+    fields += [(f"backend.slurm.{k}", getattr(s, k)) for k in ("partition", "account", "qos", "time", "mem",
+                                                                "dependency")]
+    fields += [(f"backend.slurm.{k}[{i}]", v) for k in ("exclude", "nodelist") for i, v in enumerate(getattr(s, k))]
+    for path, value in fields:
+        if value is None:
+            continue
+        try:
+            sbatch_value(value)
+        except UserError as exc:
+            raise UserError(f"{path}: {exc}") from None
+
+
 def slurm_context(spec: JobSpec, plan: Plan, run_dir: str, exclude: list[str] | None = None,
                   measured_env: dict[str, str] | None = None) -> dict[str, Any]:
     _check_plan(spec, plan)
     s = spec.backend.slurm
-    sbatch_value(spec.name)
+    _check_sbatch_fields(spec)
     excluded = sorted(set(s.exclude) | set(exclude or []))
     nodelist = list(s.nodelist) or list(plan.hosts or [])
     clash = sorted(set(nodelist) & set(excluded))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -139,6 +140,9 @@ def test_cancel_a_running_job(slurm_cluster, tmp_path):  # noqa: F811
     again = launch("cancel", jid, ok=False)
     assert again.exit_code == 2 and "already ended (CANCELLED)" in again.output
     wait_for(lambda: slurm_cluster._nodes_idle(), 60, "nodes idle again")
+    # nothing of the job is left running on the "nodes"
+    wait_for(lambda: subprocess.run(["pgrep", "-f", run_dir], capture_output=True).returncode == 1, 60,
+             "the job's processes to go")
 
 
 def test_preemption_and_requeue_resume_from_checkpoint(slurm_cluster, tmp_path):  # noqa: F811
