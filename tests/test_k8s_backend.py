@@ -259,3 +259,21 @@ def test_cancel_deletes_job_and_configmap(k8s):
     assert query.get("propagationPolicy") == ["Foreground"] or (body or {}).get("propagationPolicy") == "Foreground"
     k8s([])   # everything 404 now
     assert "not found" in one_error_line(run("cancel", NAME))
+
+
+def test_kubeconfig_and_context_are_honoured(tmp_path):
+    from launcher.backends.kubernetes import load_api_client
+    from launcher.errors import UserError
+
+    cfg = {"apiVersion": "v1", "kind": "Config", "current-context": "a",
+           "clusters": [{"name": "ca", "cluster": {"server": "https://a.example:6443"}},
+                        {"name": "cb", "cluster": {"server": "https://b.example:6443"}}],
+           "users": [{"name": "u", "user": {"token": "not-a-real-token"}}],
+           "contexts": [{"name": "a", "context": {"cluster": "ca", "user": "u"}},
+                        {"name": "b", "context": {"cluster": "cb", "user": "u", "namespace": "training"}}]}
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(cfg))
+    assert load_api_client(str(path)).configuration.host == "https://a.example:6443"
+    assert load_api_client(str(path), "b").configuration.host == "https://b.example:6443"
+    with pytest.raises(UserError, match="context nope"):
+        load_api_client(str(path), "nope")

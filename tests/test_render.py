@@ -111,12 +111,12 @@ def test_user_values_reaching_the_shell_are_quoted(tmp_path):
     assert not (tmp_path / "PWNED").exists() and not (tmp_path / "PWNED2").exists()
 
 
-@pytest.mark.parametrize("field,value", [("backend.slurm.partition", "debug;rm -rf /"),
+@pytest.mark.parametrize("field,value", [("backend.slurm.partition", "debug;rm -rf /"), ("name", "my job"),
                                          ("backend.slurm.account", "a b"),
                                          ("backend.slurm.time", "1:00\n#SBATCH --uid=0")])
 def test_unsafe_sbatch_values_are_refused(field, value, tmp_path):
     spec, plan = spec_plan(**{field: value})
-    with pytest.raises(UserError, match="cannot go on an #SBATCH line"):
+    with pytest.raises(UserError, match=rf"^{re.escape(field)}: .* cannot go on an #SBATCH line"):
         render_slurm(spec, plan, str(tmp_path))
 
 

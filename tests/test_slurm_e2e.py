@@ -94,11 +94,14 @@ def test_submit_runs_to_completion_with_the_plans_rank_placement(slurm_cluster, 
     assert jid.isdigit() and sub["backend"] == "slurm"
     assert {"train.sbatch", "plan.json", "job.yaml"} <= {p.name for p in Path(run_dir).iterdir()}
 
+    followed = launch("logs", "e2e-ok", "-f").output          # returns once the job has ended
+    assert "[rank0]: step 4/4 | loss" in followed
     res = launch("status", "e2e-ok", "--wait", "--timeout", "300", "--interval", "1", "--json")
     st = json.loads(res.output)
     assert (st["state"], st["slurm_state"], st["source"]) == ("SUCCEEDED", "COMPLETED", "squeue")
 
     out = launch("logs", jid).output
+    assert out == followed
     for step in range(1, 5):
         assert f"[rank0]: step {step}/4 | loss" in out
     assert "launch4d: step finished with exit code 0" in out
