@@ -138,3 +138,15 @@ def test_logs_follow_stops_when_the_job_ends():
     r.files.clear()
     with pytest.raises(UserError, match="no log yet"):
         list(backend(r).logs(handle()))
+
+
+def test_missing_sacct_binary_falls_back_to_the_log():
+    class NoSacct(FakeRunner):
+        def run(self, argv, cwd=None, timeout=60):
+            if argv[0] == "sacct":
+                raise UserError("sacct not found on PATH")
+            return super().run(argv, cwd, timeout)
+
+    r = NoSacct({"squeue": (0, "", "")}, {"/runs/job/logs/slurm-42.out": b"launch4d: step finished with exit code 0\n"})
+    st = backend(r).status(handle())
+    assert (st.state, st.source) == ("SUCCEEDED", "job log") and "sacct not found" in st.detail

@@ -1,7 +1,7 @@
 """Slurm backend: sbatch here or over SSH (paramiko), squeue with sacct fallback, logs, scancel.
 
 Submission writes the rendered script and plan.json into the run dir first (over SSH: into a
-remote run dir, copied with SFTP), then runs `sbatch --parsable` there. A refusal (bad
+remote run dir, written through the SSH channel: no SFTP needed), then runs `sbatch --parsable` there. A refusal (bad
 partition, missing sbatch, unreachable login node) leaves no run dir behind. State comes from
 `squeue` (always there), then `sacct` (only where accounting answers), then the job's own log
 (the batch script prints its step's exit code), so small clusters without slurmdbd still work.
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from launcher.plan import Plan
     from launcher.spec import JobSpec
 
-# Every Slurm job state (squeue long names; sacct may append "+" or " by <uid>") -> phase.
+# Every Slurm job state (squeue long names; sacct may append "+" or " by <uid>") -> shared state.
 SLURM_STATES: dict[str, str] = {
     "PENDING": PENDING, "CONFIGURING": PENDING, "REQUEUED": PENDING, "REQUEUE_FED": PENDING,
     "REQUEUE_HOLD": PENDING, "RESV_DEL_HOLD": PENDING, "SPECIAL_EXIT": PENDING,
@@ -57,7 +57,6 @@ SHORT_STATES = {"PD": "PENDING", "CF": "CONFIGURING", "RQ": "REQUEUED", "RF": "R
                 "BF": "BOOT_FAIL", "NF": "NODE_FAIL", "OOM": "OUT_OF_MEMORY", "TO": "TIMEOUT",
                 "DL": "DEADLINE", "RV": "REVOKED", "CA": "CANCELLED"}
 STEP_DONE = re.compile(r"launch4d: step finished with exit code (\d+)")
-REQUEUEING = re.compile(r"launch4d: requeueing job")
 RANK_LINE = re.compile(r"^(?:\d+: )?\[rank(\d+)\]: ?(.*)$")
 
 
@@ -342,8 +341,8 @@ class SlurmBackend:
             return SlurmJobStatus(state_of(st), None, reason if reason not in ("None", "") else "",
                                   slurm_state=st, source="squeue", nodes=nodes or None, elapsed=elapsed or None,
                                   restarts=self._restarts(runner, handle.id), requeue=requeue)
-        rc, out, err = runner.run(["sacct", "-n", "-P", "-X", "-j", handle.id,
-                                   "-o", "JobID,State,ExitCode,NodeList,Elapsed,Restarts"])
+        rc, out, err = _optional(runner, ["sacct", "-n", "-P", "-X", "-j", handle.id,
+                                          "-o", "JobID,State,ExitCode,NodeList,Elapsed,Restarts"])
         rows = [ln.split("|") for ln in out.splitlines() if ln.strip()] if rc == 0 else []
         rows = [r for r in rows if r[0].split(".")[0].split("+")[0] == handle.id]
         if rows:
@@ -356,7 +355,7 @@ class SlurmBackend:
         return self._status_from_log(runner, handle, (err or "").strip(), requeue)
 
     def _restarts(self, runner, job_id: str) -> int | None:
-        rc, out, _ = runner.run(["scontrol", "show", "job", job_id])
+        rc, out, _ = _optional(runner, ["scontrol", "show", "job", job_id])
         m = re.search(r"\bRestarts=(\d+)", out) if rc == 0 else None
         return int(m.group(1)) if m else None
 
@@ -423,6 +422,14 @@ class SlurmBackend:
                 raise UserError(f"scancel {handle.id} failed: {(err or out).strip()}")
         finally:
             runner.close()
+
+
+def _optional(runner, argv: list[str]) -> tuple[int, str, str]:
+    """A command that may be missing on this cluster (sacct without accounting tools): no answer."""
+    try:
+        return runner.run(argv)
+    except UserError as exc:
+        return 127, "", str(exc)
 
 
 def filter_rank(line: str, rank: int | None) -> str | None:
