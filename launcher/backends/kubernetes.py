@@ -91,6 +91,11 @@ class KubernetesBackend:
         self._api = api_client
         self._kubeconfig, self._context = kubeconfig, context
 
+    def _use(self, extra: dict) -> None:
+        """Later commands reach the cluster the job was submitted to (its kubeconfig/context)."""
+        if self._api is None and (extra.get("kubeconfig") or extra.get("context")):
+            self._kubeconfig, self._context = extra.get("kubeconfig"), extra.get("context")
+
     @property
     def api(self):
         if self._api is None:
@@ -116,13 +121,14 @@ class KubernetesBackend:
         rendered = render_k8s(spec, plan, None, templates)
         configmap, job = parse_manifests(rendered.files["manifest.yaml"])
         ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        k = spec.backend.k8s
         extra = {"namespace": ns, "configmap": configmap["metadata"]["name"], "gpus_per_node": plan.gpus_per_node,
-                 "nodes": plan.nodes, "pod_run_dir": rendered.run_dir}
+                 "nodes": plan.nodes, "pod_run_dir": rendered.run_dir, "kubeconfig": k.kubeconfig,
+                 "context": k.context}
         if dry_run:
             return JobHandle(self.name, "dry-run", spec.name, str(run_dir or rendered.run_dir), dry_run=True,
                              request=rendered.files["manifest.yaml"], extra=extra)
-        if self._api is None and (spec.backend.k8s.kubeconfig or spec.backend.k8s.context):
-            self._kubeconfig, self._context = spec.backend.k8s.kubeconfig, spec.backend.k8s.context
+        self._use(extra)
         uid = self.create(configmap, job)
         extra["uid"] = uid
         return JobHandle(self.name, name, spec.name, str(run_dir or rendered.run_dir),
@@ -179,6 +185,7 @@ class KubernetesBackend:
         return sorted(pods, key=lambda p: p.metadata.name)
 
     def status(self, handle: JobHandle) -> K8sJobStatus:
+        self._use(handle.extra)
         ns = handle.extra.get("namespace") or "default"
         job = self.get_job(handle.id, ns)
         st = job.get("status") or {}
@@ -195,6 +202,7 @@ class KubernetesBackend:
 
     # logs -------------------------------------------------------------------------------------
     def logs(self, handle: JobHandle, follow: bool = False, rank: int | None = None, **_: Any) -> Iterator[str]:
+        self._use(handle.extra)
         ns = handle.extra.get("namespace") or "default"
         gpus = int(handle.extra.get("gpus_per_node", 1))
         nodes = int(handle.extra.get("nodes", 1))
@@ -224,6 +232,7 @@ class KubernetesBackend:
 
     # cancel -----------------------------------------------------------------------------------
     def cancel(self, handle: JobHandle) -> None:
+        self._use(handle.extra)
         ns = handle.extra.get("namespace") or "default"
         try:
             self._custom().delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, handle.id,

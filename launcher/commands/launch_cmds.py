@@ -53,7 +53,7 @@ def _handle(job: str):
     return rec, handle
 
 
-def _backend(kind: str, handle=None):
+def _backend(kind: str):
     from launcher.backends import get_backend
 
     return get_backend(kind)
