@@ -39,6 +39,7 @@ from checks.probe import META_FILE, NCCL_NODE_FILE, PROBES
 from checks.results import CommandResult, NcclRun, PreflightResults
 
 CLUSTER = "*"
+UNREACHABLE_FILE = "unreachable.json"
 
 
 @dataclass
@@ -171,6 +172,7 @@ def assemble(results: PreflightResults, config: JudgeConfig | None = None) -> Ba
             gpu_nic=topo.nearest_nic if topo else {},
             intra_busbw_gbs=nd.nccl.busbw_at_max_size if nd.nccl and not nd.nccl.failed else None,
         )
+    nodes = {h: nodes[h] for h in results.hosts if h in nodes}  # in the order the hosts were given
     for c in checks:
         if c.node in nodes:
             nodes[c.node].status = worst(nodes[c.node].status, c.status)
@@ -495,16 +497,52 @@ def load_dir(path: str | Path) -> PreflightResults:
                               bool(m.get("timed_out")))
             res.nccl.append(NcclRun("node", [host], "all_reduce", r))
             res.commands.append(f"[{host}] {r.command}")
+    if (root / UNREACHABLE_FILE).exists():
+        try:
+            gone = json.loads((root / UNREACHABLE_FILE).read_text())
+        except json.JSONDecodeError:
+            gone = {}
+        for host, why in gone.items() if isinstance(gone, dict) else []:
+            if host not in res.hosts:
+                res.hosts.append(host)
+                res.unreachable[host] = str(why)
     for kind in ("pairs", "all"):
         for f in sorted((root / kind).glob("*.txt")) if (root / kind).is_dir() else []:
             text = f.read_text(errors="replace")
-            named = [h for h in re.split(r"[+]", f.stem) if h]
+            named = [h for h in re.split(r"[+]", f.stem.split("~")[0]) if h]
             hosts = named if named and all(h in res.hosts for h in named) else (_hosts_in(text) or named)
             if kind == "pairs" and len(hosts) != 2:
                 continue
             r = CommandResult(hosts[0], f"(from {f})", text, "", 0)
             res.nccl.append(NcclRun("pair" if kind == "pairs" else "all", hosts, "all_reduce", r))
     return res
+
+
+def save_dir(results: PreflightResults, path: str | Path) -> Path:
+    """Write what a preflight gathered in the layout `load_dir` reads, to judge it again later."""
+    from checks.probe import save
+
+    root = Path(path)
+    root.mkdir(parents=True, exist_ok=True)
+    node_runs = {r.hosts[0]: r.result for r in results.nccl if r.kind == "node"}
+    for host, probes in results.probes.items():
+        outs = dict(probes)
+        if host in node_runs:
+            outs["nccl-node"] = node_runs[host]
+        save(root, host, outs)
+    if results.unreachable:
+        (root / UNREACHABLE_FILE).write_text(json.dumps(results.unreachable, indent=2) + "\n")
+    for kind, sub in (("pair", "pairs"), ("all", "all")):
+        runs = [r for r in results.nccl if r.kind == kind]
+        if runs:
+            (root / sub).mkdir(exist_ok=True)
+        for i, r in enumerate(runs):
+            name = "+".join(r.hosts) if kind == "pair" else "all"
+            f = root / sub / f"{name}.txt"
+            if f.exists():
+                f = root / sub / f"{name}~{i}.txt"  # the same pair again (a retry in round 2)
+            f.write_text(r.result.stdout + (f"\n{r.result.stderr}" if r.result.stderr else ""))
+    return root
 
 
 def _hosts_in(text: str) -> list[str]:

@@ -227,3 +227,19 @@ def test_refused_authentication_is_that_hosts_reason(cluster, tmp_path):
         res = run_preflight(r, NODES[:2], PreflightOptions(nccl=NcclOptions(enabled=False)))
     assert set(res.unreachable) == {"node01", "node02"}
     assert all("authentication failed" in why for why in res.unreachable.values())
+
+
+def test_saved_raw_outputs_import_to_the_same_map(cluster, dead_hosts, tmp_path):
+    from checks.assemble import load_dir, save_dir
+
+    configure(cluster, bad="node02", NCCL_PAIR_OVERRIDE="nccl-tests/"
+              "a100-oci-bm-gpu4.8-2node-16gpu-all_reduce_perf-10G-single-size.txt")
+    with SSHRunner(ssh_config=str(dead_hosts), known_hosts=str(cluster.known_hosts), connect_timeout=2) as r:
+        res = run_preflight(r, NODES + ["node05"], PreflightOptions(probe_timeout=10, nccl_timeout=20))
+    live = assemble(res)
+    again = assemble(load_dir(save_dir(res, tmp_path / "raw")))
+    assert live.exclude == ["node02", "node05"] and sorted(again.exclude) == live.exclude
+    assert failing(again) == failing(live) == {("node02", "nccl_inter"), ("node05", "reachable")}
+    assert (again.intra_node_busbw_gbs, again.inter_node_busbw_gbs) == (live.intra_node_busbw_gbs,
+                                                                       live.inter_node_busbw_gbs)
+    assert sorted((p.a, p.b, p.busbw_gbs) for p in again.pairs) == sorted((p.a, p.b, p.busbw_gbs) for p in live.pairs)

@@ -103,6 +103,8 @@ def threshold_options(f: Any) -> Any:
 @click.option("--nccl-args", default="", help="Extra nccl-tests arguments.")
 @click.option("--launcher", "launcher_tpl", help="Multi-node launch template, e.g. 'mpirun -np {np} -H "
               "{hosts_slots} {cmd}' or 'srun --mpi=pmix -N {nnodes} -w {hostlist} ... {cmd}'.")
+@click.option("--save-raw", type=click.Path(file_okay=False), help="Also keep every raw output here, in the "
+              "`preflight import` layout (judge it again later with other thresholds).")
 @click.option("--out-dir", type=click.Path(file_okay=False), help="slurm backend: where the job writes outputs.")
 @click.option("--partition", help="slurm backend: partition.")
 @click.option("--account", help="slurm backend: account.")
@@ -122,7 +124,7 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
               known_hosts: str | None, accept_new_hosts: bool, jump: str | None, ssh_config: str | None,
               connect_timeout: float, probe_timeout: float, nccl_timeout: float, workers: int, no_nccl: bool,
               no_pairs: bool, no_all: bool, nccl_binary: str, sizes: str, nccl_args: str, launcher_tpl: str | None,
-              out_dir: str | None, partition: str | None, account: str | None, time_limit: str,
+              save_raw: str | None, out_dir: str | None, partition: str | None, account: str | None, time_limit: str,
               gpus_per_node: int | None, srun_mpi: str, dry_run: bool, namespace: str, image: str, kube_context: str | None,
               thresholds: str | None, expected_gpus: int | None, min_intra_busbw: float | None,
               min_inter_busbw: float | None, output: str | None, exclude_failed: bool, as_json: bool) -> int | None:
@@ -180,10 +182,15 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
         raise UserError(f"--backend {backend}: {type(exc).__name__}: {exc}") from None
     opts = PreflightOptions(probe_timeout=probe_timeout, nccl_timeout=nccl_timeout, workers=workers, nccl=nccl,
                             judge=cfg)
-    from checks.assemble import assemble
+    from checks.assemble import assemble, save_dir
 
     with runner:
         results = run_preflight(runner, hosts, opts, progress=progress)
+    if save_raw:
+        try:
+            progress(f"raw outputs saved in {save_dir(results, save_raw)}")
+        except OSError as exc:
+            raise UserError(f"--save-raw {save_raw}: cannot write ({exc.strerror})") from None
     bw = assemble(results, cfg)
     return _finish(bw, output, as_json, exclude_failed)
 
