@@ -38,12 +38,18 @@ LAYOUTS = {
     "recompute_selective_cp2_tp2_dp2": dict(cp=2, tp=2, dp=2, recompute="selective"),
     "recompute_full_pp2_gpipe_tp2_dp2": dict(pp=2, tp=2, dp=2, schedule="gpipe", recompute="full"),
 }
+# GELU MLP with tied embeddings (the output projection is the vocab-sharded embedding under TP)
+GELU_TIED = dict(model_over={"mlp": "gelu", "tied_embeddings": True})
+OTHER_MODEL = {
+    "gelu_tied_ref": dict(GELU_TIED),
+    "gelu_tied_tp2_dp2": dict(GELU_TIED, tp=2, dp=2, zero=2),
+}
 
 
 @pytest.fixture(scope="module")
 def parity_results(tmp_path_factory) -> dict[str, dict]:
     work = tmp_path_factory.mktemp("parity")
-    jobs = [dict(name=n, plan=make_plan(steps=STEPS, **kw).to_dict()) for n, kw in LAYOUTS.items()]
+    jobs = [dict(name=n, plan=make_plan(steps=STEPS, **kw).to_dict()) for n, kw in {**LAYOUTS, **OTHER_MODEL}.items()]
     # the TP-host check, in the same processes: TP pairs (0,1) and (2,3) split over two fake hosts
     bad_hosts = {"LAUNCH4D_FAKE_HOSTS": "a,b,a,b"}
     jobs.append(dict(name="tp_across_hosts", plan=make_plan(tp=2, dp=2, steps=1).to_dict(), env=bad_hosts))
@@ -74,6 +80,16 @@ def test_loss_parity_with_single_process(parity_results, name):
     # pre-clip global grad norm does not.
     norms, ref_norms = parity_results[name]["grad_norms"], parity_results["ref"]["grad_norms"]
     assert norms == pytest.approx(ref_norms, rel=RTOL), f"{name} grad norms {norms} vs reference {ref_norms}"
+
+
+@pytest.mark.slow
+def test_gelu_tied_embeddings_parity(parity_results):
+    ref = parity_results["gelu_tied_ref"]
+    got = parity_results["gelu_tied_tp2_dp2"]
+    assert _losses(parity_results, "gelu_tied_tp2_dp2") == pytest.approx(_losses(parity_results, "gelu_tied_ref"),
+                                                                         rel=RTOL)
+    assert got["grad_norms"] == pytest.approx(ref["grad_norms"], rel=RTOL)
+    assert ref["losses"] != parity_results["ref"]["losses"]     # really a different model
 
 
 @pytest.mark.slow

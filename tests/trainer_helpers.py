@@ -21,14 +21,14 @@ def make_plan(tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, *, zero: int =
               micro_batch: int = 1, grad_accum: int | None = None, global_batch: int = 8,
               schedule: str | None = None, virtual_stages: int = 1, stage_layers: list[int] | None = None,
               seq_len: int = 32, steps: int = 5, mesh_order=("pp", "dp", "cp", "tp"), gpus_per_node: int = 8,
-              model: str = "tiny", forced: bool = False, **train_over) -> Plan:
+              model: str = "tiny", model_over: dict | None = None, forced: bool = False, **train_over) -> Plan:
     """A Plan for the given layout (what the planner would emit for a fully fixed `parallel`)."""
     degrees = {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": 1}
     world = tp * cp * pp * dp
     if grad_accum is None:
         grad_accum = global_batch // (micro_batch * dp)
     n_stages = pp * virtual_stages
-    m = dict(presets.MODELS[model], preset=model)
+    m = dict(presets.MODELS[model], preset=model, **(model_over or {}))
     if stage_layers is None:
         base, extra = divmod(m["layers"], n_stages)
         stage_layers = [base + (1 if i < extra else 0) for i in range(n_stages)]

@@ -108,6 +108,7 @@ class Engine:
             self.schedule = build_schedule(p, self.parts, self.stage_ids, mesh.device, mesh.group("pp"),
                                            self.loss_fn)
         self.ranks_per_stage = dist.get_world_size() // p.pp
+        self.fwd_collective, self.bwd_collective = phase_collectives(p, self.dp_mode)
 
     def train_step(self, batch: torch.Tensor, beat) -> tuple[float, float]:
         """One optimizer step on this dp rank's rows [micro_batch·grad_accum, seq_len+1]."""
@@ -115,9 +116,9 @@ class Engine:
         inputs = cpar.shard_sequence(batch[:, :-1], mesh.coords["cp"], p.cp).to(mesh.device)
         labels = cpar.shard_sequence(batch[:, 1:], mesh.coords["cp"], p.cp).to(mesh.device)
         local = torch.zeros((), dtype=torch.float32, device=mesh.device)
-        beat("forward", "pipeline" if self.schedule else "forward")
         with torch.autocast(mesh.device.type, dtype=torch.bfloat16, enabled=self.autocast):
             if self.schedule is not None:
+                beat("forward", self.fwd_collective)     # the schedule interleaves fwd/bwd itself
                 losses: list[torch.Tensor] = []
                 self.schedule.step(inputs, target=labels, losses=losses, return_outputs=False)
                 for x in losses:
@@ -125,11 +126,12 @@ class Engine:
             else:
                 model = self.parts[0]
                 for inp, lab in zip(inputs.chunk(p.grad_accum), labels.chunk(p.grad_accum)):
+                    beat("forward", self.fwd_collective)
                     loss = self.loss_fn(model(inp), lab)
-                    beat("backward", None)
+                    beat("backward", self.bwd_collective)
                     loss.backward()
                     local += loss.detach()
-        beat("optimizer", "all_reduce(grads)" if self.dp_mode == "replicate" else "all_reduce(grad_norm)")
+        beat("optimizer", "all_reduce(grads, dp·cp)" if self.dp_mode == "replicate" else "all_reduce(grad_norm)")
         if self.dp_mode == "replicate":
             fsdp.all_reduce_grads(self.params, self.mesh.dp_cp_mesh.get_group())
         norm = grad_norm_and_clip(self.params, self.cfg.train.grad_clip, self.ranks_per_stage)
@@ -138,6 +140,18 @@ class Engine:
         self.optimizer.zero_grad(set_to_none=True)
         dist.all_reduce(local)                      # non-last pp stages add 0; tp ranks hold copies
         return float(local) / p.tp, norm
+
+
+def phase_collectives(p, dp_mode: str) -> tuple[str | None, str | None]:
+    """The first collective each phase issues (what a heartbeat names when a rank stops there)."""
+    fwd = ("all_gather(fsdp, dp·cp)" if dp_mode == "fsdp" else
+           "reduce_scatter(tp)" if p.tp > 1 else
+           "all_gather(kv, cp)" if p.cp > 1 else
+           "send/recv(pp)" if p.pp > 1 else None)
+    bwd = ("all_gather(kv backward, cp)" if p.cp > 1 else
+           "all_reduce(loss, tp)" if p.tp > 1 else
+           "reduce_scatter(fsdp, dp·cp)" if dp_mode == "fsdp" else None)
+    return fwd, bwd
 
 
 def make_optimizer(cfg: TrainerConfig, params: list) -> torch.optim.Optimizer:
