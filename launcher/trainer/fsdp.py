@@ -58,8 +58,8 @@ def apply_fsdp(model: Transformer, dp_mesh, zero: int, bf16: bool) -> None:
                 m.set_force_sum_reduction_for_comms(True)   # gloo has no PREMUL_SUM
 
 
-def all_reduce_grads(params: list[torch.nn.Parameter], group) -> None:
-    """ZeRO 0/1: sum every gradient over the dp×cp group in one flat bucket per dtype."""
+def all_reduce_grads(params: list[torch.nn.Parameter], group, bucket_elems: int = 1 << 25) -> None:
+    """ZeRO 0/1: sum every gradient over the dp×cp group, in flat buckets (per dtype, ≤ bucket_elems)."""
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for p in params:
         g = p.grad
@@ -71,9 +71,23 @@ def all_reduce_grads(params: list[torch.nn.Parameter], group) -> None:
         local = g._local_tensor if hasattr(g, "_local_tensor") else g
         by_dtype.setdefault(local.dtype, []).append(local)
     for tensors in by_dtype.values():
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        dist.all_reduce(flat, group=group)
-        offset = 0
-        for t in tensors:
-            t.copy_(flat[offset:offset + t.numel()].view_as(t))
-            offset += t.numel()
+        bucket: list[torch.Tensor] = []
+        size = 0
+        for t in tensors + [None]:
+            if t is not None and (not bucket or size + t.numel() <= bucket_elems):
+                bucket.append(t)
+                size += t.numel()
+                continue
+            _reduce_bucket(bucket, group)
+            bucket, size = ([t], t.numel()) if t is not None else ([], 0)
+
+
+def _reduce_bucket(tensors: list[torch.Tensor], group) -> None:
+    if not tensors:
+        return
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
