@@ -110,6 +110,8 @@ def config_from_plan(plan: Plan, steps: int | None = None, init_timeout_s: float
                      seed=int(t.get("seed", 1234)), loss_chunk=int(t.get("loss_chunk", 1024)),
                      checkpoint_every=int(t.get("checkpoint_every", 0)))
     validate(m, par, tr, plan)
+    if steps is not None:       # what the metrics line shows as "step i/N"
+        plan.train = {**plan.train, "steps": int(steps)}
     diag = plan.diagnostics or {}
     init_t = float(init_timeout_s if init_timeout_s is not None else diag.get("init_timeout_s", 600))
     step_t = float(step_timeout_s if step_timeout_s is not None else diag.get("collective_timeout_s", 600))

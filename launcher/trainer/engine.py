@@ -36,9 +36,10 @@ warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a v
 
 
 def default_device() -> torch.device:
-    if torch.cuda.is_available():
-        import os
+    """cuda:LOCAL_RANK when CUDA is available (unless LAUNCH4D_DEVICE=cpu), else CPU."""
+    import os
 
+    if torch.cuda.is_available() and os.environ.get("LAUNCH4D_DEVICE", "") != "cpu":
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
         return torch.device("cuda", local)
