@@ -30,7 +30,7 @@ LAYOUTS = {
     "ref": dict(),
     "dp8_zero3": dict(dp=8, zero=3),
     "tp2_dp4_zero2": dict(tp=2, dp=4, zero=2),
-    "pp2_1f1b_tp2_dp2_uneven": dict(pp=2, tp=2, dp=2, schedule="1f1b", stage_layers=[1, 3]),
+    "pp2_1f1b_tp2_dp2_uneven_zero1": dict(pp=2, tp=2, dp=2, schedule="1f1b", stage_layers=[1, 3], zero=1),
     "cp2_tp2_dp2": dict(cp=2, tp=2, dp=2),
     "pp2_interleaved_v2_cp2_tp2": dict(pp=2, cp=2, tp=2, schedule="interleaved-1f1b", virtual_stages=2),
     "dp2_ga2_zero0": dict(dp=2, micro_batch=2, grad_accum=2, zero=0),
@@ -255,3 +255,81 @@ def test_cli_inject_stall_times_out_and_heartbeats_name_the_rank(tmp_path):
     beats = {b["rank"]: b for b in read_heartbeats(tmp_path / "run")}
     assert beats[1]["step"] == 2 and beats[1]["phase"] == "forward"     # the stalled rank
     assert beats[0]["step"] == 2 and beats[0]["phase"] == "error"       # its peer timed out waiting
+
+
+def test_chunked_loss_never_saves_full_logits():
+    from launcher.trainer.loss import ChunkedLoss
+
+    n, hidden, vocab, chunk = 24, 16, 40, 5
+    h = torch.randn(1, n, hidden, requires_grad=True)
+    w = torch.randn(vocab, hidden, requires_grad=True)
+    y = torch.randint(0, vocab, (1, n))
+    saved: list[tuple[int, ...]] = []
+
+    def pack(t):
+        saved.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = ChunkedLoss(lambda: w, global_tokens=n, chunk=chunk)(h, y)
+    loss.backward()
+    assert saved and all(math.prod(s) < n * vocab for s in saved), saved
+
+
+def test_recompute_modes_recompute_what_they_say():
+    from launcher.trainer.config import model_args
+    from launcher.trainer.model import Attention, Block, Transformer
+    from launcher.trainer.recompute import apply_recompute
+
+    counts = {"core": 0, "body": 0}
+    orig_core, orig_body = Attention.core, Block._body
+
+    def core(self, *a):
+        counts["core"] += 1
+        return orig_core(self, *a)
+
+    def body(self, *a):
+        counts["body"] += 1
+        return orig_body(self, *a)
+
+    args = model_args(make_plan().model)
+    x = torch.randint(0, args.vocab, (2, 8))
+    want = {"none": (4, 4), "selective": (8, 4), "full": (8, 8)}       # 4 layers; (core, body) calls
+    for mode, expected in want.items():
+        m = Transformer(args, seq_len=8)
+        m.init_weights(1)
+        apply_recompute(m, mode)
+        counts.update(core=0, body=0)
+        Attention.core, Block._body = core, body
+        try:
+            m(x).sum().backward()
+        finally:
+            Attention.core, Block._body = orig_core, orig_body
+        assert (counts["core"], counts["body"]) == expected, mode
+
+
+def test_fsdp_wraps_every_block_then_root(tmp_path):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
+
+    from launcher.trainer.config import model_args
+    from launcher.trainer.fsdp import apply_fsdp, describe
+    from launcher.trainer.model import Transformer
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp_cp",))
+        for zero in (3, 2):
+            m = Transformer(model_args(make_plan().model), seq_len=8)
+            m.init_weights(1)
+            apply_fsdp(m, mesh, zero=zero, bf16=False)
+            assert isinstance(m, FSDPModule)
+            assert all(isinstance(b, FSDPModule) for b in m.layers.values())
+            for b in m.layers.values():
+                info = b._get_fsdp_state()._fsdp_param_group.post_forward_mesh_info
+                assert (info is not None) == (zero == 3)      # ZeRO 3 reshards after forward, 2 keeps
+    finally:
+        dist.destroy_process_group()
+    assert "reshard_after_forward=True" in describe(3, 8) and "reshard_after_forward=False" in describe(2, 8)
+    assert "runs as ZeRO 0" in describe(1, 8)
