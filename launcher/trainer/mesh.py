@@ -147,6 +147,3 @@ def log_startup(cfg: TrainerConfig, mesh: MeshInfo, hosts: list[str], backend: s
            if k.startswith(ENV_PREFIXES) and not any(s in k for s in SECRET_HINTS)}
     log.info("distributed env: %s", " ".join(f"{k}={v}" for k, v in env.items()))
 
-
-__all__ = ["MeshInfo", "build_mesh", "check_hosts", "hostname", "log_startup", "set_timeouts", "tp_host_problems",
-           "UserError"]
