@@ -283,3 +283,25 @@ def test_resume_into_another_layout(full_run, tmp_path, env):
     assert sorted(got) == [5, 6, 7, 8]
     for step in got:
         assert got[step] == pytest.approx(want[step], rel=1e-5)
+
+
+def test_stall_watch_names_the_rank_that_stopped(tmp_path, capsys):
+    from launcher.commands.run_cmd import StallWatch, stall_report
+    from launcher.trainer.metrics import Heartbeat
+
+    assert "no heartbeat files yet" in stall_report(tmp_path, 2)
+    stuck, ok = Heartbeat(tmp_path, 1, "h"), Heartbeat(tmp_path, 0, "h")
+    stuck.beat(2, "forward", last_collective="all_gather")
+    data = json.loads(stuck.path.read_text())
+    data["updated"] -= 60  # rank 1 stopped a minute ago ...
+    stuck.path.write_text(json.dumps(data))
+    ok.beat(3, "backward", last_collective="reduce_scatter")  # ... while rank 0 went on
+    report = stall_report(tmp_path, 2)
+    assert report.startswith("rank 1") and "step 2" in report and "all_gather" in report
+    watch = StallWatch(tmp_path, 2, quiet_s=0.2)
+    watch.thread.start()
+    time.sleep(0.6)
+    watch.stop.set()
+    watch.thread.join()
+    err = capsys.readouterr().err
+    assert "launch: no output from rank 0 for" in err and "rank 1" in err and f"launch diagnose {tmp_path}" in err

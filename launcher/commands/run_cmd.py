@@ -84,6 +84,46 @@ def check_devices(plan, as_json: bool) -> str:
     return "cpu"
 
 
+def stall_report(run_dir: Path, world: int) -> str:
+    """Where each rank is, from the heartbeat files (launcher.diagnose's reading of them)."""
+    from launcher.diagnose.findings import ERROR
+    from launcher.diagnose.heartbeat import Heartbeats, parse_beat
+
+    hb = Heartbeats()
+    for path in sorted((run_dir / "heartbeat").glob("rank*.json")):
+        try:
+            beat = parse_beat(path.read_text(), str(path))
+        except OSError:
+            continue
+        if beat is not None:
+            hb.add(beat)
+    findings = hb.findings(world, {})
+    if not findings:
+        return "no heartbeat files yet (the ranks have not started their first phase)"
+    worst = [f for f in findings if f.severity == ERROR] or findings
+    return worst[0].message
+
+
+class StallWatch:
+    """While the job runs: when rank 0 has printed nothing for `quiet_s`, say where every rank is."""
+
+    def __init__(self, run_dir: Path, world: int, quiet_s: float):
+        import threading
+
+        self.run_dir, self.world, self.quiet_s = run_dir, world, quiet_s
+        self.last = time.time()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self.stop.wait(min(5.0, self.quiet_s / 4)):
+            quiet = time.time() - self.last
+            if quiet >= self.quiet_s:
+                progress(f"launch: no output from rank 0 for {quiet:.0f} s; "
+                         f"{stall_report(self.run_dir, self.world)}; more: launch diagnose {self.run_dir}")
+                self.last = time.time()
+
+
 def read_steps(run_dir: Path) -> list[dict]:
     by_step: dict[int, dict] = {}
     try:
@@ -99,9 +139,13 @@ def read_steps(run_dir: Path) -> list[dict]:
     return [by_step[s] for s in sorted(by_step)]
 
 
-def follow(backend, handle, as_json: bool) -> dict[int, collections.deque]:
-    """Stream rank 0 (and torchrun's warnings) until the job ends; keep each rank's last lines."""
+def follow(backend, handle, as_json: bool, quiet_s: float = 120.0) -> dict[int, collections.deque]:
+    """Stream rank 0 (and torchrun's warnings) until the job ends; keep each rank's last lines;
+    report where the ranks are when rank 0 goes quiet for `quiet_s`."""
     from launcher.backends.local import rank_of
+
+    watch = StallWatch(Path(handle.run_dir), int(handle.extra.get("world", 0)) or None, quiet_s)
+    watch.thread.start()
 
     tails: dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=30))
     out = sys.stderr if as_json else sys.stdout
@@ -123,11 +167,13 @@ def follow(backend, handle, as_json: bool) -> dict[int, collections.deque]:
             if rank is not None:
                 tails[rank].append(text)
                 if rank == 0:
+                    watch.last = time.time()
                     print(text, file=out, flush=True)
             elif LOG_LEVEL_LINE.match(line):
                 tails[-1].append(line)
                 print(line, file=sys.stderr, flush=True)
     finally:
+        watch.stop.set()
         for s, h in old.items():
             signal.signal(s, h)
     return tails
@@ -183,7 +229,8 @@ def run(job: str, run_dir: str | None, nproc: int | None, resume: str, dry_run: 
              f"(tp={plan.tp} cp={plan.cp} pp={plan.pp} dp={plan.dp}, zero {plan.zero_stage}, "
              f"micro_batch {plan.micro_batch} × grad_accum {plan.grad_accum}); run dir {handle.run_dir}")
     t0 = time.time()
-    tails = follow(backend, handle, as_json)
+    quiet_s = max(30.0, min(120.0, spec.diagnostics.collective_timeout_s / 2))
+    tails = follow(backend, handle, as_json, quiet_s)
     status = backend.wait(handle)
     steps = read_steps(Path(handle.run_dir))
     code = status.exit_code if status.exit_code is not None else 1
