@@ -136,6 +136,28 @@ def test_submit_runs_to_completion_with_the_plans_rank_placement(slurm_cluster, 
     assert (Path(run_dir) / "checkpoints" / "latest").read_text().strip() == "step-4"
 
 
+def test_the_plans_host_order_beats_slurms(slurm_cluster, tmp_path):  # noqa: F811
+    """A bandwidth map listing n2 before n1 makes n2 node 0 of the plan: it gets ranks 0-1 and hosts
+    the rendezvous, although Slurm numbers n1 first (SLURM_NODEID 0)."""
+    from checks.bwmap import BandwidthMap, NodeReport
+
+    bw = BandwidthMap(nodes={h: NodeReport(host=h, gpus=2) for h in ("n2", "n1")})
+    (tmp_path / "bw.json").write_text(json.dumps(bw.to_dict()))
+    job = write_job(tmp_path, "e2e-order", steps=2)
+    sub = submit(job, "--preflight", tmp_path / "bw.json")
+    jid, run_dir = sub["id"], sub["run_dir"]
+    st = json.loads(launch("status", jid, "--wait", "--timeout", "600", "--interval", "1", "--json").output)
+    assert st["slurm_state"] == "COMPLETED", log_text(run_dir, jid)[-3000:]
+    plan = Plan.load(Path(run_dir) / "plan.json")
+    assert plan.hosts == ["n2", "n1"]
+    out = log_text(run_dir, jid)
+    assert "#SBATCH --nodelist=n2,n1" in (Path(run_dir) / "train.sbatch").read_text()
+    assert "0: launch4d: node n1 node_rank 1" in out and "1: launch4d: node n2 node_rank 0" in out
+    if slurm_cluster.separate_hostnames:
+        hosts = {r: json.loads((Path(run_dir) / "heartbeat" / f"rank{r}.json").read_text())["host"] for r in range(4)}
+        assert hosts == {0: "n2", 1: "n2", 2: "n1", 3: "n1"}
+
+
 def test_cancel_a_running_job(slurm_cluster, tmp_path):  # noqa: F811
     job = write_job(tmp_path, "e2e-cancel", steps=500)
     sub = submit(job)
