@@ -298,6 +298,11 @@ def test_stall_watch_names_the_rank_that_stopped(tmp_path, capsys):
     ok.beat(3, "backward", last_collective="reduce_scatter")  # ... while rank 0 went on
     report = stall_report(tmp_path, 2)
     assert report.startswith("rank 1") and "step 2" in report and "all_gather" in report
+    # both waiting (no stale file): the one with fewer collectives is named
+    ok.beat(3, "forward", last_collective="all_gather")
+    ok.beat(3, "forward", last_collective="all_reduce")  # rank 0: 3 collectives, waiting in the 3rd
+    stuck.beat(3, "forward", last_collective="all_gather")  # rank 1: 2, never issued the 3rd
+    assert stall_report(tmp_path, 2).startswith("rank 1 is behind its peers at step 3 after 2 collectives")
     watch = StallWatch(tmp_path, 2, quiet_s=0.2)
     watch.thread.start()
     time.sleep(0.6)

@@ -97,11 +97,31 @@ def stall_report(run_dir: Path, world: int) -> str:
             continue
         if beat is not None:
             hb.add(beat)
-    findings = hb.findings(world, {})
+    role = _pp_stage_of_ranks(run_dir)
+    findings = hb.findings(world, {}, role)
     if not findings:
         return "no heartbeat files yet (the ranks have not started their first phase)"
-    worst = [f for f in findings if f.severity == ERROR] or findings
-    return worst[0].message
+    errors = [f for f in findings if f.severity == ERROR]
+    if errors:
+        return errors[0].message
+    # Everyone is waiting (no file is stale next to another): the suspect is the rank that issued
+    # fewer collectives than the others of its pipeline stage.
+    beats = hb.beats
+    top: dict = {}
+    for r, b in beats.items():
+        top[role.get(r)] = max(top.get(role.get(r), (0, 0)), (b.step, b.collectives))
+    behind = sorted(r for r, b in beats.items() if b.phase != "done" and (b.step, b.collectives) < top[role.get(r)])
+    lead = "; ".join(f"rank {r} is behind its peers at step {beats[r].step} after {beats[r].collectives} "
+                     f"collectives (last {beats[r].last_collective})" for r in behind)
+    return (lead + "; " if lead else "") + findings[-1].message
+
+
+def _pp_stage_of_ranks(run_dir: Path) -> dict[int, int]:
+    try:
+        plan = json.loads((run_dir / "plan.json").read_text())
+        return {int(r["rank"]): int(r.get("coords", {}).get("pp", 0)) for r in plan["ranks"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
 
 
 class StallWatch:
