@@ -258,6 +258,7 @@ def test_bad_inputs_give_one_line_and_leave_nothing(slurm_cluster, tmp_path, mon
                     accept_unknown_host=True, ssh_timeout_s=5)
     msg = one_line_error(launch("submit", job, ok=False))
     assert "cannot reach login node 127.0.0.1:1" in msg
+    assert not runs.exists() or not any(runs.iterdir())
 
     bindir = tmp_path / "bin"
     bindir.mkdir()
