@@ -37,6 +37,8 @@ LAYOUTS = {
     "dp4_ga1": dict(dp=4, micro_batch=2, grad_accum=1),
     "recompute_selective_cp2_tp2_dp2": dict(cp=2, tp=2, dp=2, recompute="selective"),
     "recompute_full_pp2_gpipe_tp2_dp2": dict(pp=2, tp=2, dp=2, schedule="gpipe", recompute="full"),
+    # a non-default mesh order: cp and dp (flattened for FSDP) are not adjacent
+    "order_cp_pp_dp_tp_pp2_cp2_tp2": dict(pp=2, cp=2, tp=2, mesh_order=("cp", "pp", "dp", "tp")),
 }
 # GELU MLP with tied embeddings (the output projection is the vocab-sharded embedding under TP)
 GELU_TIED = dict(model_over={"mlp": "gelu", "tied_embeddings": True})
