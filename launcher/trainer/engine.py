@@ -1,7 +1,7 @@
 """The train loop: build the model for this rank, parallelize it, and step.
 
-Order (torchtitan's): on the meta device, pipeline split -> TP; then memory for this rank's
-TP shards, CP, seeded init, activation checkpointing -> FSDP. Each step: this dp rank's rows from the data source, its cp head/tail sequence
+Order (torchtitan's), all on the meta device: pipeline split -> TP -> activation
+checkpointing -> FSDP; then memory for this rank's shards only, CP, and the seeded init. Each step: this dp rank's rows from the data source, its cp head/tail sequence
 chunks, micro-batches through the pipeline schedule (or a plain accumulation loop), gradient
 reduction as the ZeRO stage says, mesh-wide clipping, optimizer and LR schedule.
 """
@@ -60,13 +60,16 @@ def build_parts(cfg: TrainerConfig, mesh: MeshInfo, bf16_fsdp: bool) -> tuple[li
         if n_stages > 1:
             first, last = stage_range(p.stage_layers, sid)
             m.keep_only(first, last, has_embedding=sid == 0, has_head=sid == n_stages - 1)
-        apply_tp(m, mesh.tp_mesh)                  # still on meta: only TP-local shapes get memory
-        m.to_empty(device=mesh.device)
-        cpar.apply_cp(m, mesh.group("cp"), mesh.coords["cp"], p.cp, cfg.train.seq_len)
-        m.init_weights(cfg.train.seed)
+        # Everything below up to to_empty runs on the meta device: memory is then allocated for
+        # this rank's TP and FSDP shards only, and init writes each parameter's shard of its
+        # seeded full value (so a model larger than one device can still be initialised).
+        apply_tp(m, mesh.tp_mesh)
         apply_recompute(m, p.recompute)
         if dp_mode == "fsdp":
             fsdp.apply_fsdp(m, mesh.dp_cp_mesh, p.zero_stage, bf16_fsdp)
+        m.to_empty(device=mesh.device)
+        cpar.apply_cp(m, mesh.group("cp"), mesh.coords["cp"], p.cp, cfg.train.seq_len)
+        m.init_weights(cfg.train.seed)
         parts.append(m)
     return parts, stage_ids
 
