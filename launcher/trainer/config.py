@@ -7,7 +7,7 @@ named, before 8 ranks each print a traceback.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from launcher.errors import UserError
 from launcher.plan import Plan
@@ -66,7 +66,6 @@ class TrainerConfig:
     train: TrainConfig
     init_timeout_s: float
     step_timeout_s: float
-    notes: list[str] = field(default_factory=list)
 
 
 def _req(d: dict, key: str, where: str):
@@ -169,7 +168,6 @@ def validate(m: ModelArgs, p: ParallelConfig, t: TrainConfig, plan: Plan) -> Non
         if p.virtual_stages > 1:
             _check(p.schedule == "interleaved-1f1b",
                    f"plan.virtual_stages={p.virtual_stages} needs schedule interleaved-1f1b, not {p.schedule}")
-        _check(p.micro_batch * p.grad_accum >= 1, "plan.micro_batch must be >= 1")
         check_microbatches(p.schedule, p.grad_accum, p.pp)
 
 
