@@ -147,6 +147,8 @@ def validate(m: ModelArgs, p: ParallelConfig, t: TrainConfig, plan: Plan) -> Non
     _check(t.precision in ("bf16", "fp32"),
            f"plan.train.precision={t.precision!r}: the bundled trainer runs bf16 or fp32")
     _check(t.loss_chunk >= 1, "plan.train.loss_chunk must be >= 1")
+    _check(p.micro_batch >= 1 and p.grad_accum >= 1,
+           f"plan.micro_batch={p.micro_batch} and plan.grad_accum={p.grad_accum} must both be >= 1")
     _check(p.micro_batch * p.grad_accum * p.dp == t.global_batch,
            f"plan: micro_batch {p.micro_batch} × grad_accum {p.grad_accum} × dp {p.dp} = "
            f"{p.micro_batch * p.grad_accum * p.dp}, but train.global_batch is {t.global_batch}")
