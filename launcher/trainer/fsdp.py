@@ -58,9 +58,10 @@ def apply_fsdp(model: Transformer, dp_mesh, zero: int, bf16: bool) -> None:
                 m.set_force_sum_reduction_for_comms(True)   # gloo has no PREMUL_SUM
 
 
-def all_reduce_grads(params: list[torch.nn.Parameter], group, bucket_elems: int = 1 << 25) -> None:
-    """ZeRO 0/1: sum every gradient over the dp×cp group, in flat buckets (per dtype, ≤ bucket_elems)."""
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+def local_grads(params: list[torch.nn.Parameter]) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+    """Each parameter with its gradient's local tensor, the gradient first redistributed to the
+    parameter's own placements (TP can leave a DTensor gradient Partial or differently sharded)."""
+    out = []
     for p in params:
         g = p.grad
         if g is None:
@@ -68,7 +69,14 @@ def all_reduce_grads(params: list[torch.nn.Parameter], group, bucket_elems: int 
         if hasattr(g, "placements") and tuple(g.placements) != tuple(p.placements):
             g = g.redistribute(p.device_mesh, p.placements)
             p.grad = g
-        local = g._local_tensor if hasattr(g, "_local_tensor") else g
+        out.append((p, g._local_tensor if hasattr(g, "_local_tensor") else g))
+    return out
+
+
+def all_reduce_grads(params: list[torch.nn.Parameter], group, bucket_elems: int = 1 << 25) -> None:
+    """ZeRO 0/1: sum every gradient over the dp×cp group, in flat buckets (per dtype, ≤ bucket_elems)."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for _, local in local_grads(params):
         by_dtype.setdefault(local.dtype, []).append(local)
     for tensors in by_dtype.values():
         bucket: list[torch.Tensor] = []

@@ -20,6 +20,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from launcher.trainer.fsdp import local_grads
+
 
 class _SumForward(torch.autograd.Function):
     """All-reduce(sum) whose result feeds a computation replicated on every rank: identity backward."""
@@ -125,14 +127,7 @@ def grad_norm_and_clip(params: list[torch.Tensor], max_norm: float, ranks_per_st
     device = None
     sq = torch.zeros((), dtype=torch.float64)
     grads = []
-    for p in params:
-        g = p.grad
-        if g is None:
-            continue
-        if hasattr(g, "placements") and tuple(g.placements) != tuple(p.placements):
-            g = g.redistribute(p.device_mesh, p.placements)
-            p.grad = g
-        local = g._local_tensor if hasattr(g, "_local_tensor") else g
+    for p, local in local_grads(params):
         device = local.device
         sq = sq.to(device)
         sq += local.detach().double().pow(2).sum() / _replication(p, ranks_per_stage)
