@@ -41,6 +41,16 @@ LAYOUTS = {
     "order_cp_pp_dp_tp_pp2_cp2_tp2": dict(pp=2, cp=2, tp=2, mesh_order=("cp", "pp", "dp", "tp")),
 }
 # GELU MLP with tied embeddings (the output projection is the vocab-sharded embedding under TP)
+# mixture of experts (4 experts, top-2, dropless); expert parallelism splits dp·cp (moe.py)
+MOE = dict(model_over={"experts": 4, "experts_per_token": 2})
+MOE_LAYOUTS = {
+    "moe_ref": dict(MOE),
+    "moe_dp4_ep2_zero1": dict(MOE, dp=4, ep=2, zero=1),
+    "moe_dp4_ep4_zero0": dict(MOE, dp=4, ep=4, zero=0),
+    "moe_pp2_1f1b_dp2_ep2": dict(MOE, pp=2, dp=2, ep=2, zero=1),
+    "moe_cp2_dp2_ep4_recompute_full": dict(MOE, cp=2, dp=2, ep=4, zero=0, recompute="full"),
+    "moe_dp2_zero3_ep1": dict(MOE, dp=2, zero=3),
+}
 GELU_TIED = dict(model_over={"mlp": "gelu", "tied_embeddings": True})
 OTHER_MODEL = {
     "gelu_tied_ref": dict(GELU_TIED),
@@ -52,6 +62,7 @@ OTHER_MODEL = {
 def parity_results(tmp_path_factory) -> dict[str, dict]:
     work = tmp_path_factory.mktemp("parity")
     jobs = [dict(name=n, plan=make_plan(steps=STEPS, **kw).to_dict()) for n, kw in {**LAYOUTS, **OTHER_MODEL}.items()]
+    jobs += [dict(name=n, plan=make_plan(steps=STEPS, **kw).to_dict()) for n, kw in MOE_LAYOUTS.items()]
     # the TP-host check, in the same processes: TP pairs (0,1) and (2,3) split over two fake hosts
     bad_hosts = {"LAUNCH4D_FAKE_HOSTS": "a,b,a,b"}
     jobs.append(dict(name="tp_across_hosts", plan=make_plan(tp=2, dp=2, steps=1).to_dict(), env=bad_hosts))
@@ -92,6 +103,17 @@ def test_gelu_tied_embeddings_parity(parity_results):
                                                                          rel=RTOL)
     assert got["grad_norms"] == pytest.approx(ref["grad_norms"], rel=RTOL)
     assert ref["losses"] != parity_results["ref"]["losses"]     # really a different model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in MOE_LAYOUTS if n != "moe_ref"])
+def test_moe_expert_parallel_parity(parity_results, name):
+    ref = _losses(parity_results, "moe_ref")
+    got = _losses(parity_results, name)
+    for step, (a, b) in enumerate(zip(got, ref), start=1):
+        assert a == pytest.approx(b, rel=RTOL), f"{name} step {step}: {a} vs MoE reference {b}"
+    assert ref != parity_results["ref"]["losses"]           # really a different (MoE) model
+    assert parity_results[name]["grad_norms"] == pytest.approx(parity_results["moe_ref"]["grad_norms"], rel=RTOL)
 
 
 @pytest.mark.slow

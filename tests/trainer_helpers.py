@@ -17,13 +17,13 @@ from launcher import layout, presets
 from launcher.plan import Plan
 
 
-def make_plan(tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, *, zero: int = 3, recompute: str = "none",
+def make_plan(tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, *, ep: int = 1, zero: int = 3, recompute: str = "none",
               micro_batch: int = 1, grad_accum: int | None = None, global_batch: int = 8,
               schedule: str | None = None, virtual_stages: int = 1, stage_layers: list[int] | None = None,
               seq_len: int = 32, steps: int = 5, mesh_order=("pp", "dp", "cp", "tp"), gpus_per_node: int = 8,
               model: str = "tiny", model_over: dict | None = None, forced: bool = False, **train_over) -> Plan:
     """A Plan for the given layout (what the planner would emit for a fully fixed `parallel`)."""
-    degrees = {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": 1}
+    degrees = {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep}
     world = tp * cp * pp * dp
     if grad_accum is None:
         grad_accum = global_batch // (micro_batch * dp)

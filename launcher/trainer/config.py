@@ -32,6 +32,7 @@ class ParallelConfig:
     schedule: str
     virtual_stages: int
     stage_layers: tuple[int, ...]
+    ep: int = 1     # expert parallelism: splits dp·cp (moe.py); not a mesh dimension of its own
 
     @property
     def world_size(self) -> int:
@@ -86,7 +87,9 @@ def model_args(model: dict) -> ModelArgs:
                      kv_heads=int(model.get("kv_heads") or heads),
                      ffn_hidden=int(model.get("ffn_hidden") or 4 * hidden),
                      vocab=int(_req(model, "vocab", "model")), mlp=str(model.get("mlp", "swiglu")),
-                     tied_embeddings=bool(model.get("tied_embeddings", False)))
+                     tied_embeddings=bool(model.get("tied_embeddings", False)),
+                     experts=int(model.get("experts") or 1),
+                     experts_per_token=int(model.get("experts_per_token") or 1))
 
 
 def config_from_plan(plan: Plan, steps: int | None = None, init_timeout_s: float | None = None,
@@ -100,7 +103,7 @@ def config_from_plan(plan: Plan, steps: int | None = None, init_timeout_s: float
                          zero_stage=int(plan.zero_stage), recompute=str(plan.recompute),
                          micro_batch=int(plan.micro_batch), grad_accum=int(plan.grad_accum),
                          schedule=str(plan.schedule or "none"), virtual_stages=int(plan.virtual_stages or 1),
-                         stage_layers=tuple(int(x) for x in plan.stage_layers))
+                         stage_layers=tuple(int(x) for x in plan.stage_layers), ep=int(d.get("ep", 1) or 1))
     tr = TrainConfig(seq_len=int(_req(t, "seq_len", "train")), global_batch=int(_req(t, "global_batch", "train")),
                      steps=int(steps if steps is not None else t.get("steps", 1)),
                      optimizer=str(t.get("optimizer", "adam")), precision=str(t.get("precision", "bf16")),
@@ -123,10 +126,7 @@ def validate(m: ModelArgs, p: ParallelConfig, t: TrainConfig, plan: Plan) -> Non
     _check(m.heads % m.kv_heads == 0, f"plan.model.kv_heads={m.kv_heads} does not divide heads={m.heads}")
     _check(m.head_dim % 2 == 0, f"plan.model: head_dim {m.head_dim} must be even for RoPE")
     _check(m.mlp in ("swiglu", "gelu"), f"plan.model.mlp={m.mlp!r}: choose 'swiglu' or 'gelu'")
-    _check(int(plan.model.get("experts", 1) or 1) == 1,
-           "plan.model.experts > 1: mixture-of-experts models are not supported by the bundled trainer")
-    ep = int(plan.degrees.get("ep", 1) or 1)
-    _check(ep == 1, f"plan.degrees.ep={ep}: expert parallelism is not supported by the bundled trainer")
+    validate_moe(m, p)
     for name in ("tp", "cp", "pp", "dp"):
         _check(getattr(p, name) >= 1, f"plan.degrees.{name} must be >= 1")
     _check(sorted(p.mesh_order) == sorted(("pp", "dp", "cp", "tp")),
@@ -171,6 +171,24 @@ def validate(m: ModelArgs, p: ParallelConfig, t: TrainConfig, plan: Plan) -> Non
             _check(p.schedule == "interleaved-1f1b",
                    f"plan.virtual_stages={p.virtual_stages} needs schedule interleaved-1f1b, not {p.schedule}")
         check_microbatches(p.schedule, p.grad_accum, p.pp)
+
+
+def validate_moe(m: ModelArgs, p: ParallelConfig) -> None:
+    """Mixture of experts and expert parallelism: what moe.py runs, and one line for what it does not."""
+    _check(m.experts >= 1, f"plan.model.experts={m.experts} must be >= 1")
+    _check(p.ep >= 1, f"plan.degrees.ep={p.ep} must be >= 1")
+    if m.experts > 1:
+        _check(1 <= m.experts_per_token <= m.experts,
+               f"plan.model.experts_per_token={m.experts_per_token} must be between 1 and experts={m.experts}")
+        _check(p.tp == 1, f"plan.degrees.tp={p.tp} with model.experts={m.experts}: the bundled trainer runs "
+                          "mixture-of-experts layers without tensor parallelism; use tp=1 (ep splits dp·cp)")
+    if p.ep > 1:
+        _check(m.experts > 1, f"plan.degrees.ep={p.ep} needs a mixture-of-experts model (model.experts > 1)")
+        _check(m.experts % p.ep == 0, f"plan.degrees.ep={p.ep} must divide model.experts={m.experts}")
+        _check((p.dp * p.cp) % p.ep == 0, f"plan.degrees.ep={p.ep} must divide dp·cp={p.dp * p.cp}")
+        _check(p.zero_stage < 2, f"plan.zero_stage={p.zero_stage} with plan.degrees.ep={p.ep}: the bundled trainer "
+                                 "keeps expert weights replicated over dp·cp/ep (ZeRO 0/1); use zero_stage 0 or 1, "
+                                 "or ep=1")
 
 
 def check_microbatches(schedule: str, n_micro: int, pp: int) -> None:

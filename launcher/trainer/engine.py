@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from launcher.errors import UserError
 from launcher.trainer import context_parallel as cpar
-from launcher.trainer import fsdp
+from launcher.trainer import fsdp, moe
 from launcher.trainer.config import TrainerConfig
 from launcher.trainer.loss import ChunkedLoss, grad_norm_and_clip
 from launcher.trainer.mesh import MeshInfo, build_mesh, check_hosts, hostname, log_startup, set_timeouts
@@ -60,6 +60,8 @@ def build_parts(cfg: TrainerConfig, mesh: MeshInfo, bf16_fsdp: bool) -> tuple[li
         if n_stages > 1:
             first, last = stage_range(p.stage_layers, sid)
             m.keep_only(first, last, has_embedding=sid == 0, has_head=sid == n_stages - 1)
+        if mesh.ep is not None:
+            moe.apply_ep(m, mesh.ep)        # this EP rank's experts only
         # Everything below up to to_empty runs on the meta device: memory is then allocated for
         # this rank's TP and FSDP shards only, and init writes each parameter's shard of its
         # seeded full value (so a model larger than one device can still be initialised).
@@ -70,6 +72,7 @@ def build_parts(cfg: TrainerConfig, mesh: MeshInfo, bf16_fsdp: bool) -> tuple[li
         m.to_empty(device=mesh.device)
         cpar.apply_cp(m, mesh.group("cp"), mesh.coords["cp"], p.cp, cfg.train.seq_len)
         m.init_weights(cfg.train.seed)
+        moe.tag_expert_params(m)
         parts.append(m)
     return parts, stage_ids
 
@@ -101,6 +104,9 @@ class Engine:
                      p.tp, p.cp, p.pp, p.schedule, p.virtual_stages, list(p.stage_layers), p.recompute,
                      p.micro_batch, p.grad_accum)
         self.params = [q for m in self.parts for q in m.parameters()]
+        experts = {id(q) for m in self.parts for q in moe.expert_params(m)}
+        self.expert_params = [q for q in self.params if id(q) in experts]    # summed over the EP replicas
+        self.dense_params = [q for q in self.params if id(q) not in experts]
         self.optimizer = make_optimizer(cfg, self.params)
         self.scheduler = make_scheduler(cfg, self.optimizer)
         n_stages = p.pp * p.virtual_stages
@@ -137,7 +143,9 @@ class Engine:
                     local += loss.detach()
         beat("optimizer", "all_reduce(grads, dp·cp)" if self.dp_mode == "replicate" else "all_reduce(grad_norm)")
         if self.dp_mode == "replicate":
-            fsdp.all_reduce_grads(self.params, self.mesh.dp_cp_mesh.get_group())
+            fsdp.all_reduce_grads(self.dense_params, self.mesh.dp_cp_mesh.get_group())
+            if self.expert_params and self.mesh.ep.replica_size > 1:
+                fsdp.all_reduce_grads(self.expert_params, self.mesh.ep.replica_group)
         norm = grad_norm_and_clip(self.params, self.cfg.train.grad_clip, self.ranks_per_stage)
         self.optimizer.step()
         self.scheduler.step()

@@ -109,7 +109,7 @@ class ChunkedLoss:
 def _replication(p: torch.Tensor, ranks_per_stage: int) -> int:
     """How many ranks of one pipeline stage hold an identical copy of this rank's shard of `p`."""
     if not hasattr(p, "device_mesh"):
-        return ranks_per_stage
+        return ranks_per_stage // getattr(p, "ep_degree", 1)     # EP experts: ep distinct sets
     mesh = p.device_mesh
     rep = ranks_per_stage // mesh.size()       # copies outside the parameter's own mesh
     for i, pl in enumerate(p.placements):

@@ -21,6 +21,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from launcher import layout
 from launcher.errors import UserError
 from launcher.trainer.config import TrainerConfig
+from launcher.trainer.moe import EPGroups
 
 log = logging.getLogger("launcher.trainer")
 
@@ -41,6 +42,7 @@ class MeshInfo:
     tp_mesh: DeviceMesh
     dp_cp_mesh: DeviceMesh      # FSDP / gradient-reduction mesh: dp and cp flattened
     sizes: dict[str, int]
+    ep: EPGroups | None = None  # expert-parallel groups when plan.degrees.ep > 1 (moe.py)
 
     def group(self, dim: str):
         return self.world.get_group(dim)
@@ -73,7 +75,40 @@ def build_mesh(cfg: TrainerConfig, device: torch.device) -> MeshInfo:
     for d in order:
         assert world.get_local_rank(d) == coords[d], "DeviceMesh layout differs from launcher.layout"
     return MeshInfo(world=world, rank=rank, coords=coords, device=device, tp_mesh=world["tp"],
-                    dp_cp_mesh=dp_cp, sizes=sizes)
+                    dp_cp_mesh=dp_cp, sizes=sizes, ep=build_ep_groups(sizes, order, p.ep, rank))
+
+
+def ep_layout(sizes: dict[str, int], order: list[str], ep: int) -> tuple[list[list[int]], list[list[int]]]:
+    """(EP groups, expert replica groups) over all ranks. Within one (pp, tp) slice, dp·cp index f
+    (dp and cp flattened in mesh order, as for FSDP) has EP rank f % ep; an EP group is ep
+    consecutive f, a replica group the dp·cp/ep ranks with the same EP rank."""
+    world = sizes["tp"] * sizes["cp"] * sizes["pp"] * sizes["dp"]
+    dims = [d for d in order if d in ("dp", "cp")]
+    ep_groups: dict[tuple, list[int]] = {}
+    replicas: dict[tuple, list[int]] = {}
+    for r in range(world):
+        c = layout.coords_of(r, sizes, order)
+        f = c[dims[0]] * sizes[dims[1]] + c[dims[1]]
+        ep_groups.setdefault((c["pp"], c["tp"], f // ep), []).append(r)
+        replicas.setdefault((c["pp"], c["tp"], f % ep), []).append(r)
+    return [ep_groups[k] for k in sorted(ep_groups)], [replicas[k] for k in sorted(replicas)]
+
+
+def build_ep_groups(sizes: dict[str, int], order: list[str], ep: int, rank: int) -> EPGroups | None:
+    """This rank's EP and expert-replica process groups (every rank creates every group, same order)."""
+    if ep == 1:
+        return None
+    ep_list, rep_list = ep_layout(sizes, order, ep)
+    mine_ep = mine_rep = None
+    for ranks in ep_list:
+        g = dist.new_group(ranks)
+        if rank in ranks:
+            mine_ep, ep_rank = g, ranks.index(rank)
+    for ranks in rep_list:
+        g = dist.new_group(ranks)
+        if rank in ranks:
+            mine_rep, rep_size = g, len(ranks)
+    return EPGroups(ep=ep, ep_rank=ep_rank, ep_group=mine_ep, replica_group=mine_rep, replica_size=rep_size)
 
 
 def all_groups(mesh: MeshInfo) -> list:
@@ -81,6 +116,8 @@ def all_groups(mesh: MeshInfo) -> list:
     for d in mesh.world.mesh_dim_names:
         groups.append(mesh.world.get_group(d))
     groups.append(mesh.dp_cp_mesh.get_group())
+    if mesh.ep is not None:
+        groups += [mesh.ep.ep_group, mesh.ep.replica_group]
     return groups
 
 

@@ -32,6 +32,8 @@ class ModelArgs:
     vocab: int
     mlp: str = "swiglu"
     tied_embeddings: bool = False
+    experts: int = 1               # > 1: every block's MLP is a mixture of experts (moe.py)
+    experts_per_token: int = 1
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
 
@@ -124,7 +126,12 @@ class Block(nn.Module):
         self.attention_norm = RMSNorm(a.hidden, a.norm_eps)
         self.attention = Attention(a)
         self.ffn_norm = RMSNorm(a.hidden, a.norm_eps)
-        self.feed_forward = FeedForward(a)
+        if a.experts > 1:
+            from launcher.trainer.moe import MoE
+
+            self.feed_forward: nn.Module = MoE(a)
+        else:
+            self.feed_forward = FeedForward(a)
         self.recompute_all = False      # full recompute: keep only the block input
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
