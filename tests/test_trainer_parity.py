@@ -45,23 +45,38 @@ LAYOUTS = {
 MOE = dict(model_over={"experts": 4, "experts_per_token": 2})
 MOE_LAYOUTS = {
     "moe_ref": dict(MOE),
-    "moe_dp4_ep2_zero1": dict(MOE, dp=4, ep=2, zero=1),
-    "moe_dp4_ep4_zero0": dict(MOE, dp=4, ep=4, zero=0),
-    "moe_pp2_1f1b_dp2_ep2": dict(MOE, pp=2, dp=2, ep=2, zero=1),
-    "moe_cp2_dp2_ep4_recompute_full": dict(MOE, cp=2, dp=2, ep=4, zero=0, recompute="full"),
+    "moe_dp4_ep2_zero3": dict(MOE, dp=4, ep=2, zero=3),          # experts: fully_shard over dp·cp/ep = 2
+    "moe_dp4_ep4_zero0": dict(MOE, dp=4, ep=4, zero=0),          # one expert per rank, no replicas
+    "moe_pp2_1f1b_dp2_ep2_zero1": dict(MOE, pp=2, dp=2, ep=2, zero=1),
+    "moe_cp2_dp2_ep2_zero2_recompute_full": dict(MOE, cp=2, dp=2, ep=2, zero=2, recompute="full"),
     "moe_dp2_zero3_ep1": dict(MOE, dp=2, zero=3),
 }
 GELU_TIED = dict(model_over={"mlp": "gelu", "tied_embeddings": True})
 OTHER_MODEL = {
     "gelu_tied_ref": dict(GELU_TIED),
     "gelu_tied_tp2_dp2": dict(GELU_TIED, tp=2, dp=2, zero=2),
+    # tied over pipeline stages (Megatron): stage 0's embedding, the last stage's identical head copy,
+    # gradients summed over the embedding group; FSDP (zero 3) under 1F1B, replicate under interleaved.
+    # The 1F1B run also checkpoints at step 3 for the resume jobs below.
+    "gelu_tied_pp2_1f1b_tp2_dp2": dict(GELU_TIED, pp=2, tp=2, dp=2, schedule="1f1b", zero=3, checkpoint_every=3),
+    "gelu_tied_pp2_interleaved_v2_dp2": dict(GELU_TIED, pp=2, dp=2, schedule="interleaved-1f1b",
+                                             virtual_stages=2, zero=1),
+}
+TIED_PP = ("gelu_tied_pp2_1f1b_tp2_dp2", "gelu_tied_pp2_interleaved_v2_dp2")
+TIED_CKPT = "gelu_tied_pp2_1f1b_tp2_dp2/checkpoints/step-3"
+# resume from the tied pp=2 checkpoint: the same layout, and pp=1 (the copy is saved as the embedding)
+TIED_RESUME = {
+    "gelu_tied_pp2_resumed": dict(GELU_TIED, pp=2, tp=2, dp=2, schedule="1f1b", zero=3),
+    "gelu_tied_pp1_resumed_from_pp2": dict(GELU_TIED),
 }
 
 
 @pytest.fixture(scope="module")
 def parity_results(tmp_path_factory) -> dict[str, dict]:
     work = tmp_path_factory.mktemp("parity")
-    jobs = [dict(name=n, plan=make_plan(steps=STEPS, **kw).to_dict()) for n, kw in {**LAYOUTS, **OTHER_MODEL}.items()]
+    jobs = [dict(name=n, plan=make_plan(steps=STEPS, **kw).to_dict(), tied_check=n in TIED_PP)
+            for n, kw in {**LAYOUTS, **OTHER_MODEL}.items()]
+    jobs += [dict(name=n, plan=make_plan(steps=STEPS, **kw).to_dict(), resume=TIED_CKPT) for n, kw in TIED_RESUME.items()]
     jobs += [dict(name=n, plan=make_plan(steps=STEPS, **kw).to_dict()) for n, kw in MOE_LAYOUTS.items()]
     # the TP-host check, in the same processes: TP pairs (0,1) and (2,3) split over two fake hosts
     bad_hosts = {"LAUNCH4D_FAKE_HOSTS": "a,b,a,b"}
@@ -103,6 +118,25 @@ def test_gelu_tied_embeddings_parity(parity_results):
                                                                          rel=RTOL)
     assert got["grad_norms"] == pytest.approx(ref["grad_norms"], rel=RTOL)
     assert ref["losses"] != parity_results["ref"]["losses"]     # really a different model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TIED_PP)
+def test_tied_embeddings_over_pipeline_stages_parity(parity_results, name):
+    """Tied embedding split over pp stages: same losses and grad norms as one process, and the
+    embedding and its head copy still bit-identical after the last step."""
+    ref = parity_results["gelu_tied_ref"]
+    assert _losses(parity_results, name) == pytest.approx(_losses(parity_results, "gelu_tied_ref"), rel=RTOL)
+    assert parity_results[name]["grad_norms"] == pytest.approx(ref["grad_norms"], rel=RTOL)
+    assert parity_results[name]["tied_max_diff"] == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(TIED_RESUME))
+def test_tied_pipeline_checkpoint_resumes(parity_results, name):
+    """Resumed at step 3 from the tied pp=2 checkpoint (same layout, and pp=1): steps 4-5 as uninterrupted."""
+    ref = _losses(parity_results, "gelu_tied_ref")
+    assert _losses(parity_results, name, steps=STEPS - 3) == pytest.approx(ref[3:], rel=RTOL)
 
 
 @pytest.mark.slow
@@ -154,6 +188,27 @@ def test_config_names_the_bad_field():
         config_from_plan(make_plan(tp=4, dp=2))
     with pytest.raises(UserError, match=r"seq_len=36 must be divisible by 2·cp·tp=8"):
         config_from_plan(make_plan(cp=2, tp=2, dp=2, seq_len=36))
+
+
+def test_config_accepts_tied_embeddings_with_pp():
+    cfg = config_from_plan(make_plan(pp=2, dp=4, model_over={"tied_embeddings": True}))
+    assert cfg.model.tied_embeddings and cfg.parallel.pp == 2
+
+
+def test_tied_head_copy_starts_identical_to_the_embedding():
+    from launcher.trainer.config import model_args
+    from launcher.trainer.model import Transformer
+
+    args = model_args(make_plan(model_over={"tied_embeddings": True}).model)
+    first, last = Transformer(args, seq_len=8), Transformer(args, seq_len=8)
+    first.keep_only(0, 2, has_embedding=True, has_head=False)
+    last.keep_only(2, 4, has_embedding=False, has_head=True)
+    first.init_weights(7)
+    last.init_weights(7)
+    assert not first.tied_head_copy and last.tied_head_copy
+    assert torch.equal(last.output_weight(), first.tok_embeddings.weight)
+    whole = Transformer(args, seq_len=8)
+    assert whole.output is None and not whole.tied_head_copy     # pp=1: one tensor, unchanged keys
 
 
 def test_cp_head_tail_split_covers_sequence_once():

@@ -47,7 +47,9 @@ def make_plan(tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, *, ep: int = 1
 
 
 def run_layouts(rank: int, nprocs: int, jobs: list[dict], workdir: str, port: int) -> None:
-    """torch.multiprocessing.spawn target: run each job {name, plan(dict), env?} on ranks < its world size.
+    """torch.multiprocessing.spawn target: run each job {name, plan(dict), env?, resume?, tied_check?}
+    on ranks < its world size. `resume` is a checkpoint path relative to workdir (resume from it);
+    `tied_check` compares the two copies of a tied embedding split over pipeline stages at the end.
 
     Writes <workdir>/<name>.json (rank 0: {"losses": [...], "grad_norms": [...]} or {"error": "..."}).
     """
@@ -78,9 +80,13 @@ def run_layouts(rank: int, nprocs: int, jobs: list[dict], workdir: str, port: in
         out: dict
         try:
             cfg = config_from_plan(plan)
-            losses = train(cfg, Path(workdir) / name, device=torch.device("cpu"),
+            engines = _capture_engines() if job.get("tied_check") else None
+            resume = str(Path(workdir) / job["resume"]) if job.get("resume") else "never"
+            losses = train(cfg, Path(workdir) / name, resume=resume, device=torch.device("cpu"),
                            handle_signals=False)
             out = {"losses": losses}
+            if engines is not None:
+                out["tied_max_diff"] = tied_copies_max_diff(engines[-1])
             if rank == 0:
                 from launcher.trainer.metrics import read_metrics
 
@@ -94,6 +100,49 @@ def run_layouts(rank: int, nprocs: int, jobs: list[dict], workdir: str, port: in
         clear_dtensor_caches()
         if rank == 0:
             (Path(workdir) / f"{name}.json").write_text(json.dumps(out))
+
+
+def _capture_engines() -> list:
+    """Record the Engine that train() builds (so a test can inspect its parameters afterwards)."""
+    from launcher.trainer import engine as eng_mod
+
+    seen: list = []
+    orig = eng_mod.Engine.__post_init__
+
+    def post_init(self) -> None:
+        eng_mod.Engine.__post_init__ = orig
+        orig(self)
+        seen.append(self)
+
+    eng_mod.Engine.__post_init__ = post_init
+    return seen
+
+
+def tied_copies_max_diff(eng) -> float | None:
+    """Largest |embedding - head copy| over every embedding group's local shards (same on all ranks;
+    None when no rank holds a copy). Collective over the whole world."""
+    import torch.distributed as dist
+
+    mine = None
+    if eng.tied:
+        w = eng.tied[0]
+        local = w._local_tensor if hasattr(w, "_local_tensor") else w
+        c = eng.mesh.coords
+        mine = ((c["dp"], c["cp"], c["tp"]), "head" if eng.parts[-1].tied_head_copy else "emb",
+                local.detach().cpu().clone())
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    pairs: dict = {}
+    for x in every:
+        if x is not None:
+            pairs.setdefault(x[0], {})[x[1]] = x[2]
+    if not pairs:
+        return None
+    worst = 0.0
+    for k, d in pairs.items():
+        assert set(d) == {"emb", "head"}, f"embedding group {k} lacks a copy: {sorted(d)}"
+        worst = max(worst, float((d["emb"] - d["head"]).abs().max()))
+    return worst
 
 
 def clear_dtensor_caches() -> None:

@@ -100,6 +100,34 @@ def merge_parts(model: nn.Module | Sequence[nn.Module]) -> nn.Module:
     return merged
 
 
+def _tied_aliases(model: nn.Module | Sequence[nn.Module]) -> dict[str, str]:
+    """Checkpoint names for parameters saved under another name: the last pipeline stage's copy of
+    a tied embedding is written and read as `tok_embeddings.weight` (the copies are identical, DCP
+    writes the key once), so tied checkpoints have the same keys whatever the pp degree."""
+    if any(getattr(m, "tied_head_copy", False) for m in _as_list(model)):
+        return {"output.weight": "tok_embeddings.weight"}
+    return {}
+
+
+def _rename(state: dict, aliases: dict[str, str], reverse: bool = False) -> dict:
+    """Model keys `name`, flattened optimizer keys `state.name.x` / `param_groups.name.x`, renamed."""
+    if not aliases:
+        return state
+    pairs = [(b, a) if reverse else (a, b) for a, b in aliases.items()]
+    out = {}
+    for key, val in state.items():
+        for src, dst in pairs:
+            if key == src:
+                key = dst
+                break
+            head, _, rest = key.partition(".")
+            if head in ("state", "param_groups") and rest.startswith(src + "."):
+                key = f"{head}.{dst}{rest[len(src):]}"
+                break
+        out[key] = val
+    return out
+
+
 def _optim_options():
     """Optimizer state keyed per parameter name, hyperparameters included ("param_groups.<fqn>.lr").
 
@@ -202,8 +230,10 @@ class Checkpointer:
             shutil.rmtree(tmp, ignore_errors=True)
         _barrier()
         module = merge_parts(model)
-        state = {"model": get_model_state_dict(module),
-                 "optim": get_optimizer_state_dict(module, _as_list(optimizer), options=_optim_options())}
+        aliases = _tied_aliases(model)
+        state = {"model": _rename(get_model_state_dict(module), aliases),
+                 "optim": _rename(get_optimizer_state_dict(module, _as_list(optimizer), options=_optim_options()),
+                                  aliases)}
         dcp.save(state, checkpoint_id=str(tmp))
         if _rank() == 0:
             scheds = _as_list(scheduler)
@@ -286,10 +316,12 @@ class Checkpointer:
         module = merge_parts(model)
         optims = _as_list(optimizer)
         opts = _optim_options()
-        state = {"model": get_model_state_dict(module), "optim": get_optimizer_state_dict(module, optims, options=opts)}
+        aliases = _tied_aliases(model)
+        state = {"model": _rename(get_model_state_dict(module), aliases),
+                 "optim": _rename(get_optimizer_state_dict(module, optims, options=opts), aliases)}
         dcp.load(state, checkpoint_id=str(path))
-        set_model_state_dict(module, state["model"])
-        set_optimizer_state_dict(module, optims, state["optim"], options=opts)
+        set_model_state_dict(module, _rename(state["model"], aliases, reverse=True))
+        set_optimizer_state_dict(module, optims, _rename(state["optim"], aliases, reverse=True), options=opts)
         extra = torch.load(path / EXTRA, weights_only=True)
         scheds = _as_list(scheduler)
         if scheds and extra.get("scheduler") is not None:

@@ -24,7 +24,14 @@ from launcher.trainer.config import TrainerConfig
 from launcher.trainer.loss import ChunkedLoss, grad_norm_and_clip
 from launcher.trainer.mesh import MeshInfo, build_mesh, check_hosts, hostname, log_startup, set_timeouts
 from launcher.trainer.model import Transformer
-from launcher.trainer.pipeline import build_schedule, local_stage_ids, stage_range
+from launcher.trainer.pipeline import (
+    build_schedule,
+    embedding_group,
+    local_stage_ids,
+    stage_range,
+    sum_tied_grads,
+    tied_params,
+)
 from launcher.trainer.recompute import apply_recompute
 from launcher.trainer.tensor_parallel import apply_tp
 
@@ -68,7 +75,8 @@ def build_parts(cfg: TrainerConfig, mesh: MeshInfo, bf16_fsdp: bool) -> tuple[li
         apply_tp(m, mesh.tp_mesh)
         apply_recompute(m, p.recompute)
         if dp_mode == "fsdp":
-            fsdp.apply_fsdp(m, mesh.dp_cp_mesh, p.zero_stage, bf16_fsdp)
+            fsdp.apply_fsdp(m, mesh.dp_cp_mesh, p.zero_stage, bf16_fsdp,
+                            expert_mesh=mesh.ep.replica_mesh if mesh.ep is not None else None)
         m.to_empty(device=mesh.device)
         cpar.apply_cp(m, mesh.group("cp"), mesh.coords["cp"], p.cp, cfg.train.seq_len)
         m.init_weights(cfg.train.seed)
@@ -97,6 +105,11 @@ class Engine:
         if mesh.rank == 0:
             log.info("data parallel over dp·cp = %d ranks: %s", mesh.dp_cp_size,
                      fsdp.describe(p.zero_stage, mesh.dp_cp_size))
+            if mesh.ep is not None:
+                log.info("expert parallel ep=%d: %d of %d experts per rank (all-to-all dispatch); expert grads "
+                         "summed over dp·cp/ep = %d replicas (%s)", p.ep, cfg.model.experts // p.ep,
+                         cfg.model.experts, mesh.ep.replica_size,
+                         "fully_shard per expert" if self.dp_mode == "fsdp" else "all-reduce")
             log.info("precision: %s", "bf16 params, fp32 reduce/optimizer" if bf16 else
                      ("fp32 (CPU runs fp32; plan asked bf16)" if cfg.train.precision == "bf16" else "fp32"))
             log.info("tp=%d (sequence parallel) cp=%d (all-gather KV, head/tail chunks) pp=%d schedule=%s "
@@ -113,6 +126,10 @@ class Engine:
         last = next((m for m, s in zip(self.parts, self.stage_ids) if s == n_stages - 1), None)
         self.loss_fn = ChunkedLoss(lambda: last.output_weight(), cfg.train.tokens_per_step,
                                    cfg.train.loss_chunk, mesh.group("tp") if p.tp > 1 else None)
+        # tied embeddings over pipeline stages: two copies, gradients summed over the embedding group
+        self.tied = tied_params(self.parts, self.stage_ids, n_stages) if cfg.model.tied_embeddings else []
+        self.tied_group = embedding_group(p, mesh.rank) if cfg.model.tied_embeddings and p.pp > 1 else None
+        self.norm_exclude = {id(m.output.weight) for m in self.parts if m.tied_head_copy}   # counted once
         self.schedule = None
         if p.pp > 1:
             self.schedule = build_schedule(p, self.parts, self.stage_ids, mesh.device, mesh.group("pp"),
@@ -146,7 +163,10 @@ class Engine:
             fsdp.all_reduce_grads(self.dense_params, self.mesh.dp_cp_mesh.get_group())
             if self.expert_params and self.mesh.ep.replica_size > 1:
                 fsdp.all_reduce_grads(self.expert_params, self.mesh.ep.replica_group)
-        norm = grad_norm_and_clip(self.params, self.cfg.train.grad_clip, self.ranks_per_stage)
+        if self.tied_group is not None:
+            sum_tied_grads(self.tied, self.tied_group)
+        norm = grad_norm_and_clip(self.params, self.cfg.train.grad_clip, self.ranks_per_stage,
+                                  exclude=self.norm_exclude)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -170,6 +190,10 @@ def make_optimizer(cfg: TrainerConfig, params: list) -> torch.optim.Optimizer:
     t = cfg.train
     if t.optimizer == "sgd":
         return torch.optim.SGD(params, lr=t.lr, momentum=0.9, weight_decay=t.weight_decay)
+    if t.optimizer == "adam8bit":
+        from launcher.trainer.optim8bit import Adam8bit
+
+        return Adam8bit(params, lr=t.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=t.weight_decay)
     return torch.optim.AdamW(params, lr=t.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=t.weight_decay)
 
 

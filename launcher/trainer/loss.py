@@ -115,14 +115,17 @@ def _replication(p: torch.Tensor, ranks_per_stage: int) -> int:
     for i, pl in enumerate(p.placements):
         if pl.is_replicate():
             rep *= mesh.size(i)
-    return rep
+    return rep // getattr(p, "ep_degree", 1)    # FSDP-sharded EP experts: over dp·cp/ep ranks
 
 
-def grad_norm_and_clip(params: list[torch.Tensor], max_norm: float, ranks_per_stage: int) -> float:
+def grad_norm_and_clip(params: list[torch.Tensor], max_norm: float, ranks_per_stage: int,
+                       exclude: set[int] = frozenset()) -> float:
     """Global L2 norm of all gradients over the whole mesh (each element counted once), then clip.
 
     `ranks_per_stage` = world / pp: the number of ranks that share one pipeline stage's
-    parameters (as shards or copies). Same formula as torch.nn.utils.clip_grad_norm_.
+    parameters (as shards or copies). `exclude`: ids of parameters clipped but left out of the
+    norm (the last stage's copy of a tied embedding, whose gradient equals the embedding's).
+    Same formula as torch.nn.utils.clip_grad_norm_.
     """
     device = None
     sq = torch.zeros((), dtype=torch.float64)
@@ -130,7 +133,8 @@ def grad_norm_and_clip(params: list[torch.Tensor], max_norm: float, ranks_per_st
     for p, local in local_grads(params):
         device = local.device
         sq = sq.to(device)
-        sq += local.detach().double().pow(2).sum() / _replication(p, ranks_per_stage)
+        if id(p) not in exclude:
+            sq += local.detach().double().pow(2).sum() / _replication(p, ranks_per_stage)
         grads.append(local)
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \

@@ -172,10 +172,21 @@ class Transformer(nn.Module):
         if not has_head:
             self.norm = None
             self.output = None
+        elif self.args.tied_embeddings and not has_embedding:
+            # Tied weights on different pipeline stages (Megatron): the last stage owns a copy of
+            # the embedding as its output head, initialised identically (same seed name, see
+            # init_weights); the engine sums the two copies' gradients so they stay identical.
+            self.output = nn.Linear(self.args.hidden, self.args.vocab, bias=False,
+                                    device=self.norm.weight.device)
+
+    @property
+    def tied_head_copy(self) -> bool:
+        """True on a pipeline stage whose output head is a copy of the (tied) embedding."""
+        return self.args.tied_embeddings and self.output is not None
 
     def output_weight(self) -> torch.Tensor:
-        """The [vocab, hidden] projection (the embedding when tied)."""
-        return self.tok_embeddings.weight if self.args.tied_embeddings else self.output.weight
+        """The [vocab, hidden] projection (the embedding when tied, unless this stage holds a copy)."""
+        return self.output.weight if self.output is not None else self.tok_embeddings.weight
 
     @property
     def is_last(self) -> bool:
@@ -199,6 +210,8 @@ class Transformer(nn.Module):
 
         std_out = 0.02 / math.sqrt(2 * self.args.layers)
         for name, p in self.named_parameters():
+            if self.tied_head_copy and name.replace("_checkpoint_wrapped_module.", "") == "output.weight":
+                name = "tok_embeddings.weight"     # the copy of a tied embedding starts identical
             g = torch.Generator().manual_seed(param_seed(seed, name))
             if name.endswith("norm.weight"):
                 vals = torch.ones(p.shape)

@@ -10,9 +10,12 @@ the schedule must sum micro-batch gradients (scale_grads=False).
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
+from launcher import layout
 from launcher.trainer.config import ParallelConfig, check_microbatches
+from launcher.trainer.fsdp import local_grads
 
 
 def local_stage_ids(pp_rank: int, pp: int, virtual_stages: int) -> list[int]:
@@ -40,3 +43,42 @@ def build_schedule(p: ParallelConfig, modules: list[torch.nn.Module], stage_ids:
     if len(stages) != 1:
         raise ValueError(f"schedule {p.schedule} runs one stage per rank; virtual stages need interleaved-1f1b")
     return cls(stages[0], n_microbatches=n_micro, loss_fn=loss_fn, scale_grads=False)
+
+
+def embedding_group(p: ParallelConfig, rank: int):
+    """Tied embeddings with pp > 1: the group {first-stage rank, last-stage rank} with this rank's
+    dp/cp/tp coordinates (Megatron's embedding group), or None when this rank is in none.
+
+    Collective: every rank creates every group (dist.new_group's contract), in the same order.
+    """
+    degrees = {"tp": p.tp, "cp": p.cp, "pp": p.pp, "dp": p.dp}
+    mine = None
+    for grp in layout.groups(degrees, p.mesh_order, "pp"):
+        pair = [grp[0], grp[-1]]
+        g = dist.new_group(pair)
+        if rank in pair:
+            mine = g
+    return mine
+
+
+def tied_params(parts: list[torch.nn.Module], stage_ids: list[int], n_stages: int) -> list[torch.nn.Parameter]:
+    """This rank's copy of a tied embedding split over pipeline stages: the embedding of stage 0
+    and/or the output-head copy of the last stage (none on the stages in between)."""
+    out = []
+    for m, sid in zip(parts, stage_ids):
+        if sid == 0 and m.tok_embeddings is not None:
+            out.append(m.tok_embeddings.weight)
+        if sid == n_stages - 1 and m.tied_head_copy:
+            out.append(m.output.weight)
+    return out
+
+
+def sum_tied_grads(params: list[torch.nn.Parameter], group) -> None:
+    """Sum the two copies' gradients over the embedding group (after the dp·cp reduction, before
+    clipping): both copies then take the same optimizer step from the same values and stay equal.
+    Both copies have the same TP/FSDP placements, so their local shards line up element for element."""
+    for _, g in local_grads(params):
+        buf = g if g.is_contiguous() else g.contiguous()
+        dist.all_reduce(buf, group=group)
+        if buf is not g:
+            g.copy_(buf)
