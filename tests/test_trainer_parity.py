@@ -45,10 +45,10 @@ LAYOUTS = {
 MOE = dict(model_over={"experts": 4, "experts_per_token": 2})
 MOE_LAYOUTS = {
     "moe_ref": dict(MOE),
-    "moe_dp4_ep2_zero1": dict(MOE, dp=4, ep=2, zero=1),
-    "moe_dp4_ep4_zero0": dict(MOE, dp=4, ep=4, zero=0),
-    "moe_pp2_1f1b_dp2_ep2": dict(MOE, pp=2, dp=2, ep=2, zero=1),
-    "moe_cp2_dp2_ep4_recompute_full": dict(MOE, cp=2, dp=2, ep=4, zero=0, recompute="full"),
+    "moe_dp4_ep2_zero3": dict(MOE, dp=4, ep=2, zero=3),          # experts: fully_shard over dp·cp/ep = 2
+    "moe_dp4_ep4_zero0": dict(MOE, dp=4, ep=4, zero=0),          # one expert per rank, no replicas
+    "moe_pp2_1f1b_dp2_ep2_zero1": dict(MOE, pp=2, dp=2, ep=2, zero=1),
+    "moe_cp2_dp2_ep2_zero2_recompute_full": dict(MOE, cp=2, dp=2, ep=2, zero=2, recompute="full"),
     "moe_dp2_zero3_ep1": dict(MOE, dp=2, zero=3),
 }
 GELU_TIED = dict(model_over={"mlp": "gelu", "tied_embeddings": True})

@@ -183,9 +183,6 @@ def validate_moe(m: ModelArgs, p: ParallelConfig) -> None:
         _check(m.experts > 1, f"plan.degrees.ep={p.ep} needs a mixture-of-experts model (model.experts > 1)")
         _check(m.experts % p.ep == 0, f"plan.degrees.ep={p.ep} must divide model.experts={m.experts}")
         _check((p.dp * p.cp) % p.ep == 0, f"plan.degrees.ep={p.ep} must divide dp·cp={p.dp * p.cp}")
-        _check(p.zero_stage < 2, f"plan.zero_stage={p.zero_stage} with plan.degrees.ep={p.ep}: the bundled trainer "
-                                 "keeps expert weights replicated over dp·cp/ep (ZeRO 0/1); use zero_stage 0 or 1, "
-                                 "or ep=1")
 
 
 def check_microbatches(schedule: str, n_micro: int, pp: int) -> None:

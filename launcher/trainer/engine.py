@@ -75,7 +75,8 @@ def build_parts(cfg: TrainerConfig, mesh: MeshInfo, bf16_fsdp: bool) -> tuple[li
         apply_tp(m, mesh.tp_mesh)
         apply_recompute(m, p.recompute)
         if dp_mode == "fsdp":
-            fsdp.apply_fsdp(m, mesh.dp_cp_mesh, p.zero_stage, bf16_fsdp)
+            fsdp.apply_fsdp(m, mesh.dp_cp_mesh, p.zero_stage, bf16_fsdp,
+                            expert_mesh=mesh.ep.replica_mesh if mesh.ep is not None else None)
         m.to_empty(device=mesh.device)
         cpar.apply_cp(m, mesh.group("cp"), mesh.coords["cp"], p.cp, cfg.train.seq_len)
         m.init_weights(cfg.train.seed)
@@ -104,6 +105,11 @@ class Engine:
         if mesh.rank == 0:
             log.info("data parallel over dp·cp = %d ranks: %s", mesh.dp_cp_size,
                      fsdp.describe(p.zero_stage, mesh.dp_cp_size))
+            if mesh.ep is not None:
+                log.info("expert parallel ep=%d: %d of %d experts per rank (all-to-all dispatch); expert grads "
+                         "summed over dp·cp/ep = %d replicas (%s)", p.ep, cfg.model.experts // p.ep,
+                         cfg.model.experts, mesh.ep.replica_size,
+                         "fully_shard per expert" if self.dp_mode == "fsdp" else "all-reduce")
             log.info("precision: %s", "bf16 params, fp32 reduce/optimizer" if bf16 else
                      ("fp32 (CPU runs fp32; plan asked bf16)" if cfg.train.precision == "bf16" else "fp32"))
             log.info("tp=%d (sequence parallel) cp=%d (all-gather KV, head/tail chunks) pp=%d schedule=%s "

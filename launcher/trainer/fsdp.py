@@ -44,10 +44,17 @@ def mode(zero: int, dp_size: int) -> str:
     return "fsdp" if zero >= 2 else "replicate"
 
 
-def apply_fsdp(model: Transformer, dp_mesh, zero: int, bf16: bool) -> None:
+def apply_fsdp(model: Transformer, dp_mesh, zero: int, bf16: bool, expert_mesh=None) -> None:
+    """`expert_mesh`: with expert parallelism, each EP-sharded expert is its own FSDP unit over
+    the dp·cp/ep ranks that hold the same experts (the block's unit then skips its parameters)."""
+    from launcher.trainer.moe import MoE
+
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
         else MixedPrecisionPolicy()
     for block in model.layers.values():
+        for moe in (m for m in block.modules() if isinstance(m, MoE) and m.ep.ep > 1):
+            for expert in moe.experts.values():
+                fully_shard(expert, mesh=expert_mesh, reshard_after_forward=zero == 3, mp_policy=mp)
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=zero == 3, mp_policy=mp)
     # the root keeps embedding/norm/output unsharded after forward: backward needs them at once
     fully_shard(model, mesh=dp_mesh, reshard_after_forward=False, mp_policy=mp)

@@ -115,7 +115,7 @@ def _replication(p: torch.Tensor, ranks_per_stage: int) -> int:
     for i, pl in enumerate(p.placements):
         if pl.is_replicate():
             rep *= mesh.size(i)
-    return rep
+    return rep // getattr(p, "ep_degree", 1)    # FSDP-sharded EP experts: over dp·cp/ep ranks
 
 
 def grad_norm_and_clip(params: list[torch.Tensor], max_norm: float, ranks_per_stage: int,

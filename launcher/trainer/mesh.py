@@ -75,7 +75,7 @@ def build_mesh(cfg: TrainerConfig, device: torch.device) -> MeshInfo:
     for d in order:
         assert world.get_local_rank(d) == coords[d], "DeviceMesh layout differs from launcher.layout"
     return MeshInfo(world=world, rank=rank, coords=coords, device=device, tp_mesh=world["tp"],
-                    dp_cp_mesh=dp_cp, sizes=sizes, ep=build_ep_groups(sizes, order, p.ep, rank))
+                    dp_cp_mesh=dp_cp, sizes=sizes, ep=build_ep_groups(sizes, order, p.ep, rank, device.type))
 
 
 def ep_layout(sizes: dict[str, int], order: list[str], ep: int) -> tuple[list[list[int]], list[list[int]]]:
@@ -94,21 +94,22 @@ def ep_layout(sizes: dict[str, int], order: list[str], ep: int) -> tuple[list[li
     return [ep_groups[k] for k in sorted(ep_groups)], [replicas[k] for k in sorted(replicas)]
 
 
-def build_ep_groups(sizes: dict[str, int], order: list[str], ep: int, rank: int) -> EPGroups | None:
+def build_ep_groups(sizes: dict[str, int], order: list[str], ep: int, rank: int,
+                    device_type: str = "cpu") -> EPGroups | None:
     """This rank's EP and expert-replica process groups (every rank creates every group, same order)."""
     if ep == 1:
         return None
     ep_list, rep_list = ep_layout(sizes, order, ep)
-    mine_ep = mine_rep = None
+    mine_ep = None
     for ranks in ep_list:
         g = dist.new_group(ranks)
         if rank in ranks:
             mine_ep, ep_rank = g, ranks.index(rank)
-    for ranks in rep_list:
-        g = dist.new_group(ranks)
-        if rank in ranks:
-            mine_rep, rep_size = g, len(ranks)
-    return EPGroups(ep=ep, ep_rank=ep_rank, ep_group=mine_ep, replica_group=mine_rep, replica_size=rep_size)
+    # the replica groups as one DeviceMesh [sets, replicas]: FSDP of experts needs a mesh
+    rep_mesh = DeviceMesh(device_type, torch.tensor(rep_list), mesh_dim_names=("ep_replica_set", "ep_replica"))
+    rep = rep_mesh["ep_replica"]
+    return EPGroups(ep=ep, ep_rank=ep_rank, ep_group=mine_ep, replica_group=rep.get_group(),
+                    replica_size=rep.size(), replica_mesh=rep)
 
 
 def all_groups(mesh: MeshInfo) -> list:

@@ -12,7 +12,9 @@ the expert's owner with one all_to_all_single (split sizes exchanged first, also
 all-to-all), runs the local experts, and sends the results back with the inverse all-to-all;
 `_AllToAll` carries autograd (its backward is the transposed exchange). Expert weights are
 replicated over the other dp·cp/ep ranks and their gradients are summed over that replica
-group only (engine.py); no auxiliary load-balancing loss is added.
+group only: an all-reduce for ZeRO 0/1 (engine.py), or, for ZeRO 2/3, each expert is its own
+`fully_shard` unit over that replica group (fsdp.py), so expert weights, gradients and optimizer
+state are sharded dp·cp/ep ways. No auxiliary load-balancing loss is added.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class EPGroups:
     ep_group: object | None          # the `ep` ranks that exchange tokens
     replica_group: object | None     # the dp·cp/ep ranks holding the same experts (grad sum)
     replica_size: int
+    replica_mesh: object | None = None   # the replica group as a 1-D DeviceMesh (FSDP of experts)
 
 
 def owned_experts(experts: int, ep: int, ep_rank: int) -> list[int]:
