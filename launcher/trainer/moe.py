@@ -102,7 +102,8 @@ class MoE(nn.Module):
         xs = x.index_select(0, token)
         ys = self._experts(xs, per_expert)
         ys = ys * weights.reshape(-1)[order, None].to(ys.dtype)
-        out = torch.zeros_like(x).index_add(0, token, ys)
+        # the experts' dtype (bf16 under autocast), like a dense MLP's output
+        out = ys.new_zeros(x.shape).index_add(0, token, ys)
         return out.reshape(shape)
 
     def _experts(self, xs: torch.Tensor, per_expert: torch.Tensor) -> torch.Tensor:
