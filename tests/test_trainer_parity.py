@@ -53,7 +53,7 @@ MOE_LAYOUTS = {
 }
 GELU_TIED = dict(model_over={"mlp": "gelu", "tied_embeddings": True})
 OTHER_MODEL = {
-    "gelu_tied_ref": dict(GELU_TIED),
+    "gelu_tied_ref": dict(GELU_TIED, checkpoint_every=3),       # (its step-3 checkpoint: a pp=1 tied one)
     "gelu_tied_tp2_dp2": dict(GELU_TIED, tp=2, dp=2, zero=2),
     # tied over pipeline stages (Megatron): stage 0's embedding, the last stage's identical head copy,
     # gradients summed over the embedding group; FSDP (zero 3) under 1F1B, replicate under interleaved.
@@ -63,11 +63,15 @@ OTHER_MODEL = {
                                              virtual_stages=2, zero=1),
 }
 TIED_PP = ("gelu_tied_pp2_1f1b_tp2_dp2", "gelu_tied_pp2_interleaved_v2_dp2")
-TIED_CKPT = "gelu_tied_pp2_1f1b_tp2_dp2/checkpoints/step-3"
-# resume from the tied pp=2 checkpoint: the same layout, and pp=1 (the copy is saved as the embedding)
+TIED_CKPT_PP2 = "gelu_tied_pp2_1f1b_tp2_dp2/checkpoints/step-3"
+TIED_CKPT_PP1 = "gelu_tied_ref/checkpoints/step-3"
+# resume at step 3 from a tied pp=2 checkpoint (the same layout, and pp=1: the head copy is saved as the
+# embedding) and from a tied pp=1 checkpoint into pp=2 (the copy is loaded from the embedding)
 TIED_RESUME = {
-    "gelu_tied_pp2_resumed": dict(GELU_TIED, pp=2, tp=2, dp=2, schedule="1f1b", zero=3),
-    "gelu_tied_pp1_resumed_from_pp2": dict(GELU_TIED),
+    "gelu_tied_pp2_resumed": (dict(GELU_TIED, pp=2, tp=2, dp=2, schedule="1f1b", zero=3), TIED_CKPT_PP2),
+    "gelu_tied_pp1_resumed_from_pp2": (dict(GELU_TIED), TIED_CKPT_PP2),
+    "gelu_tied_pp2_interleaved_resumed_from_pp1": (dict(GELU_TIED, pp=2, dp=2, schedule="interleaved-1f1b",
+                                                        virtual_stages=2, zero=1), TIED_CKPT_PP1),
 }
 
 
@@ -76,7 +80,8 @@ def parity_results(tmp_path_factory) -> dict[str, dict]:
     work = tmp_path_factory.mktemp("parity")
     jobs = [dict(name=n, plan=make_plan(steps=STEPS, **kw).to_dict(), tied_check=n in TIED_PP)
             for n, kw in {**LAYOUTS, **OTHER_MODEL}.items()]
-    jobs += [dict(name=n, plan=make_plan(steps=STEPS, **kw).to_dict(), resume=TIED_CKPT) for n, kw in TIED_RESUME.items()]
+    jobs += [dict(name=n, plan=make_plan(steps=STEPS, **kw).to_dict(), resume=ckpt)
+             for n, (kw, ckpt) in TIED_RESUME.items()]
     jobs += [dict(name=n, plan=make_plan(steps=STEPS, **kw).to_dict()) for n, kw in MOE_LAYOUTS.items()]
     # the TP-host check, in the same processes: TP pairs (0,1) and (2,3) split over two fake hosts
     bad_hosts = {"LAUNCH4D_FAKE_HOSTS": "a,b,a,b"}
@@ -134,7 +139,8 @@ def test_tied_embeddings_over_pipeline_stages_parity(parity_results, name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(TIED_RESUME))
 def test_tied_pipeline_checkpoint_resumes(parity_results, name):
-    """Resumed at step 3 from the tied pp=2 checkpoint (same layout, and pp=1): steps 4-5 as uninterrupted."""
+    """Resumed at step 3 from a tied checkpoint (pp=2 -> pp=2, pp=2 -> pp=1, pp=1 -> pp=2): steps 4-5 as
+    the uninterrupted run."""
     ref = _losses(parity_results, "gelu_tied_ref")
     assert _losses(parity_results, name, steps=STEPS - 3) == pytest.approx(ref[3:], rel=RTOL)
 
