@@ -163,6 +163,8 @@ class Search:
         for tp in divisors(self.world):
             if self.model.heads % tp or self.model.kv_heads % tp:
                 self.reject("tp does not divide heads/kv_heads")
+            elif self.model.is_moe and tp > 1:
+                self.reject("tp > 1 with MoE (the bundled trainer runs experts without TP)")
             elif self.cluster.gpus_per_node % tp:
                 self.reject("tp does not fit inside a node")
             else:

@@ -169,6 +169,9 @@ def _check_parallel(p: ParallelSpec, m: ModelSpec, t: TrainSpec, c: ClusterSpec)
     if sorted(p.mesh_order) != sorted(MESH_DIMS):
         raise SpecError("parallel.mesh_order", f"{p.mesh_order} must order exactly {', '.join(MESH_DIMS)}")
     if p.tp is not None:
+        if m.is_moe and p.tp > 1:
+            raise SpecError("parallel.tp", f"{p.tp}: the bundled trainer runs mixture-of-experts layers without "
+                                           "tensor parallelism; use tp: 1 with ep (expert parallelism) instead")
         if m.heads % p.tp:
             raise SpecError("parallel.tp", f"{p.tp} does not divide heads={m.heads}")
         if m.kv_heads % p.tp:

@@ -83,6 +83,15 @@ def test_example_plans_are_sensible(name, tp_max):
         assert best.pp == 1                          # no pipeline where memory does not ask for one
 
 
+def test_moe_plans_use_expert_parallelism_without_tp():
+    result = plan_job(load_spec(EXAMPLES / "mixtral-8x7b.yaml"), top=5)
+    for p in [result.best] + result.alternatives:
+        assert p.tp == 1 and 8 % p.degrees["ep"] == 0 and (p.dp * p.cp) % p.degrees["ep"] == 0
+    assert result.rejected["tp > 1 with MoE (the bundled trainer runs experts without TP)"] > 0
+    with pytest.raises(Exception, match="parallel.tp: 2: the bundled trainer runs mixture-of-experts"):
+        job("mixtral-8x7b", nodes=2, parallel={"tp": 2})
+
+
 def test_pipeline_only_where_memory_asks():
     # 405B cannot fit without splitting layers or sequences; 1B never needs a pipeline on 8 GPUs
     assert plan_job(job("llama3-1b", gb=64)).best.pp == 1
