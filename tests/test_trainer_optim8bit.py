@@ -1,9 +1,9 @@
 """Block-wise 8-bit AdamW (launcher/trainer/optim8bit.py): quantisation error bounds, tracking of
-fp32 AdamW on the tiny model, ~4x smaller state, and a dp=2 ZeRO 3 run that checkpoints and resumes.
+fp32 AdamW on the tiny model, ~4x smaller state, and dp=2 / tp=2×dp=2 ZeRO 3 runs that checkpoint and resume.
 
 Tolerances: over 20 steps on the tiny model the 8-bit run's loss stays within relative 2e-3 of
 fp32 AdamW's at every step (observed <= 3e-4) while the loss falls by more than half; a resumed
-dp=2 run repeats the uninterrupted run's losses within relative 1e-6 (the codes, scales and
+distributed run repeats the uninterrupted run's losses within relative 1e-6 (the codes, scales and
 parameters are restored exactly).
 """
 
@@ -132,17 +132,21 @@ def test_config_and_engine_accept_adam8bit():
 
 
 @pytest.mark.slow
-def test_dp2_zero3_trains_and_resumes(tmp_path):
-    """dp=2 ZeRO 3 (DTensor shards, state as DTensors through DCP): train 4 steps with a checkpoint
-    at step 2; a second run resumed from it repeats steps 3-4."""
-    full = make_plan(dp=2, zero=3, steps=4, optimizer="adam8bit", checkpoint_every=2)
-    resumed = make_plan(dp=2, zero=3, steps=4, optimizer="adam8bit")
-    res = spawn_layouts([dict(name="a8_full", plan=full.to_dict()),
-                         dict(name="a8_resumed", plan=resumed.to_dict(), resume="a8_full/checkpoints/step-2")],
-                        tmp_path)
+def test_dp2_zero3_and_tp2_dp2_train_and_resume(tmp_path):
+    """dp=2 ZeRO 3 (1-D DTensor shards) and tp=2 × dp=2 ZeRO 3 (2-D, FSDP's _StridedShard on top of
+    TP), state as DTensors through DCP: train 4 steps with a checkpoint at step 2; a second run
+    resumed from it repeats steps 3-4."""
+    jobs = []
+    for tag, kw in (("dp2", dict(dp=2)), ("tp2_dp2", dict(tp=2, dp=2))):
+        full = make_plan(zero=3, steps=4, optimizer="adam8bit", checkpoint_every=2, **kw)
+        resumed = make_plan(zero=3, steps=4, optimizer="adam8bit", **kw)
+        jobs += [dict(name=f"a8_{tag}_full", plan=full.to_dict()),
+                 dict(name=f"a8_{tag}_resumed", plan=resumed.to_dict(), resume=f"a8_{tag}_full/checkpoints/step-2")]
+    res = spawn_layouts(jobs, tmp_path)
     for name, r in res.items():
         assert "losses" in r, f"{name}: {r.get('error')}\n{r.get('trace', '')}"
-    a, b = res["a8_full"]["losses"], res["a8_resumed"]["losses"]
-    assert len(a) == 4 and len(b) == 2
-    assert a[-1] < a[0]
-    assert b == pytest.approx(a[2:], rel=1e-6)
+    for tag in ("dp2", "tp2_dp2"):
+        a, b = res[f"a8_{tag}_full"]["losses"], res[f"a8_{tag}_resumed"]["losses"]
+        assert len(a) == 4 and len(b) == 2
+        assert a[-1] < a[0]
+        assert b == pytest.approx(a[2:], rel=1e-6), tag

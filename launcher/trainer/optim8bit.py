@@ -77,11 +77,16 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if hasattr(t, "_local_tensor") else t
 
 
+def _sharded(pl) -> bool:
+    """Shard, including FSDP+TP's _StridedShard (whose is_shard() is False: it is no Shard subclass)."""
+    return pl.is_shard() or type(pl).__name__ == "_StridedShard"
+
+
 def _max_local_numel(p: torch.Tensor) -> int:
     """The largest local shard of a DTensor parameter over its mesh (same number on every rank)."""
     shape = list(p.shape)
     for i, pl in enumerate(p.placements):
-        if pl.is_shard():
+        if _sharded(pl):
             shape[pl.dim] = math.ceil(shape[pl.dim] / p.device_mesh.size(i))
     return math.prod(shape)
 
@@ -95,8 +100,8 @@ def _state_tensor(p: torch.Tensor, length: int, dtype: torch.dtype) -> torch.Ten
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
     mesh = p.device_mesh
-    placements = [Shard(0) if pl.is_shard() else Replicate() for pl in p.placements]
-    n = math.prod(mesh.size(i) for i, pl in enumerate(p.placements) if pl.is_shard())
+    placements = [Shard(0) if _sharded(pl) else Replicate() for pl in p.placements]
+    n = math.prod(mesh.size(i) for i, pl in enumerate(p.placements) if _sharded(pl))
     return DTensor.from_local(local, mesh, placements, run_check=False, shape=(length * n,), stride=(1,))
 
 
