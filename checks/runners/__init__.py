@@ -11,18 +11,22 @@ from __future__ import annotations
 
 import secrets
 import shlex
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from checks.probe import Probe
 from checks.results import CommandResult
 
 
-class Runner:
+class Runner(ABC):
+    """How commands reach a host (local, SSH, srun, a pod); subclasses say how one command runs."""
+
     name = "base"
     launcher = "mpirun"  # how multi-host nccl-tests are started: mpirun | srun
 
+    @abstractmethod
     def run(self, host: str, command: str, timeout: float) -> CommandResult:
-        raise NotImplementedError
+        """Run `command` on `host`; failures come back as a CommandResult, not an exception."""
 
     def run_multi(self, hosts: Sequence[str], command: str, timeout: float) -> CommandResult:
         """A command that spans `hosts` (mpirun on the first of them by default)."""
@@ -34,8 +38,8 @@ class Runner:
         res = self.run(host, script, total)
         return split_probe_output(res, probes, marker)
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None:  # noqa: B027 - optional hook: runners holding connections override it
+        """Release connections (SSH clients); most runners hold none."""
 
     def __enter__(self) -> Runner:
         return self
