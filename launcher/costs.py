@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from launcher.layout import strides
 from launcher.ledger import Layout, ParamCounts, param_counts
 
 # --- calibration constants (fitted in benchmarks/calibrate_costs.py; errors printed there) -------
@@ -139,22 +140,13 @@ class Estimate:
         return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
 
-def strides_for(lay: Layout, mesh_order: tuple[str, ...]) -> dict[str, int]:
-    degrees = {"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "dp": lay.dp}
-    out, acc = {}, 1
-    for dim in reversed(mesh_order):
-        out[dim] = acc
-        acc *= degrees[dim]
-    return out
-
-
 def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
              mesh_order: tuple[str, ...] = ("pp", "dp", "cp", "tp"),
              counts: ParamCounts | None = None, efficiency_max: float | None = None) -> Estimate:
     counts = counts or param_counts(model)
     s, b, h = train.seq_len, lay.micro_batch, model.hidden
     m, v, p = lay.grad_accum, lay.virtual_stages, lay.pp
-    st = strides_for(lay, mesh_order)
+    st = strides({"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "dp": lay.dp}, mesh_order)
     dtype = 4 if train.precision == "fp32" else 2
     peak = gpu.peak_tflops * 1e12
 
