@@ -116,9 +116,10 @@ def test_local_backend_follows_a_job_to_its_exit_code(tmp_path):
     log, exit_file = tmp_path / "logs" / "node0.log", tmp_path / "logs" / "exit_code"
     proc = subprocess.Popen(["bash", "-c", f"echo '[rank0]: hello'; echo '[rank1]: other'; sleep 0.5; "
                                            f"echo 3 > {exit_file}"],
-                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "LAUNCH4D_JOB": "t1"})  # the marker every job process carries
     h = JobHandle("local", f"local-{proc.pid}", "t", str(tmp_path), str(log),
-                  extra={"pid": proc.pid, "exit_file": str(exit_file), "log_offset": 0})
+                  extra={"pid": proc.pid, "exit_file": str(exit_file), "log_offset": 0, "marker": "t1"})
     be._procs[h.id] = proc
     assert be.status(h).state == "RUNNING"
     lines = list(be.logs(h, follow=True))

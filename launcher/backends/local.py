@@ -12,6 +12,10 @@ Why it looks like this:
 - cancel() sends SIGTERM to the trainer processes themselves, not to torchrun: the trainer
   checkpoints and exits 75, and torchrun reports that. (SIGTERM to torchrun would make it kill
   the workers and exit 1 with no exit code of theirs.)
+- Every process of the job carries `LAUNCH4D_JOB=<token>` and the wrapper's start time is recorded
+  (launcher.backends.procs): cancel signals only processes that still carry the token, so a pid
+  reused after the job ended is left alone, and a forced stop also reaches the trainers torchrun put
+  in their own sessions. The trainers also die with torchrun (PR_SET_PDEATHSIG, trainer/__main__).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +40,7 @@ from launcher.backends import (
     JobHandle,
     JobStatus,
     prepare_run_dir,
+    procs,
     state_for_exit,
     trainer_env,
 )
@@ -82,30 +88,6 @@ def job_exit_code(torchrun_rc: int, log_text: str, run_dir: Path | None = None,
                 return PREEMPT_EXIT_CODE
         return 128 + int(sig[-1]) if sig else torchrun_rc
     return torchrun_rc
-
-
-def _proc_table() -> dict[int, tuple[int, int, str]]:
-    """pid -> (ppid, pgrp, state) from /proc."""
-    out = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        out[int(entry)] = (int(fields[1]), int(fields[2]), fields[0])
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 class LocalBackend:
@@ -157,6 +139,8 @@ class LocalBackend:
                              dry_run=True, request=request)
         prepare_run_dir(rd, plan, job_text)
         exit_file.unlink(missing_ok=True)
+        token = uuid.uuid4().hex
+        env[procs.MARKER] = token
         wrapper = (f"trap ':' TERM INT USR1 USR2\n{shlex.join(cmd)}\nrc=$?\n"
                    f"echo $rc > {shlex.quote(str(exit_file))}.tmp && mv {shlex.quote(str(exit_file))}.tmp "
                    f"{shlex.quote(str(exit_file))}\nexit $rc\n")
@@ -169,7 +153,8 @@ class LocalBackend:
         handle = JobHandle(backend=self.name, id=f"local-{proc.pid}", name=spec.name, run_dir=str(rd),
                            log_path=str(log), request=request,
                            extra={"pid": proc.pid, "exit_file": str(exit_file), "log_path": str(log),
-                                  "started": started, "log_offset": log.stat().st_size, "world": plan.world_size})
+                                  "started": started, "log_offset": log.stat().st_size, "world": plan.world_size,
+                                  "marker": token, "start_ticks": procs.start_time(proc.pid)})
         self._procs[handle.id] = proc
         return handle
 
@@ -190,10 +175,22 @@ class LocalBackend:
             detail = {PREEMPTED: "checkpointed and stopped; run again with --resume auto to continue",
                       CANCELLED: "stopped by a signal"}.get(state, "")
             return JobStatus(state, code, detail)
-        pid = handle.extra.get("pid")
-        if pid and _alive(int(pid)):
+        if self._wrapper_alive(handle):
             return JobStatus(RUNNING)
         return JobStatus(UNKNOWN, None, "the job's process is gone without an exit code (killed with SIGKILL?)")
+
+    # --- which processes are the job's --------------------------------------------------------------
+    @staticmethod
+    def marker(handle: JobHandle) -> tuple[str, str]:
+        """The environment marker every process of the job carries (jobs recorded before the marker
+        existed are known by their run dir, which the wrapper's environment names too)."""
+        token = handle.extra.get("marker")
+        return (procs.MARKER, str(token)) if token else ("LAUNCH4D_RUN_DIR", str(handle.run_dir))
+
+    def _wrapper_alive(self, handle: JobHandle) -> bool:
+        pid = handle.extra.get("pid")
+        ticks = handle.extra.get("start_ticks")
+        return bool(pid) and procs.is_ours(int(pid), self.marker(handle), int(ticks) if ticks is not None else None)
 
     def _log_text(self, handle: JobHandle) -> str:
         try:
@@ -231,33 +228,41 @@ class LocalBackend:
 
     # --- cancel -----------------------------------------------------------------------------------
     def workers(self, handle: JobHandle) -> list[int]:
-        """The trainer processes: children of torchrun, which is the wrapper's child."""
-        pgid = int(handle.extra["pid"])
-        table = _proc_table()
-        agents = [p for p, (pp, _, st) in table.items() if pp == pgid and st != "Z"]
-        return sorted(p for p, (pp, _, st) in table.items() if pp in agents and st != "Z")
+        """The trainer processes: the job's marked processes other than the wrapper and torchrun (its
+        child). Found by marker, so trainers in their own sessions or orphaned by torchrun count too."""
+        mine = procs.marked(self.marker(handle))
+        wrapper = int(handle.extra["pid"])
+        agents = set(procs.children([wrapper])) if wrapper in mine else set()
+        return [p for p in mine if p != wrapper and p not in agents]
 
-    def cancel(self, handle: JobHandle, force: bool = False) -> None:
-        """SIGTERM the trainers (they checkpoint and exit 75); force: SIGKILL the whole job."""
-        pgid = int(handle.extra["pid"])
+    def cancel(self, handle: JobHandle, force: bool = False) -> bool:
+        """SIGTERM the trainers (they checkpoint and exit 75); force: SIGKILL every process of the job.
+        Only processes that still carry the job's marker are signalled; False when none is left (the
+        job had already ended: cancel is idempotent)."""
+        wrapper = int(handle.extra["pid"])
+        ours = self._wrapper_alive(handle)
         if force:
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            return
+            if ours:
+                try:
+                    os.killpg(wrapper, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            return bool(procs.kill_marked(self.marker(handle))) or ours
         targets = self.workers(handle)
-        if not targets:  # not started yet (or already gone): stop torchrun itself
+        if targets:
+            return bool(procs.signal_all(targets, signal.SIGTERM))
+        if ours:  # not started yet: stop torchrun itself
             try:
-                os.killpg(pgid, signal.SIGTERM)
+                os.killpg(wrapper, signal.SIGTERM)
             except ProcessLookupError:
-                pass
-            return
-        for pid in targets:
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+                return False
+            return True
+        return False
+
+    def sweep(self, handle: JobHandle) -> list[int]:
+        """After the job's end: SIGKILL any of its processes still running (trainers that outlived a
+        killed torchrun); the pids that were."""
+        return procs.kill_marked(self.marker(handle))
 
     def wait(self, handle: JobHandle, timeout: float | None = None) -> JobStatus:
         deadline = None if timeout is None else time.time() + timeout

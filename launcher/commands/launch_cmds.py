@@ -219,9 +219,12 @@ def logs(job: str, follow: bool, rank: int | None, stream: str, as_json: bool) -
 @click.argument("job")
 @json_option
 def cancel(job: str, as_json: bool) -> None:
-    """Cancel a submitted job (scancel; delete the PyTorchJob and its ConfigMap)."""
+    """Cancel a submitted job (scancel; delete the PyTorchJob and its ConfigMap). A job that has already
+    ended is left alone and said so (exit 0)."""
     rec, handle = _handle(job)
     be = _backend(rec.backend)
-    be.cancel(handle)
-    emit({"id": rec.id, "backend": rec.backend, "name": rec.name, "cancelled": True}, as_json,
-         lambda: f"cancelled {rec.backend} job {rec.id} ({rec.name})")
+    sent = be.cancel(handle)
+    ended = sent is False  # a backend that can tell says False when nothing of the job was left
+    emit({"id": rec.id, "backend": rec.backend, "name": rec.name, "cancelled": not ended, "already_ended": ended},
+         as_json, lambda: (f"{rec.backend} job {rec.id} ({rec.name}) had already ended; nothing to cancel" if ended
+                           else f"cancelled {rec.backend} job {rec.id} ({rec.name})"))

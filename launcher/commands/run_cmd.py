@@ -252,6 +252,10 @@ def run(job: str, run_dir: str | None, nproc: int | None, resume: str, dry_run: 
     quiet_s = max(30.0, min(120.0, spec.diagnostics.collective_timeout_s / 2))
     tails = follow(backend, handle, as_json, quiet_s)
     status = backend.wait(handle)
+    left = backend.sweep(handle)
+    if left:
+        progress(f"launch: {len(left)} process(es) of the job outlived torchrun; killed them "
+                 f"(pid {', '.join(map(str, left))})")
     steps = read_steps(Path(handle.run_dir))
     code = status.exit_code if status.exit_code is not None else 1
     payload = {"run_dir": handle.run_dir, "exit_code": code, "state": status.state, "job_id": handle.id,

@@ -41,7 +41,27 @@ def parse_stall(value: str | None) -> tuple[int, int] | None:
         raise UserError(f"--inject-stall {value!r}: expected RANK:STEP, e.g. 3:2") from None
 
 
+def die_with_parent() -> None:
+    """Under torchrun: SIGKILL this trainer when torchrun's agent dies (PR_SET_PDEATHSIG), so a killed
+    agent leaves no trainer training on as an orphan; torchrun starts each trainer in its own session,
+    out of reach of a process-group kill. Linux only; elsewhere a no-op."""
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
+            return
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the agent died before the request took effect
+        os._exit(128 + int(signal.SIGKILL))
+
+
 def main(argv: list[str] | None = None) -> int:
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        die_with_parent()
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, stream=sys.stderr,

@@ -1,0 +1,178 @@
+"""The local backend's hold on its processes, with real processes: cancel signals only what is still
+the job's (a reused pid is left alone, a second cancel is a no-op), and nothing the job started
+outlives it: a SIGKILLed torchrun agent takes its trainers along (PR_SET_PDEATHSIG), and a forced
+stop reaches trainers torchrun put in their own sessions."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.backends import JobHandle, procs
+from launcher.backends.local import LocalBackend
+from launcher.jobstate import JobRecord, record
+from tests.conftest import REPO
+
+LAUNCH = str(Path(sys.executable).with_name("launch"))
+
+
+def wait_until(pred, limit_s: float = 60.0, poll_s: float = 0.1) -> bool:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit_s:
+        if pred():
+            return True
+        time.sleep(poll_s)
+    return pred()
+
+
+def handle_for(pid: int, run_dir: Path, marker: str, ticks: int | None) -> JobHandle:
+    return JobHandle("local", f"local-{pid}", "t", str(run_dir), str(run_dir / "node0.log"),
+                     extra={"pid": pid, "marker": marker, "start_ticks": ticks,
+                            "exit_file": str(run_dir / "exit_code"), "log_path": str(run_dir / "node0.log")})
+
+
+def test_cancel_leaves_a_pid_that_is_no_longer_the_jobs_alone(tmp_path):
+    """A record naming a pid that now belongs to another process (no marker, or another start time)."""
+    stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        be = LocalBackend()
+        for ticks in (None, procs.start_time(stranger.pid)):
+            h = handle_for(stranger.pid, tmp_path, "job-token", ticks)
+            assert be.status(h).state == "UNKNOWN"
+            assert be.cancel(h) is False and be.cancel(h, force=True) is False
+        # the marker matches but the start time does not: a pid reused by a later job of ours
+        marked = subprocess.Popen(["sleep", "60"], start_new_session=True,
+                                  env={**os.environ, procs.MARKER: "job-token"})
+        try:
+            h = handle_for(marked.pid, tmp_path, "job-token", procs.start_time(marked.pid) + 1)
+            assert be.status(h).state == "UNKNOWN"
+            assert be.cancel(h) is False
+            time.sleep(0.2)
+            assert marked.poll() is None
+        finally:
+            marked.kill()
+            marked.wait()
+        assert stranger.poll() is None  # never signalled
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_cancel_cli_is_idempotent(tmp_path):
+    """`launch cancel local-<pid>`: the first stops the job's process; the second says it had ended, exit 0."""
+    env = {**os.environ, "LAUNCH4D_STATE": str(tmp_path / "state")}
+    job = subprocess.Popen(["bash", "-c", "sleep 60 & wait"], start_new_session=True,
+                           env={**os.environ, procs.MARKER: "tok"})
+    stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        os.environ["LAUNCH4D_STATE"] = env["LAUNCH4D_STATE"]
+        record(JobRecord(id=f"local-{job.pid}", backend="local", name="t", run_dir=str(tmp_path),
+                         log_dir=str(tmp_path), submitted_at="now",
+                         extra={"pid": job.pid, "marker": "tok", "start_ticks": procs.start_time(job.pid)}))
+        # a second record whose pid is someone else's now
+        record(JobRecord(id=f"local-{stranger.pid}", backend="local", name="old", run_dir=str(tmp_path / "old"),
+                         log_dir=str(tmp_path), submitted_at="then",
+                         extra={"pid": stranger.pid, "marker": "gone", "start_ticks": 1}))
+        r = subprocess.run([LAUNCH, "cancel", f"local-{job.pid}", "--json"], capture_output=True, text=True,
+                           env=env, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["cancelled"] is True
+        job.wait(timeout=30)  # no trainer yet: the wrapper's process group got SIGTERM
+        assert wait_until(lambda: not procs.marked((procs.MARKER, "tok")), 10)
+        for jid in (f"local-{job.pid}", f"local-{stranger.pid}"):
+            r = subprocess.run([LAUNCH, "cancel", jid], capture_output=True, text=True, env=env, timeout=60)
+            assert r.returncode == 0 and "had already ended; nothing to cancel" in r.stdout, r.stdout + r.stderr
+        assert stranger.poll() is None
+    finally:
+        os.environ.pop("LAUNCH4D_STATE", None)
+        for p in (job, stranger):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        procs.kill_marked((procs.MARKER, "tok"))
+
+
+def _tiny_plan(run_dir: Path) -> Path:
+    from launcher.planner import plan_job
+    from launcher.spec import spec_from_dict
+
+    spec = spec_from_dict({
+        "name": "orphans", "model": "tiny",
+        "train": {"seq_len": 32, "global_batch": 4, "steps": 50, "lr": 3.0e-3, "warmup_steps": 1,
+                  "precision": "fp32", "grad_dtype": "fp32", "seed": 1, "data": "synthetic", "checkpoint_every": 0},
+        "cluster": {"nodes": 1, "gpus_per_node": 2, "gpu": "cpu"},
+        "parallel": {"tp": 1, "cp": 1, "pp": 1, "zero": 1, "recompute": "none", "micro_batch": 2},
+        "diagnostics": {"init_timeout_s": 120, "collective_timeout_s": 120}})
+    plan = plan_job(spec, top=0).best
+    run_dir.mkdir(parents=True, exist_ok=True)
+    plan.save(run_dir / "plan.json")
+    return run_dir / "plan.json"
+
+
+@pytest.mark.slow
+def test_killed_torchrun_agent_takes_its_trainers_along(tmp_path):
+    """torchrun + the bundled trainer (gloo); rank 1 stalls so both ranks sit in step 2; SIGKILL the
+    agent: the trainers, each in its own session, die with it instead of training on as orphans."""
+    rd = tmp_path / "run"
+    plan = _tiny_plan(rd)
+    token = "agent-test"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=0",
+           "-m", "launcher.trainer", "--plan", str(plan), "--run-dir", str(rd), "--inject-stall", "1:2"]
+    agent = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             env={**os.environ, "OMP_NUM_THREADS": "1", procs.MARKER: token})
+    marker = (procs.MARKER, token)
+    try:
+        def both_in_step_2() -> bool:
+            beats = [rd / "heartbeat" / f"rank{r}.json" for r in (0, 1)]
+            return all(b.exists() and json.loads(b.read_text())["step"] == 2 for b in beats)
+
+        assert wait_until(both_in_step_2, 180), "the trainers never reached step 2"
+        trainers = [p for p in procs.marked(marker) if p != agent.pid]
+        assert len(trainers) >= 2
+        assert all(os.getsid(p) != os.getsid(agent.pid) for p in trainers)  # out of a group kill's reach
+        agent.kill()
+        agent.wait()
+        assert wait_until(lambda: not procs.marked(marker), 20), procs.marked(marker)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+        procs.kill_marked(marker)
+
+
+@pytest.mark.slow
+def test_ctrl_c_twice_leaves_nothing_running(tmp_path):
+    """`launch run`, two SIGINTs before the first step: the job is killed and no process of it is left."""
+    env = {**os.environ, "LAUNCH4D_STATE": str(tmp_path / "state"), "OMP_NUM_THREADS": "1"}
+    job = tmp_path / "job.yaml"
+    job.write_text((REPO / "examples" / "tiny-cpu.yaml").read_text().replace("steps: 8", "steps: 400"))
+    rd = tmp_path / "rd"
+    run = subprocess.Popen([LAUNCH, "run", str(job), "--nproc", "2", "--run-dir", str(rd)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    marker = None
+    try:
+        state = tmp_path / "state" / "jobs.json"
+        assert wait_until(lambda: state.exists() and (rd / "heartbeat" / "rank1.json").exists(), 180)
+        rec = json.loads(state.read_text())["jobs"][-1]
+        marker = (procs.MARKER, rec["extra"]["marker"])
+        assert len(procs.marked(marker)) >= 4  # wrapper, torchrun, two trainers
+        run.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        run.send_signal(signal.SIGINT)
+        out, err = run.communicate(timeout=120)
+        assert "killing the job" in err, err
+        assert run.returncode != 0
+        assert wait_until(lambda: not procs.marked(marker), 20), procs.marked(marker)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+        if marker:
+            procs.kill_marked(marker)
