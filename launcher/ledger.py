@@ -25,6 +25,10 @@ GIB = 2**30
 BUFFER_FIXED_GB = 1.0
 BUFFER_FRACTION = 0.05
 
+#: Fraction of the GPU's memory no plan may use (job file: cluster.memory_headroom): the ledger's
+#: estimate is not exact, and a run that needs 99% of HBM fails on the first fragmented allocation.
+DEFAULT_HEADROOM = 0.1
+
 
 # --- parameters ---------------------------------------------------------------------------
 
@@ -218,13 +222,26 @@ class MemoryLedger:
     per_gpu_gb: float
     capacity_gb: float
     worst_stage: str
+    headroom: float = DEFAULT_HEADROOM
+
+    @property
+    def limit_gb(self) -> float:
+        """What a plan may use: the GPU's memory less the headroom kept free."""
+        return self.capacity_gb * (1 - self.headroom)
+
+    @property
+    def used_pct(self) -> float:
+        """How close the plan runs: per-GPU need as a percentage of the limit."""
+        return 100 * self.per_gpu_gb / self.limit_gb
 
     @property
     def fits(self) -> bool:
-        return self.per_gpu_gb <= self.capacity_gb
+        return self.per_gpu_gb <= self.limit_gb
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        d["limit_gb"] = self.limit_gb
+        d["used_pct"] = self.used_pct
         d["fits"] = self.fits
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in d.items()}
 
@@ -256,9 +273,10 @@ def _layer_activations(model, s: int, b: int, mode: str, tp: int, cp: int) -> fl
                                   ffn=model.ffn_hidden, mlp=model.mlp)
 
 
-def memory_ledger(model, train, gpu, lay: Layout) -> MemoryLedger:
+def memory_ledger(model, train, gpu, lay: Layout, headroom: float = DEFAULT_HEADROOM) -> MemoryLedger:
     """Peak bytes on the most loaded GPU: the first stage (embedding, most in-flight activations) or
-    the last (output head, logits), whichever is larger."""
+    the last (output head, logits), whichever is larger. It fits when it stays under the GPU's memory
+    less `headroom` (a fraction)."""
     first_state, last_state = _stage_states(model, train, lay.tp, lay.pp, lay.cp, lay.dp, lay.ep, lay.zero)
     s, b = train.seq_len, lay.micro_batch
     layers_per_stage = model.layers / lay.pp
@@ -285,7 +303,7 @@ def memory_ledger(model, train, gpu, lay: Layout) -> MemoryLedger:
         params_gb=st["params"] / GB, grads_gb=st["grads"] / GB, optimizer_gb=st["optimizer"] / GB,
         activations_gb=act / GB, logits_gb=lg / GB, logits_unchunked_gb=logits_full / GB,
         zero3_buffers_gb=zero3 / GB, buffers_gb=buffers / GB, per_gpu_gb=total / GB,
-        capacity_gb=float(gpu.memory_gb), worst_stage=worst if lay.pp > 1 else "only",
+        capacity_gb=float(gpu.memory_gb), worst_stage=worst if lay.pp > 1 else "only", headroom=headroom,
     )
 
 

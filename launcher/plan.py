@@ -60,6 +60,7 @@ class Plan:
     gpu_order: list[int] | None = None
     tp_node_local: bool = True
     forced: bool = False
+    memory_traced: bool = False     # set by `launch verify` once the real trainer was traced
     version: int = PLAN_VERSION
 
     # --- derived views -------------------------------------------------------------------

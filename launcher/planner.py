@@ -249,7 +249,7 @@ class Search:
         for i, z in enumerate(zeros):
             lay = Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, zero=z, recompute=rc, micro_batch=mb,
                          grad_accum=ga, schedule=sched, virtual_stages=v)
-            led = memory_ledger(self.model, self.train, self.gpu, lay)
+            led = memory_ledger(self.model, self.train, self.gpu, lay, self.spec.cluster.memory_headroom)
             if led.fits:
                 self.searched += 1
                 self.candidates.append(Candidate(lay, led, self.estimate(lay)))
@@ -306,7 +306,8 @@ def warnings_for(spec: JobSpec, cand: Candidate, cluster: Cluster, tp_local: boo
         out.append(f"ZeRO stage {lay.zero} leaves {unsharded:.1f} GB of {what} unsharded per GPU: adding GPUs "
                    "will not shrink it (ZeRO 3 would)")
     if not led.fits:
-        out.append(f"does not fit: {led.per_gpu_gb:.1f} GB needed per GPU, {led.capacity_gb:.0f} GB available")
+        out.append(f"does not fit: {led.per_gpu_gb:.1f} GB needed per GPU, {led.limit_gb:.1f} GB allowed "
+                   f"({led.capacity_gb:.0f} GB less {led.headroom:.0%} headroom)")
     return out
 
 

@@ -88,6 +88,7 @@ class ClusterSpec:
     network_gbs_per_gpu: float | None = bounded(None, 0.001)
     bwmap: str | None = None
     compute_efficiency: float | None = bounded(None, 0.01, 1.0)
+    memory_headroom: float = bounded(0.1, 0.0, 0.9)   # fraction of HBM no plan may use
 
     @property
     def world_size(self) -> int:

@@ -42,7 +42,7 @@ def test_auto_plan_properties(model, nodes, gpn, seq, gb_mult, gpu):
         assert p.micro_batch * p.grad_accum * d["dp"] == spec.train.global_batch
         assert d["tp"] <= gpn and p.tp_node_local
         assert groups_node_local(groups(d, p.mesh_order, "tp"), gpn)
-        assert p.fits and p.memory["per_gpu_gb"] <= p.memory["capacity_gb"]
+        assert p.fits and p.memory["per_gpu_gb"] <= p.memory["limit_gb"] < p.memory["capacity_gb"]
         assert sorted(r.rank for r in p.ranks) == list(range(p.world_size))
         assert sum(p.stage_layers) == spec.model.layers and len(p.stage_layers) == d["pp"] * p.virtual_stages
         if d["pp"] > 1 and p.schedule != "gpipe":

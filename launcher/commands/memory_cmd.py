@@ -153,9 +153,11 @@ def memory(job, params, world, zero, optimizer, precision, grad_dtype, seq, batc
             from launcher.commands.plan_cmd import plan_line
 
             m = p.memory
-            rows = [(k[:-3], v) for k, v in m.items() if k.endswith("_gb") and k not in ("per_gpu_gb", "capacity_gb")]
+            totals = ("per_gpu_gb", "capacity_gb", "limit_gb")
+            rows = [(k[:-3], v) for k, v in m.items() if k.endswith("_gb") and k not in totals]
             return "\n".join([plan_line(p)] + [f"  {k:22} {v:9.2f} GB" for k, v in rows]
-                             + [f"  {'total per GPU':22} {m['per_gpu_gb']:9.2f} GB of {m['capacity_gb']:.0f}"])
+                             + [f"  {'total per GPU':22} {m['per_gpu_gb']:9.2f} GB of {m['limit_gb']:.1f} allowed "
+                                f"({m['used_pct']:.0f}%; {m['capacity_gb']:.0f} GB less {m['headroom']:.0%} headroom)"])
         emit(payload, as_json, human)
         if not p.fits:
             raise click.exceptions.Exit(1)

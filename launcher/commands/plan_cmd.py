@@ -26,8 +26,10 @@ def render_plan(p: Plan, title: str = "best") -> str:
     m, e = p.memory, p.estimate
     lines = [
         f"{title}: {plan_line(p)}",
-        f"  memory per GPU: {_gb(m['per_gpu_gb'])} / {m['capacity_gb']:.0f} GB"
-        f"{'' if p.fits else '  (DOES NOT FIT)'}  = params {_gb(m['params_gb'])} + grads {_gb(m['grads_gb'])}"
+        f"  memory per GPU: {_gb(m['per_gpu_gb'])} / {_gb(m['limit_gb'])} GB = {m['used_pct']:.0f}% of the limit "
+        f"({m['capacity_gb']:.0f} GB less {m['headroom']:.0%} headroom; {'traced' if p.memory_traced else 'ledger'})"
+        f"{'' if p.fits else '  (DOES NOT FIT)'}",
+        f"    = params {_gb(m['params_gb'])} + grads {_gb(m['grads_gb'])}"
         f" + optimizer {_gb(m['optimizer_gb'])} + activations {_gb(m['activations_gb'])}"
         f" + logits {m['logits_gb']:.2f} + ZeRO-3 buffers {_gb(m['zero3_buffers_gb'])}"
         f" + allowance {_gb(m['buffers_gb'])}  [{m['worst_stage']} stage]",
@@ -59,13 +61,13 @@ def render_result(spec, result) -> str:
     if result.alternatives:
         out += ["", "alternatives:",
                 f"  {'tp':>3} {'cp':>3} {'pp':>3} {'dp':>5} {'ep':>3} {'zero':>4} {'recompute':>9} {'mb':>3} "
-                f"{'accum':>5} {'schedule':>18} {'mem GB':>7} {'step s':>8} {'MFU':>6}"]
+                f"{'accum':>5} {'schedule':>18} {'mem GB':>7} {'mem %':>6} {'step s':>8} {'MFU':>6}"]
         for a in result.alternatives:
             d = a.degrees
             sched = a.schedule + (f" v={a.virtual_stages}" if a.virtual_stages > 1 else "")
             out.append(f"  {d['tp']:>3} {d['cp']:>3} {d['pp']:>3} {d['dp']:>5} {d['ep']:>3} {a.zero_stage:>4} "
                        f"{a.recompute:>9} {a.micro_batch:>3} {a.grad_accum:>5} {sched:>18} "
-                       f"{a.memory['per_gpu_gb']:>7.1f} {a.estimate['step_time_s']:>8.3f} {a.estimate['mfu']:>6.1%}")
+                       f"{a.memory['per_gpu_gb']:>7.1f} {a.memory['used_pct']:>5.0f}% {a.estimate['step_time_s']:>8.3f} {a.estimate['mfu']:>6.1%}")
     rej = ", ".join(f"{k}: {v}" for k, v in sorted(result.rejected.items(), key=lambda kv: -kv[1]))
     out += ["", f"searched {result.searched} layouts; rejected — {rej or 'none'}"]
     return "\n".join(out)
