@@ -82,10 +82,10 @@ class BandwidthMap:
         return d
 
     def save(self, path: str | Path) -> None:
-        p = Path(path)
-        tmp = p.with_suffix(p.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        tmp.replace(p)
+        """Temp file then rename, never through or over a symlink or device (launcher.formats)."""
+        from launcher.formats.files import atomic_write
+
+        atomic_write(path, json.dumps(self.to_dict(), indent=2) + "\n", "bandwidth map")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "bandwidth map") -> BandwidthMap:
@@ -112,10 +112,15 @@ class BandwidthMap:
 
     @classmethod
     def load(cls, path: str | Path) -> BandwidthMap:
+        from launcher.errors import UserError
+        from launcher.formats.files import read_text
+
         try:
-            data = json.loads(Path(path).read_text())
-        except OSError as exc:
-            raise BandwidthMapError(f"{path}: cannot read bandwidth map ({exc.strerror})") from None
+            data = json.loads(read_text(path, "bandwidth map"))
+        except UserError as exc:
+            raise BandwidthMapError(str(exc)) from None
         except json.JSONDecodeError as exc:
             raise BandwidthMapError(f"{path}: not JSON (line {exc.lineno}: {exc.msg})") from None
+        except RecursionError:
+            raise BandwidthMapError(f"{path}: JSON nested too deeply") from None
         return cls.from_dict(data, where=str(path))

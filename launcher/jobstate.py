@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.errors import UserError
+from launcher.formats.files import MiB, atomic_write, check_writable_target, make_dirs, read_text
 
 
 @dataclass
@@ -33,26 +34,59 @@ def state_file() -> Path:
     return Path(base) / "jobs.json"
 
 
+STATE_LIMIT = 16 * MiB
+_REQUIRED = {f.name for f in dataclasses.fields(JobRecord) if f.default is dataclasses.MISSING
+             and f.default_factory is dataclasses.MISSING}
+_KNOWN = {f.name for f in dataclasses.fields(JobRecord)}
+
+
 def _read(path: Path) -> list[dict]:
-    if not path.exists():
+    """The records, checked for shape: binary, a directory, or JSON of another shape is one clear
+    error naming the file, never a traceback later on."""
+    if not os.path.lexists(path):
         return []
+    corrupt = f"{path}: job state file is corrupt"
     try:
-        return json.loads(path.read_text()).get("jobs", [])
-    except (json.JSONDecodeError, AttributeError):
-        raise UserError(f"{path}: job state file is corrupt; move it aside to start afresh") from None
+        data = json.loads(read_text(path, "job state file", STATE_LIMIT))
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{corrupt} (line {exc.lineno}: {exc.msg}); move it aside to start afresh") from None
+    except UserError as exc:
+        raise UserError(f"{exc}; move it aside to start afresh") from None
+    jobs = data.get("jobs") if isinstance(data, dict) else None
+    if not isinstance(jobs, list):
+        raise UserError(f"{corrupt} (expected {{\"jobs\": [...]}}); move it aside to start afresh")
+    for i, j in enumerate(jobs):
+        if not (isinstance(j, dict) and _REQUIRED <= j.keys() and j.keys() <= _KNOWN
+                and all(isinstance(j[k], str) for k in _REQUIRED) and isinstance(j.get("extra", {}), dict)):
+            raise UserError(f"{corrupt} (jobs[{i}] is not a job record); move it aside to start afresh")
+    return jobs
+
+
+def check_state() -> None:
+    """Before submitting: the state file reads and its directory can be written, so a job is never
+    submitted and then lost from the record."""
+    path = state_file()
+    _read(path)
+    make_dirs(path.parent, "job state directory")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise UserError(f"{path.parent}: job state directory is not writable (set LAUNCH4D_STATE)")
+    if os.path.lexists(path):
+        check_writable_target(path, "job state file")
 
 
 def record(job: JobRecord) -> None:
     """Add or replace a job record (locked, written atomically)."""
     path = state_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as lock:
+    make_dirs(path.parent, "job state directory")
+    try:
+        lock = open(path.with_suffix(".lock"), "a")
+    except OSError as exc:
+        raise UserError(f"{path.with_suffix('.lock')}: cannot lock the job state ({exc.strerror})") from None
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         jobs = [j for j in _read(path) if not (j["id"] == job.id and j["backend"] == job.backend)]
         jobs.append(dataclasses.asdict(job))
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"jobs": jobs}, indent=2) + "\n")
-        tmp.replace(path)
+        atomic_write(path, json.dumps({"jobs": jobs}, indent=2) + "\n", "job state file")
 
 
 def all_jobs() -> list[JobRecord]:

@@ -93,14 +93,16 @@ class Plan:
 
     def save(self, path: str | Path) -> None:
         """Write atomically so a reader never sees half a plan."""
+        from launcher.formats.files import atomic_write, make_dirs
+
         p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_suffix(p.suffix + ".tmp")
-        tmp.write_text(self.to_json() + "\n")
-        tmp.replace(p)
+        make_dirs(p.parent, "plan directory")
+        atomic_write(p, self.to_json() + "\n", "plan")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
+        if not isinstance(data, dict):
+            raise UserError(f"a plan is a JSON object, not {type(data).__name__}")
         if data.get("version") != PLAN_VERSION:
             raise UserError(f"plan version {data.get('version')!r} is not supported (expected {PLAN_VERSION})")
         names = {f.name for f in dataclasses.fields(cls)}
@@ -110,13 +112,17 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
+        from launcher.formats.files import read_text
+
         try:
-            data = json.loads(Path(path).read_text())
-        except OSError as exc:
-            raise UserError(f"{path}: cannot read plan ({exc.strerror})") from None
+            data = json.loads(read_text(path, "plan"))
         except json.JSONDecodeError as exc:
             raise UserError(f"{path}: not a plan.json (line {exc.lineno}: {exc.msg})") from None
+        except RecursionError:
+            raise UserError(f"{path}: not a plan.json (nested too deeply)") from None
         try:
             return cls.from_dict(data)
-        except (KeyError, TypeError) as exc:
+        except UserError as exc:
+            raise UserError(f"{path}: {exc}") from None
+        except (KeyError, TypeError, AttributeError) as exc:
             raise UserError(f"{path}: malformed plan ({exc})") from None

@@ -2,8 +2,9 @@
 
 The user's `--templates DIR` is searched first, file by file, then the templates shipped in the
 wheel. Values are shaped here, in Python, so templates stay declarative and the checks can be
-tested: every user string that reaches a shell goes through `q` (shlex.quote), every value on an
-#SBATCH line through `sbatch` (a strict character set), every Kubernetes name through `k8sname`
+tested: every user string that reaches a shell goes through `q` (launcher.formats.shell.quote: safe
+in command position, always one line), every value on an #SBATCH line through `sbatch` (a strict
+character set, the whole value), every Kubernetes name through `k8sname`
 (RFC 1123), every YAML scalar through `yq` (JSON, which is YAML). Undefined variables are errors.
 Nothing depends on the clock: the same input renders the same bytes.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 import subprocess
 from dataclasses import dataclass, field
 from functools import cache
@@ -20,13 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import UserError
+from launcher.formats import rundir
+from launcher.formats.files import make_dirs, read_text, remove_created, write_files
+from launcher.formats.shell import quote as shell_quote
+from launcher.formats.shell import sbatch_value
 from launcher.plan import Plan
 from launcher.spec import JobSpec
 
 PLAN_MOUNT = "/etc/launch4d"
-SBATCH_SAFE = re.compile(r"^[A-Za-z0-9._:+@,=/%\[\]-]+$")
-RFC1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+RFC1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Names that look like credentials are refused in backend.env: reference a Secret instead.
 SECRET_WORDS = re.compile(r"(SECRET|PASSWORD|PASSWD|TOKEN|API_?KEY|CREDENTIAL|PRIVATE_KEY)", re.I)
 # A PyTorchJob's pods are named <name>-worker-<i>; keep the name short enough for that.
@@ -42,38 +45,46 @@ class Rendered:
     main: str
     files: dict[str, str] = field(default_factory=dict)
 
-    def write(self, directory: str | Path) -> list[Path]:
-        """Write every file atomically; the run dir's logs/ is created for Slurm's output files."""
+    def write(self, directory: str | Path, force: bool = False) -> list[Path]:
+        """Write every file, all or nothing (staged, then renamed), into `directory` and create its
+        logs/ for Slurm's output files. A directory holding another job's files is refused unless
+        `force`; a failure removes the directories this call created."""
         d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "logs").mkdir(exist_ok=True)
-        out = []
-        for name, text in sorted(self.files.items()):
-            p = d / name
-            tmp = p.with_name(p.name + ".tmp")
-            tmp.write_text(text)
-            if name.endswith(".sbatch"):
-                tmp.chmod(0o755)
-            tmp.replace(p)
-            out.append(p)
-        return out
+        if not force:
+            self.check_target(d)
+        created = make_dirs(d, "output directory")
+        try:
+            created += make_dirs(d / rundir.LOGS, "output directory")
+            return write_files(d, {name: (text, 0o755 if name.endswith(".sbatch") else 0o644)
+                                   for name, text in self.files.items()}, "rendered file")
+        except BaseException:
+            remove_created(created)
+            raise
+
+    def check_target(self, d: Path) -> None:
+        """Refuse to overwrite another job's files: existing ones must belong to a plan of this name."""
+        clash = sorted(n for n in self.files if (d / n).exists())
+        if not clash:
+            return
+        mine = json.loads(self.files[rundir.PLAN]).get("name") if rundir.PLAN in self.files else None
+        theirs = None
+        if (d / rundir.PLAN).exists():
+            try:
+                theirs = json.loads(read_text(d / rundir.PLAN, "plan")).get("name")
+            except (UserError, ValueError, AttributeError):
+                theirs = None
+        if mine is None or theirs != mine:
+            raise UserError(f"-o {d}: already holds {', '.join(clash)} of "
+                            f"{'another job (' + repr(theirs) + ')' if theirs else 'something else'}; "
+                            "give another directory, or --force to overwrite")
 
 
 # --- filters ---------------------------------------------------------------------------------
-def shell_quote(value: Any) -> str:
-    return shlex.quote(str(value))
-
-
-def sbatch_value(value: Any) -> str:
-    s = str(value)
-    if not SBATCH_SAFE.match(s):
-        raise UserError(f"{s!r} cannot go on an #SBATCH line (allowed: letters, digits and ._:+@,=/%[]-)")
-    return s
 
 
 def check_k8s_name(value: Any, what: str = "name", limit: int = 63) -> str:
     s = str(value)
-    if len(s) > limit or not RFC1123_LABEL.match(s):
+    if len(s) > limit or not RFC1123_LABEL.fullmatch(s):
         raise UserError(f"{what}: {s!r} is not a valid Kubernetes name (RFC 1123: lowercase letters, digits "
                         f"and '-', starting and ending with a letter or digit, at most {limit} characters)")
     return s
@@ -171,7 +182,7 @@ def trainer_args(spec: JobSpec, plan_path: str, run_dir: str) -> str:
 def user_env(spec: JobSpec) -> list[tuple[str, str]]:
     out = []
     for key, value in sorted(spec.backend.env.items()):
-        if not ENV_NAME.match(key):
+        if not ENV_NAME.fullmatch(key):
             raise UserError(f"backend.env.{key}: not a valid environment variable name")
         if SECRET_WORDS.search(key):
             raise UserError(f"backend.env.{key}: looks like a secret and would be written into the rendered "

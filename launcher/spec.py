@@ -238,20 +238,28 @@ def spec_from_dict(data: Any, source: str | None = None) -> JobSpec:
 
 def load_spec(path: str | Path) -> JobSpec:
     """Read and validate a job file (YAML or JSON)."""
+    return load_spec_text(path)[0]
+
+
+def load_spec_text(path: str | Path) -> tuple[JobSpec, str]:
+    """The validated spec and the text it came from, read once (bounded, UTF-8), so a job file
+    given as a pipe (`<(cat job.yaml)`) is the same text for validation and for the copy kept."""
+    from launcher.formats.files import JOB_FILE_LIMIT, read_text
+
+    text = read_text(path, "job file", JOB_FILE_LIMIT)
+    return spec_from_text(text, str(path)), text
+
+
+def spec_from_text(text: str, source: str) -> JobSpec:
     import yaml
 
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read job file ({exc.strerror})") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
-        raise UserError(f"{path}:{where} is not valid YAML ({getattr(exc, 'problem', exc)})") from None
-    return spec_from_dict(data, source=str(p))
+        raise UserError(f"{source}:{where} is not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    return spec_from_dict(data, source=source)
 
 
 def spec_to_json(spec: JobSpec) -> str:

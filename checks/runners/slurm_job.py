@@ -3,22 +3,24 @@
 The job runs the node probes (`python -m checks.probe`) on every node with srun, the pair rounds
 and the all-node run with `srun --mpi`, writes everything in the `import` layout under OUT, and
 ends with `python -m checks.assemble OUT` (the BandwidthMap in OUT/bwmap.json). Rendered with
-jinja2 directly (checks never imports launcher); every user string is shell-quoted.
+jinja2 directly; checks imports only launch4d's torch-free formats (launcher.formats), whose one
+quoting function every user string goes through.
 """
 
 from __future__ import annotations
 
 import re
-import shlex
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from checks.hosts import compress
 from checks.orchestrate import NcclOptions, ring_rounds
+from launcher.errors import UserError
+from launcher.formats.shell import quote
+from launcher.formats.shell import sbatch_value as formats_sbatch_value
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "slurm" / "preflight.sbatch.j2"
-SBATCH_SAFE = re.compile(r"^[A-Za-z0-9._:+@,=/%\[\]-]+$")
 
 
 class SlurmJobError(ValueError):
@@ -27,10 +29,10 @@ class SlurmJobError(ValueError):
 
 def sbatch_value(value: object) -> str:
     """#SBATCH lines are not shell: sbatch reads them itself, so only plain values may go there."""
-    s = str(value)
-    if not SBATCH_SAFE.match(s):
-        raise SlurmJobError(f"{s!r} cannot go on an #SBATCH line (allowed: letters, digits and ._:+@,=/%[]-)")
-    return s
+    try:
+        return formats_sbatch_value(value)
+    except UserError as exc:
+        raise SlurmJobError(str(exc)) from None
 
 
 @dataclass
@@ -54,7 +56,7 @@ def render(hosts: list[str], opts: SlurmJobOptions, template: Path | None = None
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str((template or TEMPLATE).parent)),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              trim_blocks=True, lstrip_blocks=True)
-    env.filters["q"] = lambda v: shlex.quote(str(v))
+    env.filters["q"] = quote
     env.filters["sbatch"] = sbatch_value
     tpl = env.get_template((template or TEMPLATE).name)
     return tpl.render(hosts=hosts, nodelist=compress(hosts), rounds=ring_rounds(hosts) if opts.nccl.pairs else [],

@@ -13,7 +13,6 @@ debug files, flight recorder, timeouts, the user's backend.env).
 from __future__ import annotations
 
 import importlib
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -96,32 +95,34 @@ def get_backend(kind: str) -> Backend:
 # --- run directory ----------------------------------------------------------------------------
 
 def default_run_dir(spec: JobSpec, now: float | None = None) -> Path:
-    """<backend.log_dir>/<name>-<YYYYmmdd-HHMMSS> (COMMON.md)."""
+    """<backend.log_dir>/<name>-<YYYYmmdd-HHMMSS>, proven to lie inside backend.log_dir."""
+    from launcher.formats.files import child_path
+
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-    return Path(spec.backend.log_dir) / f"{spec.name}-{stamp}"
+    return child_path(spec.backend.log_dir, f"{spec.name}-{stamp}", "name")
 
 
 def prepare_run_dir(run_dir: str | Path, plan: Plan, job_text: str | None) -> Path:
     """Create the layout and write plan.json and job.yaml. Refuses a dir holding another job's plan."""
+    from launcher.formats import rundir
+    from launcher.formats.files import atomic_write, make_dirs
     from launcher.plan import Plan as PlanCls
 
     rd = Path(run_dir).resolve()
     if rd.exists() and not rd.is_dir():
         raise UserError(f"--run-dir: {rd} exists and is not a directory")
-    old = rd / "plan.json"
+    old = rd / rundir.PLAN
     if old.exists():
         prev = PlanCls.load(old)
         if (prev.name, prev.degrees, prev.model, prev.world_size) != (plan.name, plan.degrees, plan.model,
                                                                         plan.world_size):
             raise UserError(f"--run-dir: {rd} holds a different job ({prev.name}, {prev.degrees}); "
                             "give a new run directory")
-    for sub in ("logs", "logs/nccl", "logs/flight", "heartbeat", "checkpoints"):
-        (rd / sub).mkdir(parents=True, exist_ok=True)
-    plan.save(rd / "plan.json")
+    for sub in rundir.SUBDIRS:
+        make_dirs(rd / sub, "run directory")
+    plan.save(rd / rundir.PLAN)
     if job_text is not None:
-        tmp = rd / ".job.yaml.tmp"
-        tmp.write_text(job_text)
-        os.replace(tmp, rd / "job.yaml")
+        atomic_write(rd / rundir.JOB, job_text, "job file copy")
     return rd
 
 

@@ -149,7 +149,8 @@ class LocalBackend:
             out.write(f"# launch4d local {time.strftime('%Y-%m-%dT%H:%M:%S')}: {shlex.join(cmd)}\n".encode())
             out.flush()
             proc = subprocess.Popen(["bash", "-c", wrapper], stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ, **env})
+                                    stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ, **env},
+                                    pass_fds=tuple(options.get("keep_fds", ())))  # the run dir's lock
         handle = JobHandle(backend=self.name, id=f"local-{proc.pid}", name=spec.name, run_dir=str(rd),
                            log_path=str(log), request=request,
                            extra={"pid": proc.pid, "exit_file": str(exit_file), "log_path": str(log),

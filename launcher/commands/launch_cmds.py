@@ -21,11 +21,11 @@ BACKEND_CHOICE = click.Choice(["slurm", "k8s"])
 
 # --- shared steps ---------------------------------------------------------------------------
 def _load(job_file: str, backend: str | None, preflight: str | None):
-    """Job file -> (spec, plan, bwmap, backend kind)."""
+    """Job file -> (spec, plan, bwmap, backend kind, the job file's text: read once)."""
     from launcher.planner import load_bwmap, plan_job
-    from launcher.spec import load_spec
+    from launcher.spec import load_spec_text
 
-    spec = load_spec(job_file)
+    spec, text = load_spec_text(job_file)
     kind = backend or spec.backend.kind
     if kind not in ("slurm", "k8s"):
         raise UserError(f"backend.kind is {kind!r}: give --backend slurm|k8s (or use `launch run` for this machine)")
@@ -36,7 +36,7 @@ def _load(job_file: str, backend: str | None, preflight: str | None):
     if not result.best.fits:
         progress(f"warning: the fixed layout does not fit in GPU memory "
                  f"({result.best.memory.get('per_gpu_gb', 0):.1f} GB per GPU); rendering it anyway")
-    return spec, result.best, bwmap, kind
+    return spec, result.best, bwmap, kind, text
 
 
 def _stamp() -> str:
@@ -67,25 +67,25 @@ def _backend(kind: str):
               help="Write the script/manifest, plan.json and job.yaml here (it is the job's run dir).")
 @click.option("--preflight", "bwmap", type=click.Path(dir_okay=False), help="Bandwidth map from `launch preflight`.")
 @click.option("--templates", type=click.Path(file_okay=False), help="Directory whose templates override ours, file by file.")
+@click.option("--force", is_flag=True, help="With -o: overwrite files of another job in that directory.")
 @json_option
 def render(job_file: str, backend: str | None, out_dir: str | None, bwmap: str | None, templates: str | None,
-           as_json: bool) -> None:
+           force: bool, as_json: bool) -> None:
     """Render the sbatch script or PyTorchJob manifest (nothing is submitted). Same input, same bytes."""
+    from launcher.formats.files import child_path
     from launcher.render import render_k8s, render_slurm
 
-    spec, plan, bw, kind = _load(job_file, backend, bwmap)
+    spec, plan, bw, kind, text = _load(job_file, backend, bwmap)
     if kind == "slurm":
         run_dir = str(Path(out_dir).resolve()) if out_dir else str(
-            Path(spec.backend.log_dir).expanduser().resolve() / spec.name)
+            child_path(Path(spec.backend.log_dir).expanduser().resolve(), spec.name, "name"))
         rendered = render_slurm(spec, plan, run_dir, templates, list(bw.exclude) if bw else None)
     else:
         rendered = render_k8s(spec, plan, None, templates)
     written: list[str] = []
     if out_dir:
-        files = dict(rendered.files)
-        files["job.yaml"] = Path(job_file).read_text()
-        rendered.files = files
-        written = [str(p) for p in rendered.write(out_dir)]
+        rendered.files = {**rendered.files, "job.yaml": text}
+        written = [str(p) for p in rendered.write(out_dir, force=force)]
     main_text = rendered.files[rendered.main]
     emit({"backend": kind, "run_dir": rendered.run_dir, "main": rendered.main, "written": written,
           "files": rendered.files},
@@ -105,12 +105,15 @@ def render(job_file: str, backend: str | None, out_dir: str | None, bwmap: str |
 def submit(job_file: str, backend: str | None, bwmap: str | None, run_dir: str | None, templates: str | None,
            dry_run: bool, as_json: bool) -> None:
     """Submit a job to Slurm (sbatch, here or over SSH) or Kubernetes (PyTorchJob)."""
-    from launcher.jobstate import JobRecord, record
+    from launcher.formats.files import child_path
+    from launcher.jobstate import JobRecord, check_state, record
 
-    spec, plan, bw, kind = _load(job_file, backend, bwmap)
+    spec, plan, bw, kind, text = _load(job_file, backend, bwmap)
     be = _backend(kind)
-    rd = run_dir or str(Path(spec.backend.log_dir).expanduser() / f"{spec.name}-{_stamp()}")
-    options: dict[str, Any] = {"templates": templates, "job_text": Path(job_file).read_text()}
+    rd = run_dir or str(child_path(Path(spec.backend.log_dir).expanduser(), f"{spec.name}-{_stamp()}", "name"))
+    if not dry_run:
+        check_state()  # a broken state file is found before anything is submitted
+    options: dict[str, Any] = {"templates": templates, "job_text": text}
     if kind == "slurm":
         options.update(exclude=list(bw.exclude) if bw else None)
     handle = be.submit(spec, plan, rd, dry_run=dry_run, **options)
@@ -122,10 +125,14 @@ def submit(job_file: str, backend: str | None, bwmap: str | None, run_dir: str |
         return
     extra = dict(handle.extra)
     extra["log_path"] = handle.log_path
-    record(JobRecord(id=handle.id, backend=kind, name=handle.name, run_dir=handle.run_dir,
-                     log_dir=f"{handle.run_dir}/logs", submitted_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                     host=handle.extra.get("host"), remote_dir=handle.extra.get("remote_dir"),
-                     namespace=handle.extra.get("namespace"), extra=extra))
+    try:
+        record(JobRecord(id=handle.id, backend=kind, name=handle.name, run_dir=handle.run_dir,
+                         log_dir=f"{handle.run_dir}/logs", submitted_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                         host=handle.extra.get("host"), remote_dir=handle.extra.get("remote_dir"),
+                         namespace=handle.extra.get("namespace"), extra=extra))
+    except UserError as exc:  # submitted all the same: say so, with the id
+        progress(f"warning: job {handle.id} was submitted but not recorded ({exc}); "
+                 "status/logs/cancel by name will not find it")
     where = f" on {payload['host']}" if payload["host"] else ""
     where += f" in namespace {payload['namespace']}" if payload["namespace"] else ""
     emit(payload, as_json, lambda: f"submitted {kind} job {handle.id} ({handle.name}){where}\n"

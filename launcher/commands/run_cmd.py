@@ -28,10 +28,9 @@ def load_job(job: str, nproc: int | None):
     """The validated spec (with --nproc applied, a relative train.data made absolute) and the text."""
     import yaml
 
-    from launcher.spec import load_spec, spec_from_dict
+    from launcher.spec import load_spec_text, spec_from_dict
 
-    spec = load_spec(job)  # validates the file as written, with its own error messages
-    text = Path(job).read_text()
+    spec, text = load_spec_text(job)  # read once; validates the file as written, with its own messages
     data = yaml.safe_load(text)
     changed = []
     if nproc is not None:
@@ -237,14 +236,11 @@ def run(job: str, run_dir: str | None, nproc: int | None, resume: str, dry_run: 
              lambda: f"plan: {plan.degrees} zero={plan.zero_stage} micro_batch={plan.micro_batch} "
                      f"grad_accum={plan.grad_accum}\nrun dir: {rd.resolve()}\ncommand: {handle.request}")
         return 0
-    if (rd / "checkpoints" / "latest").exists() and resume == "never":
-        raise UserError(f"--run-dir: {rd} already has checkpoints; pass --resume auto to continue it, "
-                        "or give a new run directory")
+    from launcher.jobstate import check_state
+
     device = check_devices(plan, as_json)
-    for w in plan.warnings:
-        progress(f"launch: plan warning: {w}")
-    handle = backend.submit(spec, plan, rd, resume=resume, job_text=text)
-    _record(handle)
+    check_state()  # a broken state file is found before anything starts
+    handle = _start(backend, spec, plan, rd, resume, text)
     progress(f"launch: {spec.name}: {plan.world_size} processes on {device} "
              f"(tp={plan.tp} cp={plan.cp} pp={plan.pp} dp={plan.dp}, zero {plan.zero_stage}, "
              f"micro_batch {plan.micro_batch} × grad_accum {plan.grad_accum}); run dir {handle.run_dir}")
@@ -270,13 +266,45 @@ def run(job: str, run_dir: str | None, nproc: int | None, resume: str, dry_run: 
     return code
 
 
+def _start(backend, spec, plan, rd: Path, resume: str, text: str):
+    """Create and lock the run dir, then start the job. The lock is passed to the job's processes,
+    so a second `launch run` on this dir is refused for as long as any of them lives; a failure
+    before the job starts removes the run dir this call created."""
+    import shutil
+
+    from launcher.formats.files import make_dirs
+    from launcher.formats.rundir import CHECKPOINTS, RunDirLock
+
+    created = make_dirs(rd, "run directory")
+    try:
+        lock = RunDirLock(rd)
+        try:
+            if (rd / CHECKPOINTS / "latest").exists() and resume == "never":
+                raise UserError(f"--run-dir: {rd} already has checkpoints; pass --resume auto to continue it, "
+                                "or give a new run directory")
+            for w in plan.warnings:
+                progress(f"launch: plan warning: {w}")
+            handle = backend.submit(spec, plan, rd, resume=resume, job_text=text, keep_fds=(lock.fd,))
+        finally:
+            lock.release()  # the job's processes hold it from here
+    except BaseException:
+        if created:
+            shutil.rmtree(created[0], ignore_errors=True)
+        raise
+    _record(handle)
+    return handle
+
+
 def _record(handle) -> None:
     from launcher.jobstate import JobRecord, record
 
-    record(JobRecord(id=handle.id, backend=handle.backend, name=handle.name, run_dir=handle.run_dir,
-                     log_dir=str(Path(handle.run_dir) / "logs"),
-                     submitted_at=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(handle.submitted_at)),
-                     extra=handle.extra))
+    try:
+        record(JobRecord(id=handle.id, backend=handle.backend, name=handle.name, run_dir=handle.run_dir,
+                         log_dir=str(Path(handle.run_dir) / "logs"),
+                         submitted_at=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(handle.submitted_at)),
+                         extra=handle.extra))
+    except UserError as exc:  # started all the same: say so, and go on following it
+        progress(f"launch: warning: job {handle.id} is running but was not recorded ({exc})")
 
 
 def _explain(handle, status, tails) -> None:
