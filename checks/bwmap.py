@@ -107,7 +107,7 @@ class BandwidthMap:
                 created=data.get("created"),
                 source=data.get("source", "preflight"),
             )
-        except TypeError as exc:
+        except (TypeError, AttributeError) as exc:
             raise BandwidthMapError(f"{where}: malformed ({exc})") from None
 
     @classmethod

@@ -25,13 +25,18 @@ COMMANDS = {
 }
 
 
+def one_line(message: str) -> str:
+    """An error is one line whatever user string it quotes: control characters are escaped."""
+    return "".join(c if c.isprintable() or c == "\t" else repr(c)[1:-1] for c in message)
+
+
 class UserFacingError(click.ClickException):
     """A UserError on its way out of click: one line, exit 2, no traceback."""
 
     exit_code = 2
 
     def show(self, file=None) -> None:
-        click.echo(f"error: {self.format_message()}", err=True, file=file)
+        click.echo(f"error: {one_line(self.format_message())}", err=True, file=file)
 
 
 class LazyGroup(click.Group):
@@ -81,7 +86,7 @@ def main() -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except UserError as exc:
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {one_line(str(exc))}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)

@@ -21,7 +21,7 @@ from typing import Any
 
 from launcher.errors import UserError
 from launcher.formats import rundir
-from launcher.formats.files import make_dirs, read_text, remove_created, write_files
+from launcher.formats.files import check_writable_target, make_dirs, read_text, remove_created, write_files
 from launcher.formats.shell import quote as shell_quote
 from launcher.formats.shell import sbatch_value
 from launcher.plan import Plan
@@ -52,6 +52,8 @@ class Rendered:
         d = Path(directory)
         if not force:
             self.check_target(d)
+        for name in self.files:
+            check_writable_target(d / name, "rendered file")
         created = make_dirs(d, "output directory")
         try:
             created += make_dirs(d / rundir.LOGS, "output directory")

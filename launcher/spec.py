@@ -259,6 +259,8 @@ def spec_from_text(text: str, source: str) -> JobSpec:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
         raise UserError(f"{source}:{where} is not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    except RecursionError:
+        raise UserError(f"{source}: YAML nested too deeply to be a job file") from None
     return spec_from_dict(data, source=source)
 
 

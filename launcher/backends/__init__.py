@@ -102,13 +102,12 @@ def default_run_dir(spec: JobSpec, now: float | None = None) -> Path:
     return child_path(spec.backend.log_dir, f"{spec.name}-{stamp}", "name")
 
 
-def prepare_run_dir(run_dir: str | Path, plan: Plan, job_text: str | None) -> Path:
-    """Create the layout and write plan.json and job.yaml. Refuses a dir holding another job's plan."""
+def check_run_dir(run_dir: str | Path, plan: Plan) -> None:
+    """Refuse a run dir that is not a directory or holds another job's plan (before touching it)."""
     from launcher.formats import rundir
-    from launcher.formats.files import atomic_write, make_dirs
     from launcher.plan import Plan as PlanCls
 
-    rd = Path(run_dir).resolve()
+    rd = Path(run_dir)
     if rd.exists() and not rd.is_dir():
         raise UserError(f"--run-dir: {rd} exists and is not a directory")
     old = rd / rundir.PLAN
@@ -118,6 +117,15 @@ def prepare_run_dir(run_dir: str | Path, plan: Plan, job_text: str | None) -> Pa
                                                                         plan.world_size):
             raise UserError(f"--run-dir: {rd} holds a different job ({prev.name}, {prev.degrees}); "
                             "give a new run directory")
+
+
+def prepare_run_dir(run_dir: str | Path, plan: Plan, job_text: str | None) -> Path:
+    """Create the layout and write plan.json and job.yaml. Refuses a dir holding another job's plan."""
+    from launcher.formats import rundir
+    from launcher.formats.files import atomic_write, make_dirs
+
+    rd = Path(run_dir).resolve()
+    check_run_dir(rd, plan)
     for sub in rundir.SUBDIRS:
         make_dirs(rd / sub, "run directory")
     plan.save(rd / rundir.PLAN)

@@ -272,10 +272,13 @@ def _start(backend, spec, plan, rd: Path, resume: str, text: str):
     before the job starts removes the run dir this call created."""
     import shutil
 
+    from launcher.backends import check_run_dir
     from launcher.formats.files import make_dirs
-    from launcher.formats.rundir import CHECKPOINTS, RunDirLock
+    from launcher.formats.rundir import CHECKPOINTS, LOCK, RunDirLock
 
+    check_run_dir(rd, plan)
     created = make_dirs(rd, "run directory")
+    lock_existed = (rd / LOCK).exists()
     try:
         lock = RunDirLock(rd)
         try:
@@ -285,6 +288,10 @@ def _start(backend, spec, plan, rd: Path, resume: str, text: str):
             for w in plan.warnings:
                 progress(f"launch: plan warning: {w}")
             handle = backend.submit(spec, plan, rd, resume=resume, job_text=text, keep_fds=(lock.fd,))
+        except BaseException:
+            if not lock_existed:
+                (rd / LOCK).unlink(missing_ok=True)
+            raise
         finally:
             lock.release()  # the job's processes hold it from here
     except BaseException:

@@ -1,0 +1,292 @@
+"""Hostile and careless inputs against every command that reads a user file or writes one: each
+command x each bad input -> exit 2, one error line naming the field or file, no traceback, and
+nothing written anywhere under the test's directory (compared before and after), devices intact.
+
+The cases are the reproductions of issue 14 (items 3, 7, 8, 14 and the validation holes of item 2
+and 12), kept as a permanent, data-driven suite: a new command or input is one more row.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from launcher.cli import cli
+from tests.conftest import EXAMPLES
+
+SLURM_JOB = EXAMPLES / "tiny-slurm.yaml"
+CPU_JOB = EXAMPLES / "tiny-cpu.yaml"
+
+
+# --- the world a case runs in -------------------------------------------------------------------
+class World:
+    """tmp_path with inputs in in/, the working dir cwd/ (relative log_dir `runs` lands there) and
+    the job state under state/."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        for d in ("in", "cwd", "state"):
+            (root / d).mkdir()
+        (root / "in" / "afile").write_text("not a directory\n")
+
+    def path(self, name: str) -> Path:
+        return self.root / "in" / name
+
+    def job(self, name: str, base: Path, mutate: Callable[[dict], None] | None = None) -> Path:
+        data = yaml.safe_load(base.read_text())
+        if mutate:
+            mutate(data)
+        p = self.path(name)
+        p.write_text(yaml.safe_dump(data))
+        return p
+
+    def raw(self, name: str, data: bytes) -> Path:
+        p = self.path(name)
+        p.write_bytes(data)
+        return p
+
+    def unwritable_dir(self) -> Path:
+        """An existing directory nobody here may create files in (root ignores modes: /proc/self)."""
+        if os.geteuid() == 0:
+            return Path("/proc/self")
+        d = self.root / "in" / "ro"
+        d.mkdir(exist_ok=True)
+        d.chmod(0o555)
+        return d
+
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = Path(dirpath, name)
+            st = os.lstat(p)
+            out[str(p.relative_to(root))] = (stat.S_IFMT(st.st_mode), st.st_size, st.st_mtime_ns)
+    return out
+
+
+DEVICES = ("/dev/null", "/dev/full", "/dev/zero")
+
+
+def device_kinds() -> dict[str, int]:
+    return {d: stat.S_IFMT(os.lstat(d).st_mode) for d in DEVICES if os.path.lexists(d)}
+
+
+def run_cli(world: World, args: list[str]):
+    env = {"LAUNCH4D_STATE": str(world.root / "state"), "XDG_STATE_HOME": str(world.root / "state")}
+    old = os.getcwd()
+    os.chdir(world.root / "cwd")
+    try:
+        return CliRunner().invoke(cli, args, env=env)
+    finally:
+        os.chdir(old)
+
+
+def assert_refused(world: World, args: list[str], expect: str) -> None:
+    before, devices = snapshot(world.root), device_kinds()
+    res = run_cli(world, args)
+    err = res.stderr
+    assert res.exit_code == 2, f"exit {res.exit_code} for {args}\n{res.output}\n{err}"
+    assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
+    assert "Traceback" not in res.output + err
+    errors = [ln for ln in err.splitlines() if ln.lower().startswith("error")]
+    assert len(errors) == 1, f"expected one error line, got:\n{err}"
+    assert expect.lower() in errors[0].lower(), f"{expect!r} not in {errors[0]!r}"
+    assert snapshot(world.root) == before, f"{args} wrote something"
+    assert device_kinds() == devices
+
+
+# --- job files ------------------------------------------------------------------------------------
+def _set(path: str, value) -> Callable[[dict], None]:
+    def mutate(d: dict) -> None:
+        *parents, leaf = path.split(".")
+        for p in parents:
+            if not isinstance(d.get(p), dict):
+                d[p] = {}
+            d = d[p]
+        d[leaf] = value
+    return mutate
+
+
+#: name -> (how to build the job file from a base, what the error line must name)
+JOB_INPUTS: dict[str, tuple[Callable[[World, Path], Path], str]] = {
+    "invalid-utf8": (lambda w, b: w.raw("bad.yaml", b.read_bytes() + b"\n# \xff\xfe\n"), "UTF-8"),
+    "binary": (lambda w, b: w.raw("bin.yaml", bytes(range(256)) * 4), "bin.yaml"),
+    "char-device": (lambda w, b: Path("/dev/zero"), "/dev/zero"),
+    "too-large": (lambda w, b: w.raw("big.yaml", b.read_bytes() + b"#" * (2 << 20)), "limit"),
+    "nested-1000": (lambda w, b: w.raw("deep.yaml", b.read_bytes() + b"\nx: " + b"[" * 1000 + b"]" * 1000),
+                    "deep.yaml"),
+    "fifo-no-writer": (lambda w, b: (os.mkfifo(w.path("fifo")), w.path("fifo"))[1], "fifo"),
+    "empty": (lambda w, b: w.raw("empty.yaml", b""), "empty.yaml"),
+    # a deep log_dir, so an escape would still land under tmp_path (and show in the snapshot)
+    "name-escapes-log-dir": (lambda w, b: w.job("esc.yaml", b, lambda d: (
+        _set("name", "../../../../esc")(d), _set("backend.log_dir", str(w.root / "l" / "a" / "b" / "c"))(d))),
+        "name"),
+    "name-newline": (lambda w, b: w.job("nl.yaml", b, _set("name", "x\ny")), "name"),
+    "name-300-chars": (lambda w, b: w.job("long.yaml", b, _set("name", "a" * 300)), "name"),
+    "env-key-newline": (lambda w, b: w.job("env.yaml", b, _set("backend.env", {"FOO\n": "bar"})), "backend.env"),
+    "partition-newline": (lambda w, b: w.job("part.yaml", b, _set("backend.slurm.partition", "gpu\n")),
+                          "backend.slurm.partition"),
+    "lr-nan": (lambda w, b: w.job("nan.yaml", b, _set("train.lr", float("nan"))), "train.lr"),
+    "memory-inf": (lambda w, b: w.job("inf.yaml", b, _set("gpu.memory_gb", float("inf"))), "gpu"),
+}
+
+#: Inputs the job-file validation refuses (launcher.spec and friends, not these commands): until it
+#: does for every command, a pass here is a bonus, not a requirement.
+VALIDATION = {"name-newline", "name-300-chars", "partition-newline", "lr-nan", "memory-inf", "env-key-newline"}
+
+#: command -> (base job file, argv with {job} and {out})
+JOB_COMMANDS: dict[str, tuple[Path, list[str]]] = {
+    "plan": (SLURM_JOB, ["plan", "{job}"]),
+    "plan-o": (SLURM_JOB, ["plan", "{job}", "-o", "{out}/p.json"]),
+    "render-slurm": (SLURM_JOB, ["render", "{job}", "--backend", "slurm"]),
+    "render-slurm-o": (SLURM_JOB, ["render", "{job}", "--backend", "slurm", "-o", "{out}/r"]),
+    "render-k8s": (SLURM_JOB, ["render", "{job}", "--backend", "k8s"]),
+    "submit-dry-run": (SLURM_JOB, ["submit", "{job}", "--backend", "slurm", "--dry-run"]),
+    "run-dry-run": (CPU_JOB, ["run", "{job}", "--dry-run"]),
+    "run": (CPU_JOB, ["run", "{job}"]),
+}
+
+
+def _job_cases():
+    for cmd in JOB_COMMANDS:
+        for inp in JOB_INPUTS:
+            if cmd == "run" and inp in VALIDATION:
+                continue  # an input the validation lets through would start a real job here
+            # plan and render -o make no path from the name: only validation can refuse it there
+            validation = inp in VALIDATION or (inp == "name-escapes-log-dir" and cmd in ("plan", "plan-o",
+                                                                                          "render-slurm-o"))
+            marks = [pytest.mark.xfail(reason="job-file validation", strict=False)] if validation else []
+            yield pytest.param(cmd, inp, id=f"{cmd}:{inp}", marks=marks)
+
+
+@pytest.mark.parametrize("command,inp", list(_job_cases()))
+def test_bad_job_file(tmp_path, command, inp):
+    w = World(tmp_path)
+    base, argv = JOB_COMMANDS[command]
+    build, expect = JOB_INPUTS[inp]
+    job = build(w, base)
+    args = [a.format(job=job, out=tmp_path / "cwd") for a in argv]
+    assert_refused(w, args, expect)
+
+
+# --- output paths ---------------------------------------------------------------------------------
+#: name -> (argv, what the error line must name); {afile} is a regular file, {ro} an unwritable dir
+OUTPUTS: dict[str, tuple[list[str], str]] = {
+    "plan-o-under-a-file": (["plan", str(SLURM_JOB), "-o", "{afile}/p.json"], "afile"),
+    "plan-o-dev-null": (["plan", str(SLURM_JOB), "-o", "/dev/null"], "/dev/null"),
+    "plan-o-dev-full": (["plan", str(SLURM_JOB), "-o", "/dev/full"], "/dev/full"),
+    "plan-o-symlink": (["plan", str(SLURM_JOB), "-o", "{link}"], "symbolic link"),
+    "plan-o-unwritable": (["plan", str(SLURM_JOB), "-o", "{ro}/p.json"], "p.json"),
+    "render-o-a-file": (["render", str(SLURM_JOB), "--backend", "slurm", "-o", "{afile}"], "afile"),
+    "render-o-under-a-file": (["render", str(SLURM_JOB), "--backend", "slurm", "-o", "{afile}/x"], "afile"),
+    "render-o-dev-null": (["render", str(SLURM_JOB), "--backend", "slurm", "-o", "/dev/null"], "/dev/null"),
+    "render-o-unwritable": (["render", str(SLURM_JOB), "--backend", "slurm", "-o", "{ro}"], "cannot"),
+    "render-o-another-job": (["render", str(SLURM_JOB), "--backend", "slurm", "-o", "{other}"], "another job"),
+    "render-o-k8s-another-job": (["render", str(SLURM_JOB), "--backend", "k8s", "-o", "{other}"], "another job"),
+    "render-o-plan-is-symlink": (["render", str(SLURM_JOB), "--backend", "slurm", "-o", "{linked}", "--force"],
+                                 "symbolic link"),
+    "run-dir-a-file": (["run", str(CPU_JOB), "--run-dir", "{afile}"], "afile"),
+    "run-dir-under-a-file": (["run", str(CPU_JOB), "--run-dir", "{afile}/rd"], "afile"),
+    "run-dir-unwritable": (["run", str(CPU_JOB), "--run-dir", "{ro}/rd"], "run dir"),
+    "run-dir-another-job": (["run", str(CPU_JOB), "--run-dir", "{other}"], "different job"),
+}
+
+
+def _other_job_dir(w: World) -> Path:
+    """What `launch render -o` of another job left: its plan.json, job.yaml and script."""
+    other = w.job("other.yaml", SLURM_JOB, _set("name", "other-job"))
+    d = w.root / "in" / "other"
+    res = run_cli(w, ["render", str(other), "--backend", "slurm", "-o", str(d)])
+    assert res.exit_code == 0, res.output
+    (d / "checkpoints").mkdir()
+    return d
+
+
+@pytest.mark.parametrize("case", list(OUTPUTS))
+def test_bad_output(tmp_path, case):
+    w = World(tmp_path)
+    link = w.path("link")
+    link.symlink_to(w.path("target.json"))
+    linked = w.path("linked")
+    linked.mkdir()
+    (linked / "plan.json").symlink_to(w.path("elsewhere.json"))
+    fmt = {"afile": w.path("afile"), "ro": w.unwritable_dir(), "link": link, "linked": linked}
+    if "another" in case:
+        fmt["other"] = _other_job_dir(w)
+    argv, expect = OUTPUTS[case]
+    assert_refused(w, [a.format(**fmt) for a in argv], expect)
+    assert not w.path("target.json").exists() and not w.path("elsewhere.json").exists()
+
+
+def test_render_o_same_job_rewrites_and_force_overwrites(tmp_path):
+    w = World(tmp_path)
+    other = _other_job_dir(w)
+    res = run_cli(w, ["render", str(SLURM_JOB), "--backend", "slurm", "-o", str(other), "--force"])
+    assert res.exit_code == 0, res.output
+    assert '"name": "tiny-slurm"' in (other / "plan.json").read_text()
+    again = run_cli(w, ["render", str(SLURM_JOB), "--backend", "slurm", "-o", str(other)])
+    assert again.exit_code == 0, again.output  # the same job: re-rendering is fine
+    assert not [p for p in other.iterdir() if p.name.endswith(".tmp")]
+
+
+# --- files given to flags -------------------------------------------------------------------------
+FLAG_FILES: dict[str, Callable[[World], Path]] = {
+    "binary": lambda w: w.raw("bin.json", bytes(range(256))),
+    "char-device": lambda w: Path("/dev/zero"),
+    "directory": lambda w: w.root / "in",
+    "json-list": lambda w: w.raw("list.json", b"[1, 2]"),
+    "nested": lambda w: w.raw("deep.json", b"[" * 100000 + b"]" * 100000),
+    "wrong-shape": lambda w: w.raw("shape.json", b'{"version": 1, "ranks": 5, "nodes": 5}'),
+}
+
+FLAG_COMMANDS: dict[str, list[str]] = {
+    "plan-bwmap": ["plan", str(SLURM_JOB), "--bwmap", "{f}"],
+    "plan-previous": ["plan", str(SLURM_JOB), "--previous", "{f}"],
+    "render-preflight": ["render", str(SLURM_JOB), "--backend", "slurm", "--preflight", "{f}"],
+    "submit-preflight": ["submit", str(SLURM_JOB), "--backend", "slurm", "--preflight", "{f}", "--dry-run"],
+}
+
+
+@pytest.mark.parametrize("command", list(FLAG_COMMANDS))
+@pytest.mark.parametrize("inp", list(FLAG_FILES))
+def test_bad_flag_file(tmp_path, command, inp):
+    w = World(tmp_path)
+    f = FLAG_FILES[inp](w)
+    expect = "" if inp == "directory" else str(f.name)  # click itself refuses a directory here
+    assert_refused(w, [a.format(f=f) for a in FLAG_COMMANDS[command]], expect)
+
+
+# --- the job state file ---------------------------------------------------------------------------
+STATES: dict[str, Callable[[Path], None]] = {
+    "binary": lambda p: p.write_bytes(bytes(range(256))),
+    "directory": lambda p: p.mkdir(),
+    "json-list": lambda p: p.write_text("[1, 2]"),
+    "jobs-not-a-list": lambda p: p.write_text('{"jobs": 5}'),
+    "record-wrong-shape": lambda p: p.write_text('{"jobs": [{"id": 1}]}'),
+    "truncated": lambda p: p.write_text('{"jobs": [{"id": "1", '),
+}
+
+STATE_COMMANDS: dict[str, list[str]] = {
+    "status": ["status", "some-job"],
+    "logs": ["logs", "some-job"],
+    "cancel": ["cancel", "some-job"],
+    "diagnose": ["diagnose", "some-job"],
+    # found before anything is submitted or started (item 7): no sbatch call, no trainer
+    "submit": ["submit", str(SLURM_JOB), "--backend", "slurm"],
+    "run": ["run", str(CPU_JOB)],
+}
+
+
+@pytest.mark.parametrize("command", list(STATE_COMMANDS))
+@pytest.mark.parametrize("state", list(STATES))
+def test_bad_state_file(tmp_path, command, state):
+    w = World(tmp_path)
+    STATES[state](w.root / "state" / "jobs.json")
+    assert_refused(w, STATE_COMMANDS[command], "jobs.json")
