@@ -47,9 +47,10 @@ def make_plan(tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, *, ep: int = 1
 
 
 def run_layouts(rank: int, nprocs: int, jobs: list[dict], workdir: str, port: int) -> None:
-    """torch.multiprocessing.spawn target: run each job {name, plan(dict), env?, resume?, tied_check?}
-    on ranks < its world size. `resume` is a checkpoint path relative to workdir (resume from it);
-    `tied_check` compares the two copies of a tied embedding split over pipeline stages at the end.
+    """torch.multiprocessing.spawn target: run each job {name, plan(dict), env?, resume?, tied_check?,
+    optim_bytes?} on ranks < its world size. `resume` is a checkpoint path relative to workdir (resume
+    from it); `tied_check` compares the two copies of a tied embedding split over pipeline stages at
+    the end; `optim_bytes` records every rank's optimizer-state bytes after the last step.
 
     Writes <workdir>/<name>.json (rank 0: {"losses": [...], "grad_norms": [...]} or {"error": "..."}).
     """
@@ -80,13 +81,15 @@ def run_layouts(rank: int, nprocs: int, jobs: list[dict], workdir: str, port: in
         out: dict
         try:
             cfg = config_from_plan(plan)
-            engines = _capture_engines() if job.get("tied_check") else None
+            engines = _capture_engines() if job.get("tied_check") or job.get("optim_bytes") else None
             resume = str(Path(workdir) / job["resume"]) if job.get("resume") else "never"
             losses = train(cfg, Path(workdir) / name, resume=resume, device=torch.device("cpu"),
                            handle_signals=False)
             out = {"losses": losses}
-            if engines is not None:
+            if job.get("tied_check"):
                 out["tied_max_diff"] = tied_copies_max_diff(engines[-1])
+            if job.get("optim_bytes"):
+                out["optim_bytes"] = optimizer_bytes_per_rank(engines[-1])
             if rank == 0:
                 from launcher.trainer.metrics import read_metrics
 
@@ -116,6 +119,17 @@ def _capture_engines() -> list:
 
     eng_mod.Engine.__post_init__ = post_init
     return seen
+
+
+def optimizer_bytes_per_rank(eng) -> list[int]:
+    """Every rank's optimizer-state bytes (local shards), by global rank. Collective over the world."""
+    import torch.distributed as dist
+
+    from launcher.trainer.zero1 import state_bytes
+
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, state_bytes(eng.optimizer))
+    return every
 
 
 def tied_copies_max_diff(eng) -> float | None:

@@ -139,6 +139,12 @@ def _optim_options():
     return StateDictOptions(flatten_optimizer_state_dict=True)
 
 
+def _has_params(optims: list) -> bool:
+    """False for a ZeRO 1 rank that owns no parameter: it has no optimizer state to save or load
+    (torch's get_optimizer_state_dict refuses an empty optimizer)."""
+    return any(g["params"] for o in optims for g in o.param_groups)
+
+
 def is_complete(path: Path) -> bool:
     """A finished checkpoint dir: final name, DCP metadata and rank 0's extras present."""
     return (path.is_dir() and not path.name.endswith(".tmp") and (path / ".metadata").is_file()
@@ -231,9 +237,10 @@ class Checkpointer:
         _barrier()
         module = merge_parts(model)
         aliases = _tied_aliases(model)
+        optims = _as_list(optimizer)
         state = {"model": _rename(get_model_state_dict(module), aliases),
-                 "optim": _rename(get_optimizer_state_dict(module, _as_list(optimizer), options=_optim_options()),
-                                  aliases)}
+                 "optim": _rename(get_optimizer_state_dict(module, optims, options=_optim_options()), aliases)
+                 if _has_params(optims) else {}}
         dcp.save(state, checkpoint_id=str(tmp))
         if _rank() == 0:
             scheds = _as_list(scheduler)
@@ -317,11 +324,14 @@ class Checkpointer:
         optims = _as_list(optimizer)
         opts = _optim_options()
         aliases = _tied_aliases(model)
+        with_optim = _has_params(optims)
         state = {"model": _rename(get_model_state_dict(module), aliases),
-                 "optim": _rename(get_optimizer_state_dict(module, optims, options=opts), aliases)}
+                 "optim": _rename(get_optimizer_state_dict(module, optims, options=opts), aliases)
+                 if with_optim else {}}
         dcp.load(state, checkpoint_id=str(path))
         set_model_state_dict(module, _rename(state["model"], aliases, reverse=True))
-        set_optimizer_state_dict(module, optims, _rename(state["optim"], aliases, reverse=True), options=opts)
+        if with_optim:
+            set_optimizer_state_dict(module, optims, _rename(state["optim"], aliases, reverse=True), options=opts)
         extra = torch.load(path / EXTRA, weights_only=True)
         scheds = _as_list(scheduler)
         if scheds and extra.get("scheduler") is not None:

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from launcher.errors import UserError
 from launcher.trainer import context_parallel as cpar
-from launcher.trainer import fsdp, moe
+from launcher.trainer import fsdp, moe, zero1
 from launcher.trainer.config import TrainerConfig
 from launcher.trainer.loss import ChunkedLoss, grad_norm_and_clip
 from launcher.trainer.mesh import MeshInfo, build_mesh, check_hosts, hostname, log_startup, set_timeouts
@@ -120,7 +120,15 @@ class Engine:
         experts = {id(q) for m in self.parts for q in moe.expert_params(m)}
         self.expert_params = [q for q in self.params if id(q) in experts]    # summed over the EP replicas
         self.dense_params = [q for q in self.params if id(q) not in experts]
-        self.optimizer = make_optimizer(cfg, self.params)
+        # ZeRO 1: this rank's optimizer steps (and holds state for) the parameters it owns only
+        self.zero1 = zero1_split(mesh, self.dense_params, self.expert_params) \
+            if p.zero_stage == 1 and self.dp_mode == "replicate" else None
+        self.optimizer = make_optimizer(cfg, self.zero1.owned if self.zero1 is not None else self.params)
+        if self.zero1 is not None and mesh.rank == 0:
+            owned = self.zero1.owned
+            log.info("ZeRO 1: rank 0 holds optimizer state for %d of its %d parameter tensors (%.1f%% of the "
+                     "elements)", len(owned), len(self.params),
+                     100 * sum(q.numel() for q in owned) / max(1, sum(q.numel() for q in self.params)))
         self.scheduler = make_scheduler(cfg, self.optimizer)
         n_stages = p.pp * p.virtual_stages
         last = next((m for m, s in zip(self.parts, self.stage_ids) if s == n_stages - 1), None)
@@ -168,8 +176,12 @@ class Engine:
         norm = grad_norm_and_clip(self.params, self.cfg.train.grad_clip, self.ranks_per_stage,
                                   exclude=self.norm_exclude)
         self.optimizer.step()
+        if self.zero1 is not None:
+            beat("optimizer", "broadcast(params, dp·cp)")
+            self.zero1.broadcast()
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        for q in self.params:       # the optimizer may hold only some of them (ZeRO 1)
+            q.grad = None
         dist.all_reduce(local)                      # non-last pp stages add 0; tp ranks hold copies
         return float(local) / p.tp, norm
 
@@ -186,8 +198,18 @@ def phase_collectives(p, dp_mode: str) -> tuple[str | None, str | None]:
     return fwd, bwd
 
 
+def zero1_split(mesh: MeshInfo, dense: list, experts: list) -> zero1.Zero1:
+    """Dense parameters partitioned over dp·cp, expert parameters over their dp·cp/ep replicas."""
+    splits = [(dense, mesh.dp_cp_mesh.get_group())]
+    if experts:
+        splits.append((experts, mesh.ep.replica_group if mesh.ep is not None else mesh.dp_cp_mesh.get_group()))
+    return zero1.Zero1(splits)
+
+
 def make_optimizer(cfg: TrainerConfig, params: list) -> torch.optim.Optimizer:
+    """`params` may be empty (a ZeRO 1 rank that owns no parameter): one empty group, not an error."""
     t = cfg.train
+    params = [{"params": list(params)}]
     if t.optimizer == "sgd":
         return torch.optim.SGD(params, lr=t.lr, momentum=0.9, weight_decay=t.weight_decay)
     if t.optimizer == "adam8bit":

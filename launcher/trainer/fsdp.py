@@ -4,9 +4,10 @@
   after forward, gathered again for backward).
 - ZeRO 2: `fully_shard` with reshard_after_forward=False (parameters stay gathered from
   forward to backward; gradients and optimizer state sharded).
-- ZeRO 0/1: replicated parameters and optimizer state; gradients all-reduced (sum) after the
-  last micro-batch, DDP-style. ZeRO 1's optimizer-state sharding is not implemented: it runs
-  as ZeRO 0, and the log says so.
+- ZeRO 1: as ZeRO 0, but each rank's optimizer holds and steps only the parameters it owns,
+  then broadcasts them (zero1.py).
+- ZeRO 0: replicated parameters and optimizer state; gradients all-reduced (sum) after the
+  last micro-batch, DDP-style.
 
 `fully_shard` goes on each transformer block, then on the root — never on the root alone
 (seed failure mode 2). Gradients are summed, not averaged (divide factor 1), because the loss
@@ -34,7 +35,8 @@ def describe(zero: int, dp_size: int) -> str:
     if zero == 2:
         return "ZeRO 2: fully_shard per block + root, reshard_after_forward=False"
     if zero == 1:
-        return "ZeRO 1 runs as ZeRO 0: replicated parameters and optimizer state, gradients all-reduced (sum)"
+        return ("ZeRO 1: replicated parameters, gradients all-reduced (sum); optimizer state sharded "
+                "(whole tensors per owner), owners broadcast updated parameters")
     return "ZeRO 0: replicated parameters (DDP-style), gradients all-reduced (sum) after backward"
 
 
