@@ -1,5 +1,6 @@
-"""Time model: compute from model FLOPs at a size-dependent efficiency, plus the communication each
-split costs (TP, CP, PP, DP, EP) at the bandwidth of the links its group actually spans.
+"""Time model: compute from model FLOPs at a size-dependent efficiency, plus the communication the
+bundled trainer really issues (TP, CP, PP, DP/ZeRO, EP), each collective charged latency + volume
+at the bandwidth of the links its group spans, and hidden only where the trainer overlaps it.
 
 FLOP conventions (Korthikanti et al., Narayanan et al.): a layer's forward pass is 2 FLOPs per
 parameter-token in its matmuls plus 4·b·s²·h for the attention scores and their product with V
@@ -8,22 +9,38 @@ parameter-token in its matmuls plus 4·b·s²·h for the attention scores and th
 full recompute, the attention core for selective. For a 4h GELU MLP with MHA this is exactly
 72·B·L·s·h²·(1 + s/6h + V/12hL).
 
-Bandwidths: collective times use bus bandwidth (nccl-tests busbw semantics): an all-reduce of N
-bytes over g ranks takes N·2(g-1)/g / busbw. Without a BandwidthMap, intra-node busbw is the
-advertised NVLink figure (bidirectional) halved, times NVLINK_EFFICIENCY; the per-GPU network figure
-times NET_EFFICIENCY. A group with k GPUs on each of n > 1 nodes runs at min(intra, k·net).
+Collectives: a ring all-gather or reduce-scatter over g ranks takes (g-1)·alpha + N·(g-1)/g / busbw,
+an all-reduce twice that (nccl-tests busbw semantics). Without a BandwidthMap, intra-node busbw is
+the advertised NVLink figure (bidirectional) halved, times NVLINK_EFFICIENCY; the per-GPU network
+figure times NET_EFFICIENCY. A group with k GPUs on each of n > 1 nodes runs at min(intra, k·net).
+
+What the bundled trainer communicates, and where it overlaps (launcher/trainer, read from the code):
+- ZeRO 0/1 (fsdp.py `all_reduce_grads`): fp32 gradients all-reduced in 32M-element buckets once per
+  step, after the last backward: nothing overlaps it.
+- ZeRO 2 (`fully_shard`, reshard_after_forward=False): outside PP every micro-batch all-gathers the
+  parameters in forward and reduce-scatters fp32 gradients after its backward; under PP torch's
+  pipelining keeps gradients unsharded until the last micro-batch (one all-gather, one
+  reduce-scatter per step). FSDP2 prefetches the next block's all-gather and runs reduce-scatters on
+  their own stream: overlap with the compute running at the same time (STACKS[...].fsdp_overlap).
+- ZeRO 3 (reshard_after_forward=True): outside PP, all-gather in forward and again in backward, and
+  a reduce-scatter, every micro-batch; under PP one all-gather per forward and per backward that
+  follows a forward, and one reduce-scatter per step.
+- CP (context_parallel.py): per layer, K and V all-gathered in forward and their gradients
+  reduce-scattered in backward (again in forward under full recompute), synchronously: nothing
+  hides it. Attention then runs with an explicit mask over all gathered keys, so the kernel cannot
+  skip the causal upper triangle the way `is_causal` flash attention does (cp_attention_factor).
+- TP (sequence parallel): per layer 2 all-gathers + 2 reduce-scatters forward, as many backward.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
 
-from launcher.layout import strides
+from launcher.layout import stage_layers, strides
 from launcher.ledger import Layout, ParamCounts, param_counts
 
 # --- calibration constants (fitted in benchmarks/calibrate_costs.py; errors printed there) -------
-#: Achievable fraction of peak for large matmul-dominated layers (kernels, norms, softmax included).
-COMPUTE_EFFICIENCY_MAX = 0.68
 #: Per-GPU weight-slice size (h·h/tp, millions of elements) at which efficiency is half the maximum:
 #: thin TP slices of small models leave the GPU underfed (Korthikanti 22B vs 530B).
 COMPUTE_EFFICIENCY_HALF_MELEM = 1.5
@@ -35,10 +52,53 @@ COMPUTE_EFFICIENCY_HALF_TOKENS = 128
 NVLINK_EFFICIENCY = 0.8
 #: Fraction of the NIC line rate NCCL reaches (46-48 GB/s on a 50 GB/s NDR port).
 NET_EFFICIENCY = 0.92
-#: Fraction of data-parallel communication hidden behind backward compute (FSDP prefetch, bucketing).
-DP_OVERLAP = 0.8
-#: Fraction of context-parallel K/V exchange hidden behind attention compute.
-CP_OVERLAP = 0.5
+#: Elements per ZeRO 0/1 gradient all-reduce bucket (fsdp.py all_reduce_grads).
+GRAD_BUCKET_ELEMS = 1 << 25
+
+
+@dataclass(frozen=True)
+class Stack:
+    """How one software stack executes a layout: the parts of the time model that differ by stack.
+    The planner charges the bundled trainer; the others exist so the calibration can compare the
+    model with published runs of those stacks without pretending they run like ours."""
+
+    name: str
+    efficiency_max: float        # achieved fraction of peak for large GEMM-bound layers
+    fsdp_overlap: float          # fraction of ZeRO 2/3 traffic hidden behind concurrent compute
+    grad_sync_overlap: float     # fraction of the ZeRO 0/1 gradient reduction hidden behind backward
+    cp_overlap: float            # fraction of the CP K/V exchange hidden behind attention
+    cp_attention_factor: float   # attention time multiplier under CP
+    zero2_sync_per_microbatch: bool  # FSDP2 outside PP; Megatron accumulates into its grad buffer
+    zero1_as_zero0: bool         # ZeRO 1 runs as an all-reduce of replicated gradients
+    dp_collectives_per_layer: float   # separate DP collectives per layer and pass (the latency count)
+    alpha_s: float               # latency per ring step of a collective
+    grad_reduce_bytes: float          # bytes per gradient element reduced
+    selective_matmul_recompute: float = 0.0   # share of the matmul forward that selective recompute repeats
+    dp_per_gpu_nic: bool = False      # DP collectives across nodes reach one NIC's bandwidth per GPU, not k·NIC
+
+
+STACKS: dict[str, Stack] = {
+    # eager PyTorch FSDP2 + SDPA (torchtitan-class): fitted on torchtitan's bf16 rows
+    "bundled": Stack("bundled trainer (eager PyTorch, FSDP2)", efficiency_max=0.45, fsdp_overlap=0.8,
+                     grad_sync_overlap=0.0, cp_overlap=0.0, cp_attention_factor=2.0,
+                     zero2_sync_per_microbatch=True, zero1_as_zero0=True, dp_collectives_per_layer=1, alpha_s=8e-6,
+                     grad_reduce_bytes=4.0),
+    # Megatron-LM / NeMo: fused kernels, distributed optimizer overlapping grad reduce and param gather
+    "megatron": Stack("Megatron-LM / NeMo", efficiency_max=0.68, fsdp_overlap=0.8, grad_sync_overlap=0.8,
+                      cp_overlap=0.8, cp_attention_factor=1.0, zero2_sync_per_microbatch=False,
+                      zero1_as_zero0=False, dp_collectives_per_layer=1, alpha_s=8e-6, grad_reduce_bytes=4.0),
+    # DeepSpeed ZeRO-3 as measured in 2021 (Narayanan et al. Table 2): per-parameter collectives
+    # (its collectives reach one NIC's bandwidth per GPU, and several per layer: the fit's choice)
+    "deepspeed": Stack("DeepSpeed ZeRO-3 (2021)", efficiency_max=0.68, fsdp_overlap=0.5,
+                       grad_sync_overlap=0.5, cp_overlap=0.0, cp_attention_factor=1.0,
+                       zero2_sync_per_microbatch=True, zero1_as_zero0=False, dp_collectives_per_layer=4,
+                       alpha_s=8e-6, grad_reduce_bytes=2.0, dp_per_gpu_nic=True),
+}
+BUNDLED = STACKS["bundled"]
+# torchtitan runs like the bundled trainer, but its "selective" is op-level SAC: every second matmul
+# recomputed (notes/trainers.md §1.4), where ours recomputes the attention core only
+STACKS["torchtitan"] = replace(BUNDLED, name="torchtitan (eager, op-level selective AC)",
+                               selective_matmul_recompute=0.5)
 
 
 @dataclass(frozen=True)
@@ -81,6 +141,14 @@ def group_busbw(bw: Bandwidth, size: int, stride: int, gpus_per_node: int, per_g
     return min(bw.intra_gbs, per_node * bw.net_per_gpu_gbs)
 
 
+def ring(nbytes: float, g: int, busbw_gbs: float, alpha_s: float, allreduce: bool = False) -> float:
+    """Seconds for one ring all-gather / reduce-scatter (or all-reduce) of `nbytes` over g ranks."""
+    if g <= 1:
+        return 0.0
+    k = 2 if allreduce else 1
+    return k * ((g - 1) * alpha_s + nbytes * (g - 1) / g / (busbw_gbs * 1e9))
+
+
 # --- FLOPs ----------------------------------------------------------------------------------------
 
 def forward_flops_per_sequence(model, s: int, counts: ParamCounts | None = None) -> dict[str, float]:
@@ -106,13 +174,22 @@ def step_flops(f: dict[str, float], global_batch: int, recompute: str) -> tuple[
     return 3 * fwd * global_batch, (3 * fwd + extra) * global_batch
 
 
-def compute_efficiency(model, lay: Layout, seq_len: int, efficiency_max: float | None = None) -> float:
-    """Achieved fraction of peak, rising with the per-GPU weight slice (thin slices starve the GPU).
-    `efficiency_max` (cluster.compute_efficiency) replaces the calibrated ceiling for other stacks."""
+def compute_efficiency(model, lay: Layout, seq_len: int, efficiency_max: float | None = None,
+                       stack: Stack = BUNDLED) -> float:
+    """Achieved fraction of peak: the stack's ceiling, lowered as the per-GPU GEMMs shrink — a thin
+    weight slice (h²/tp) or few tokens per rank (b·s/cp) leave the GPU underfed (a size-efficiency
+    curve, as Calculon's). `efficiency_max` (cluster.compute_efficiency) replaces the ceiling."""
     slice_m = model.hidden * model.hidden / lay.tp / 1e6
     tokens = lay.micro_batch * seq_len / lay.cp
-    return ((efficiency_max or COMPUTE_EFFICIENCY_MAX) * slice_m / (slice_m + COMPUTE_EFFICIENCY_HALF_MELEM)
+    return ((efficiency_max or stack.efficiency_max) * slice_m / (slice_m + COMPUTE_EFFICIENCY_HALF_MELEM)
             * tokens / (tokens + COMPUTE_EFFICIENCY_HALF_TOKENS))
+
+
+@lru_cache(maxsize=4096)
+def rank_stage_layers(layers: int, pp: int, v: int) -> tuple[int, ...]:
+    """Layers each pipeline rank runs: rank r holds stages r, r+pp, ... of the uneven split."""
+    split = stage_layers(layers, pp * v)
+    return tuple(sum(split[r + k * pp] for k in range(v)) for r in range(pp))
 
 
 # --- the estimate ---------------------------------------------------------------------------------
@@ -139,10 +216,43 @@ class Estimate:
     def to_dict(self) -> dict:
         return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
+    def terms(self) -> dict[str, float]:
+        """The step's cost terms in seconds (what a comparison between two plans names)."""
+        return {"compute": self.compute_s, "TP": self.tp_comm_s, "CP": self.cp_comm_s, "EP": self.ep_comm_s,
+                "PP transfers": self.pp_p2p_s, "pipeline bubble": self.bubble_s, "DP/ZeRO": self.dp_exposed_s}
+
+
+def dp_traffic(lay: Layout, stack: Stack, elems: float, dtype: int, grad_elem: float, g: int, bw: float,
+               blocks: int) -> float:
+    """Seconds of ZeRO/DP collectives per step on one GPU (before overlap), as the stack issues them:
+    `elems` parameters of this rank's stage, `blocks` transformer blocks, over g ranks at bw GB/s."""
+    m, pp = lay.grad_accum, lay.pp
+    lat = (g - 1) * stack.alpha_s                           # one ring collective's latency
+    per_pass = stack.dp_collectives_per_layer * max(blocks, 1)
+    param_bytes, grad_bytes = elems * dtype, elems * grad_elem
+
+    def passes(nbytes: float, count: float) -> float:
+        """`count` passes over the stage, each `per_pass` collectives moving nbytes in all."""
+        return count * (per_pass * lat + nbytes * (g - 1) / g / (bw * 1e9))
+
+    if lay.zero in (0, 1):
+        buckets = -(-elems // GRAD_BUCKET_ELEMS)
+        if lay.zero == 0 or stack.zero1_as_zero0:
+            return 2 * (buckets * lat + grad_bytes * (g - 1) / g / (bw * 1e9))
+        # distributed optimizer: reduce-scatter gradients, all-gather updated parameters, per bucket
+        return 2 * buckets * lat + (grad_bytes + param_bytes) * (g - 1) / g / (bw * 1e9)
+    if lay.zero == 2:
+        count = m if stack.zero2_sync_per_microbatch and pp == 1 else 1
+        return passes(grad_bytes, count) + passes(param_bytes, count)
+    if pp == 1:                                             # ZeRO 3
+        return passes(param_bytes, 2 * m) + passes(grad_bytes, m)
+    return passes(param_bytes, m + min(m, pp)) + passes(grad_bytes, 1)
+
 
 def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
              mesh_order: tuple[str, ...] = ("pp", "dp", "cp", "tp"),
-             counts: ParamCounts | None = None, efficiency_max: float | None = None) -> Estimate:
+             counts: ParamCounts | None = None, efficiency_max: float | None = None,
+             stack: Stack = BUNDLED) -> Estimate:
     counts = counts or param_counts(model)
     s, b, h = train.seq_len, lay.micro_batch, model.hidden
     m, v, p = lay.grad_accum, lay.virtual_stages, lay.pp
@@ -152,27 +262,38 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
 
     fwd = forward_flops_per_sequence(model, s, counts)
     model_fl, hw_fl = step_flops(fwd, train.global_batch, lay.recompute)
-    eff = compute_efficiency(model, lay, s, efficiency_max)
-    # Hardware FLOPs of one micro-batch on one GPU of the busiest stage: the last stage carries the
-    # logits and loss on top of its share of the layers, and the pipeline runs at its pace.
-    layer_fl = hw_fl / train.global_batch - 3 * fwd["logits"]
-    per_mb_gpu = (layer_fl / p + 3 * fwd["logits"]) * b / (lay.tp * lay.cp)
-    compute_mb = per_mb_gpu / (peak * eff)
+    if lay.recompute == "selective":
+        hw_fl += stack.selective_matmul_recompute * fwd["matmul"] * train.global_batch
+    eff = compute_efficiency(model, lay, s, efficiency_max, stack)
+    # Hardware FLOPs of one layer (one sequence); under CP the attention core runs slower (mask).
+    layer_fl = (hw_fl / train.global_batch - 3 * fwd["logits"]) / model.layers
+    attn_layer = fwd["attention"] * (4 if lay.recompute != "none" else 3) / model.layers
+    if lay.cp > 1:
+        layer_fl += attn_layer * (stack.cp_attention_factor - 1)
+    # The pipeline runs at the pace of its busiest rank: its layers (uneven splits and interleaving
+    # with layer counts not divisible by pp·v included) plus, on the last rank, the logits and loss.
+    per_rank = rank_stage_layers(model.layers, p, v)
+    most = max(per_rank)
+    last = per_rank[-1] * layer_fl + 3 * fwd["logits"]
+    layers_stage = per_rank[-1] if last >= most * layer_fl else most
+    compute_mb = max(last, most * layer_fl) * b / (lay.tp * lay.cp) / (peak * eff)
 
-    layers_stage = model.layers / p
     s_local = s / lay.cp
-    # TP (+SP): 4 all-reduce-equivalents of s·b·h per layer, forward 2 + backward 2 (seed formula);
-    # full recompute repeats the forward's two.
-    tp_bw = group_busbw(bw, lay.tp, st["tp"], gpus_per_node, per_gpu_nic=True) * 1e9
-    tp_factor = 6 if lay.recompute == "full" else 4
-    tp_mb = (tp_factor * s_local * b * h * dtype * 2 * (lay.tp - 1) / lay.tp * layers_stage / tp_bw
-             if lay.tp > 1 else 0.0)
-    # CP: all-gather K and V forward, reduce-scatter their gradients backward; partly overlapped.
-    cp_bw = group_busbw(bw, lay.cp, st["cp"], gpus_per_node, per_gpu_nic=True) * 1e9
-    kv = 2 * s * b * model.kv_heads * model.head_dim * dtype / lay.tp
-    cp_raw = 2 * kv * (lay.cp - 1) / lay.cp * layers_stage / cp_bw if lay.cp > 1 else 0.0
-    attn_compute = compute_mb * fwd["attention"] / sum(fwd.values())
-    cp_mb = max(cp_raw * (1 - CP_OVERLAP), cp_raw - attn_compute)
+    # TP (+SP): per layer 2 all-gathers + 2 reduce-scatters of s·b·h forward, as many backward; full
+    # recompute repeats the forward's.
+    tp_bw = group_busbw(bw, lay.tp, st["tp"], gpus_per_node, per_gpu_nic=True)
+    tp_colls = 12 if lay.recompute == "full" else 8
+    tp_mb = tp_colls * ring(s_local * b * h * dtype, lay.tp, tp_bw, stack.alpha_s) * layers_stage
+    # CP: K and V all-gathered forward (again under full recompute), their gradients reduce-scattered
+    # backward: 2 collectives per pass per layer, each of the full sequence's K (or V) for this rank's
+    # kv heads. The bundled trainer runs them synchronously.
+    cp_bw = group_busbw(bw, lay.cp, st["cp"], gpus_per_node, per_gpu_nic=True)
+    kv_heads_local = max(1, model.kv_heads // lay.tp)
+    k_bytes = s * b * kv_heads_local * model.head_dim * dtype
+    cp_passes = 3 if lay.recompute == "full" else 2
+    cp_raw = 2 * cp_passes * ring(k_bytes, lay.cp, cp_bw, stack.alpha_s) * layers_stage
+    attn_compute = attn_layer * layers_stage * b / (lay.tp * lay.cp) / (peak * eff)
+    cp_mb = max(cp_raw * (1 - stack.cp_overlap), cp_raw - attn_compute * stack.cp_overlap)
     # EP: all-to-all dispatch + combine, forward and backward, of each token's top-k hidden states.
     ep_mb = 0.0
     if model.experts > 1 and lay.ep > 1:
@@ -188,24 +309,23 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
     busy = mb_time * m
     bubble = busy * bubble_fraction
 
-    # DP / ZeRO: gradients reduce-scattered (or all-reduced) and parameters all-gathered over dp·cp.
+    # DP / ZeRO over dp·cp (FSDP folds CP in), for the stage holding the most parameters.
     shard = lay.dp * lay.cp
     dp_stride = min(st["dp"], st["cp"]) if lay.cp > 1 else st["dp"]
-    dp_bw = group_busbw(bw, shard, dp_stride, gpus_per_node) * 1e9
-    stage_params = (counts.per_layer * layers_stage + (counts.embedding if p == 1 else counts.embedding / p)) / lay.tp
-    grad_bytes = stage_params * (4 if train.grad_dtype == "fp32" or train.precision == "fp32" else 2)
-    param_bytes = stage_params * dtype
-    ring = (shard - 1) / shard
-    if shard == 1:
-        dp_comm = 0.0
-    elif lay.zero == 0:
-        dp_comm = 2 * grad_bytes * ring / dp_bw
-    elif lay.zero in (1, 2):
-        dp_comm = (grad_bytes + param_bytes) * ring / dp_bw
-    else:  # ZeRO-3: parameters gathered for forward and again for backward, every micro-batch
-        dp_comm = (grad_bytes + 2 * param_bytes * m) * ring / dp_bw
-    backward = busy * 2 / 3
-    dp_exposed = max(dp_comm * (1 - DP_OVERLAP), dp_comm - backward * DP_OVERLAP)
+    dp_bw = group_busbw(bw, shard, dp_stride, gpus_per_node, per_gpu_nic=stack.dp_per_gpu_nic)
+    emb = counts.embedding + (counts.head if p == 1 else 0)
+    stage_params = (counts.per_layer * most + max(emb, counts.head)) / lay.tp
+    grad_elem = 4 if train.precision == "fp32" else stack.grad_reduce_bytes
+    dp_comm = dp_traffic(lay, stack, stage_params, dtype, grad_elem, shard, dp_bw, most) \
+        if shard > 1 else 0.0
+    if lay.zero >= 2:
+        # FSDP overlaps with the compute running at the same time: every micro-batch's outside PP; under
+        # PP the per-step gather and reduce meet only the first forward and the last backward.
+        concurrent = busy if p == 1 or lay.zero == 3 else mb_time
+        dp_exposed = max(dp_comm * (1 - stack.fsdp_overlap), dp_comm - concurrent * stack.fsdp_overlap)
+    else:
+        backward = busy * 2 / 3
+        dp_exposed = max(dp_comm * (1 - stack.grad_sync_overlap), dp_comm - backward * stack.grad_sync_overlap)
 
     step = busy + bubble + pp_p2p + dp_exposed
     world = lay.world

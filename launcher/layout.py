@@ -17,6 +17,18 @@ from launcher.plan import RankPlacement
 DEFAULT_ORDER = ("pp", "dp", "cp", "tp")
 
 
+def stage_layers(layers: int, stages: int) -> list[int]:
+    """Split layers over pipeline stages (pp·virtual_stages of them); when the split is uneven the
+    first and last stages (embedding, output head and loss) get the smaller share, as Llama 3 did
+    (126 layers on pp 16: 8 per stage, 7 on the ends)."""
+    base, extra = divmod(layers, stages)
+    out = [base] * stages
+    order = list(range(1, stages - 1)) + [stages - 1, 0] if stages > 2 else list(range(stages))[::-1]
+    for i in order[:extra]:
+        out[i] += 1
+    return out
+
+
 def strides(degrees: dict[str, int], mesh_order: Sequence[str]) -> dict[str, int]:
     out, acc = {}, 1
     for dim in reversed(mesh_order):

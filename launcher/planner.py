@@ -18,6 +18,7 @@ from checks.bwmap import BandwidthMap, BandwidthMapError
 from launcher import layout as lay_mod
 from launcher.costs import Bandwidth, Estimate, advertised_bandwidth, estimate
 from launcher.errors import UserError
+from launcher.layout import stage_layers
 from launcher.ledger import Layout, MemoryLedger, ParamCounts, memory_ledger, param_counts
 from launcher.plan import Plan
 from launcher.spec import JobSpec
@@ -183,9 +184,10 @@ class Search:
             if self.par.virtual_stages is not None:
                 vs = [self.par.virtual_stages]
             else:
-                vs = [v for v in range(2, MAX_VIRTUAL_STAGES + 1) if self.model.layers % (pp * v) == 0]
+                # uneven splits are fine (stage_layers; the time model charges the busiest rank)
+                vs = [v for v in range(2, MAX_VIRTUAL_STAGES + 1) if self.model.layers >= pp * v]
                 if not vs:
-                    self.reject("layers not divisible by pp·virtual_stages")
+                    self.reject("fewer layers than pp·virtual_stages")
             out.extend((sched, v) for v in vs if v > 1 or self.par.virtual_stages is not None)
         return out
 
@@ -267,17 +269,6 @@ class Search:
 
 
 # --- from candidate to Plan -----------------------------------------------------------------------
-
-def stage_layers(layers: int, stages: int) -> list[int]:
-    """Split layers over stages; the first and last stages (embedding, output head) get the
-    smaller share when the split is uneven."""
-    base, extra = divmod(layers, stages)
-    out = [base] * stages
-    order = list(range(1, stages - 1)) + [stages - 1, 0] if stages > 2 else list(range(stages))[::-1]
-    for i in order[:extra]:
-        out[i] += 1
-    return out
-
 
 def warnings_for(spec: JobSpec, cand: Candidate, cluster: Cluster, tp_local: bool) -> list[str]:
     lay, led, est = cand.layout, cand.ledger, cand.estimate
