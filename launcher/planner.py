@@ -24,6 +24,14 @@ from launcher.plan import Plan
 from launcher.spec import JobSpec
 
 RECOMPUTE_ORDER = ("none", "selective", "full")
+#: Plans whose estimated step time is within this fraction of the fastest count as equal, and the
+#: simplest of them wins: the time model's own error (benchmarks/calibrate_costs.py, held-out median
+#: step-time error: Megatron-class 4.3%, torchtitan-class 2.5%), rounded up.
+TIE_BAND = 0.05
+#: Below this sequence length context parallelism must beat the best plan without it by one more band:
+#: no published run below 32k tokens used CP (Llama 3 used it at 128k, torchtitan's sweep starts at
+#: 32k), and none checks the model's CP terms there.
+CP_SHORT_SEQ = 32768
 MAX_VIRTUAL_STAGES = 8
 
 
@@ -50,6 +58,20 @@ class Candidate:
         return (self.estimate.step_time_s, lay.pp, lay.tp, lay.cp, lay.zero,
                 RECOMPUTE_ORDER.index(lay.recompute), -lay.micro_batch)
 
+    def complexity(self) -> tuple:
+        """Simpler first: fewer model-parallel dimensions (TP, CP, PP, EP; data parallelism is the
+        baseline), less CP, fewer pipeline stages, lower ZeRO stage, smaller TP, fewer chunks, less
+        recompute, then more memory headroom."""
+        lay, led = self.layout, self.ledger
+        dims = sum(d > 1 for d in (lay.tp, lay.cp, lay.pp, lay.ep))
+        return (dims, lay.cp, lay.pp, lay.zero, lay.tp, lay.virtual_stages,
+                RECOMPUTE_ORDER.index(lay.recompute), round(led.per_gpu_gb - led.limit_gb, 1))
+
+    def ranked_time(self, seq_len: int) -> float:
+        """Step time as ranked: CP below CP_SHORT_SEQ must win by one more band to be chosen."""
+        t = self.estimate.step_time_s
+        return t * (1 + TIE_BAND) if self.layout.cp > 1 and seq_len < CP_SHORT_SEQ else t
+
 
 @dataclass
 class PlanResult:
@@ -59,6 +81,7 @@ class PlanResult:
     rejected: dict[str, int]
     bandwidth: Bandwidth
     notes: list[str] = field(default_factory=list)
+    choice: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -68,6 +91,7 @@ class PlanResult:
             "rejected": dict(sorted(self.rejected.items(), key=lambda kv: -kv[1])),
             "bandwidth": self.bandwidth.to_dict(),
             "notes": self.notes,
+            "choice": self.choice,
         }
 
 
@@ -151,6 +175,7 @@ class Search:
         self.candidates: list[Candidate] = []
         self.unfit: list[Candidate] = []
         self.mesh_order = tuple(self.par.mesh_order)
+        self.fully_fixed = self.par.fully_fixed
 
     def reject(self, reason: str, n: int = 1) -> None:
         self.searched += n
@@ -184,10 +209,13 @@ class Search:
             if self.par.virtual_stages is not None:
                 vs = [self.par.virtual_stages]
             else:
-                # uneven splits are fine (stage_layers; the time model charges the busiest rank)
-                vs = [v for v in range(2, MAX_VIRTUAL_STAGES + 1) if self.model.layers >= pp * v]
+                # an even split, or Llama 3's uneven one (the first and last stage, which also hold
+                # the embedding and the head, one layer fewer): stage_layers, charged in costs.py
+                layers = self.model.layers
+                vs = [v for v in range(2, MAX_VIRTUAL_STAGES + 1) if layers % (pp * v) == 0
+                      or (-layers % (pp * v) <= 2 and layers >= 2 * pp * v)]
                 if not vs:
-                    self.reject("fewer layers than pp·virtual_stages")
+                    self.reject("layers do not split evenly over pp·virtual_stages (ends one fewer)")
             out.extend((sched, v) for v in vs if v > 1 or self.par.virtual_stages is not None)
         return out
 
@@ -258,7 +286,7 @@ class Search:
                 if len(zeros) - i - 1:
                     self.reject("dominated by a lower ZeRO stage that fits", len(zeros) - i - 1)
                 return
-            if self.spec.parallel.fully_fixed:
+            if self.fully_fixed:
                 self.unfit.append(Candidate(lay, led, self.estimate(lay)))
             self.reject("does not fit in GPU memory")
 
@@ -302,11 +330,11 @@ def warnings_for(spec: JobSpec, cand: Candidate, cluster: Cluster, tp_local: boo
     return out
 
 
-def to_plan(spec: JobSpec, cand: Candidate, cluster: Cluster) -> Plan:
+def to_plan(spec: JobSpec, cand: Candidate, cluster: Cluster, with_ranks: bool = True) -> Plan:
     lay = cand.layout
     degrees = {"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "dp": lay.dp, "ep": lay.ep}
     order = list(spec.parallel.mesh_order)
-    ranks = lay_mod.placements(degrees, order, cluster.gpus_per_node, cluster.gpu_order)
+    ranks = lay_mod.placements(degrees, order, cluster.gpus_per_node, cluster.gpu_order) if with_ranks else []
     if cluster.hosts and cluster.gpu_nic:
         for r in ranks:
             r.nic = cluster.gpu_nic.get(cluster.hosts[r.node], {}).get(f"GPU{r.gpu}")
@@ -329,15 +357,53 @@ def to_plan(spec: JobSpec, cand: Candidate, cluster: Cluster) -> Plan:
     )
 
 
+def rank(candidates: list[Candidate], seq_len: int) -> tuple[list[Candidate], int]:
+    """Candidates in the order the planner prefers them, and how many lead as equals: those within
+    TIE_BAND of the fastest, simplest first; then the rest by step time."""
+    ordered = sorted(candidates, key=lambda c: (c.ranked_time(seq_len),) + c.sort_key())
+    if not ordered:
+        return [], 0
+    limit = ordered[0].ranked_time(seq_len) * (1 + TIE_BAND)
+    band = [c for c in ordered if c.ranked_time(seq_len) <= limit]
+    band.sort(key=lambda c: (c.complexity(), c.estimate.step_time_s))
+    return band + ordered[len(band):], len(band)
+
+
+def why_chosen(best: Candidate, ordered: list[Candidate], band: int) -> dict[str, Any]:
+    """Why the chosen plan beat the fastest strictly simpler one: the cost terms that differ most."""
+    out: dict[str, Any] = {"band": TIE_BAND, "equal_plans": band,
+                           "fastest_step_s": round(min(c.estimate.step_time_s for c in ordered[:band]), 6)}
+    simpler = [c for c in ordered if c.complexity()[:5] < best.complexity()[:5]]
+    if not simpler:
+        out["reason"] = "no simpler layout fits in GPU memory"
+        return out
+    other = min(simpler, key=lambda c: c.estimate.step_time_s)
+    mine, theirs = best.estimate.terms(), other.estimate.terms()
+    diffs = sorted(((k, theirs[k] - mine[k]) for k in mine), key=lambda kv: -abs(kv[1]))
+    slower = other.estimate.step_time_s / best.estimate.step_time_s - 1
+    terms = ", ".join(f"{k} {d:+.3g} s" for k, d in diffs[:3] if abs(d) > 1e-9)
+    out["simpler"] = _describe(other.layout)
+    out["simpler_slower_by"] = round(slower, 4)
+    out["reason"] = f"beats the simpler {_describe(other.layout)} by {slower:.1%} ({terms} there)"
+    return out
+
+
+def _describe(lay: Layout) -> str:
+    sched = f" v={lay.virtual_stages}" if lay.virtual_stages > 1 else ""
+    return (f"tp={lay.tp} cp={lay.cp} pp={lay.pp}{sched} dp={lay.dp}" + (f" ep={lay.ep}" if lay.ep > 1 else "")
+            + f" ZeRO {lay.zero} {lay.recompute}")
+
+
 def plan_job(spec: JobSpec, bwmap: BandwidthMap | None = None, top: int = 5,
              bwmap_name: str | None = None) -> PlanResult:
-    """Search layouts for `spec`; the best Plan (or the fixed one, fitting or not) and alternatives."""
+    """Search layouts for `spec`; the best Plan (or the fixed one, fitting or not) and alternatives.
+    Alternatives carry no per-rank records (the best plan's are what a launch needs)."""
     if bwmap is None and spec.cluster.bwmap:
         bwmap, bwmap_name = load_bwmap(spec, None)
     cluster = cluster_from(spec, bwmap, bwmap_name or "bandwidth map")
     search = Search(spec, cluster)
     search.run()
-    ranked = sorted(search.candidates, key=Candidate.sort_key)
+    ranked, band = rank(search.candidates, spec.train.seq_len)
     notes = [f"bandwidth: {cluster.bandwidth.source}"]
     if not ranked:
         if search.unfit:
@@ -347,6 +413,9 @@ def plan_job(spec: JobSpec, bwmap: BandwidthMap | None = None, top: int = 5,
                               cluster.bandwidth, notes)
         return PlanResult(None, [], search.searched, dict(search.rejected), cluster.bandwidth, notes)
     best = ranked[0]
+    choice = why_chosen(best, ranked, band)
+    notes.append(f"{band} plan(s) within {TIE_BAND:.0%} of the fastest estimate (the time model's error) count "
+                 f"as equal; the simplest was chosen. Choice: {choice['reason']}")
     seen = {_shape(best.layout)}
     alts = []
     for cand in ranked[1:]:
@@ -355,9 +424,9 @@ def plan_job(spec: JobSpec, bwmap: BandwidthMap | None = None, top: int = 5,
         if _shape(cand.layout) in seen:
             continue
         seen.add(_shape(cand.layout))
-        alts.append(to_plan(spec, cand, cluster))
+        alts.append(to_plan(spec, cand, cluster, with_ranks=False))
     return PlanResult(to_plan(spec, best, cluster), alts, search.searched, dict(search.rejected),
-                      cluster.bandwidth, notes)
+                      cluster.bandwidth, notes, choice)
 
 
 def _shape(lay: Layout) -> tuple:

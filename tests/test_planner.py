@@ -43,7 +43,10 @@ def test_auto_plan_properties(model, nodes, gpn, seq, gb_mult, gpu):
         assert d["tp"] <= gpn and p.tp_node_local
         assert groups_node_local(groups(d, p.mesh_order, "tp"), gpn)
         assert p.fits and p.memory["per_gpu_gb"] <= p.memory["limit_gb"] < p.memory["capacity_gb"]
-        assert sorted(r.rank for r in p.ranks) == list(range(p.world_size))
+        if p is result.best:
+            assert sorted(r.rank for r in p.ranks) == list(range(p.world_size))
+        else:
+            assert p.ranks == []        # alternatives carry no per-rank records (plan.json stays small)
         assert sum(p.stage_layers) == spec.model.layers and len(p.stage_layers) == d["pp"] * p.virtual_stages
         if d["pp"] > 1 and p.schedule != "gpipe":
             assert p.grad_accum >= d["pp"]

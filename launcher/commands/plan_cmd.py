@@ -58,6 +58,12 @@ def render_result(spec, result) -> str:
         out.append("no layout fits.")
     else:
         out.append(render_plan(result.best))
+    if result.choice.get("reason"):
+        ch = result.choice
+        out += ["", f"why: {ch['equal_plans']} plan(s) within {ch['band']:.0%} of the fastest estimate "
+                    f"({ch['fastest_step_s']:.3f} s) count as equal (the time model's error); the simplest was "
+                    f"chosen. It {ch['reason']}." if "simpler" in ch else
+                f"why: {ch['equal_plans']} plan(s) within {ch['band']:.0%} of the fastest; {ch['reason']}."]
     if result.alternatives:
         out += ["", "alternatives:",
                 f"  {'tp':>3} {'cp':>3} {'pp':>3} {'dp':>5} {'ep':>3} {'zero':>4} {'recompute':>9} {'mb':>3} "
