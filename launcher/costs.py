@@ -16,7 +16,8 @@ figure times NET_EFFICIENCY. A group with k GPUs on each of n > 1 nodes runs at 
 
 What the bundled trainer communicates, and where it overlaps (launcher/trainer, read from the code):
 - ZeRO 0/1 (fsdp.py `all_reduce_grads`): fp32 gradients all-reduced in 32M-element buckets once per
-  step, after the last backward: nothing overlaps it.
+  step, after the last backward: nothing overlaps it. ZeRO 1 (zero1.py) then has each parameter's
+  owner step it and broadcast it back: a parameter gather's worth, also after backward.
 - ZeRO 2 (`fully_shard`, reshard_after_forward=False): outside PP every micro-batch all-gathers the
   parameters in forward and reduce-scatters fp32 gradients after its backward; under PP torch's
   pipelining keeps gradients unsharded until the last micro-batch (one all-gather, one
@@ -69,7 +70,7 @@ class Stack:
     cp_overlap: float            # fraction of the CP K/V exchange hidden behind attention
     cp_attention_factor: float   # attention time multiplier under CP
     zero2_sync_per_microbatch: bool  # FSDP2 outside PP; Megatron accumulates into its grad buffer
-    zero1_as_zero0: bool         # ZeRO 1 runs as an all-reduce of replicated gradients
+    zero1_allreduce: bool        # ZeRO 1 all-reduces gradients (not reduce-scatters) before the sharded step
     dp_collectives_per_layer: float   # separate DP collectives per layer and pass (the latency count)
     alpha_s: float               # latency per ring step of a collective
     grad_reduce_bytes: float          # bytes per gradient element reduced
@@ -84,17 +85,17 @@ STACKS: dict[str, Stack] = {
     # as the k-NIC node aggregate (-3%); the aggregate would make ZeRO-3 at 1,000+ GPUs look free.
     "bundled": Stack("bundled trainer (eager PyTorch, FSDP2)", efficiency_max=0.45, fsdp_overlap=0.8,
                      grad_sync_overlap=0.0, cp_overlap=0.0, cp_attention_factor=2.0,
-                     zero2_sync_per_microbatch=True, zero1_as_zero0=True, dp_collectives_per_layer=1, alpha_s=8e-6,
+                     zero2_sync_per_microbatch=True, zero1_allreduce=True, dp_collectives_per_layer=1, alpha_s=8e-6,
                      grad_reduce_bytes=4.0, dp_per_gpu_nic=True),
     # Megatron-LM / NeMo: fused kernels, distributed optimizer overlapping grad reduce and param gather
     "megatron": Stack("Megatron-LM / NeMo", efficiency_max=0.68, fsdp_overlap=0.8, grad_sync_overlap=0.8,
                       cp_overlap=0.8, cp_attention_factor=1.0, zero2_sync_per_microbatch=False,
-                      zero1_as_zero0=False, dp_collectives_per_layer=1, alpha_s=8e-6, grad_reduce_bytes=4.0),
+                      zero1_allreduce=False, dp_collectives_per_layer=1, alpha_s=8e-6, grad_reduce_bytes=4.0),
     # DeepSpeed ZeRO-3 as measured in 2021 (Narayanan et al. Table 2): per-parameter collectives
     # (its collectives reach one NIC's bandwidth per GPU, and several per layer: the fit's choice)
     "deepspeed": Stack("DeepSpeed ZeRO-3 (2021)", efficiency_max=0.68, fsdp_overlap=0.5,
                        grad_sync_overlap=0.5, cp_overlap=0.0, cp_attention_factor=1.0,
-                       zero2_sync_per_microbatch=True, zero1_as_zero0=False, dp_collectives_per_layer=4,
+                       zero2_sync_per_microbatch=True, zero1_allreduce=False, dp_collectives_per_layer=4,
                        alpha_s=8e-6, grad_reduce_bytes=2.0, dp_per_gpu_nic=True),
 }
 BUNDLED = STACKS["bundled"]
@@ -240,10 +241,13 @@ def dp_traffic(lay: Layout, stack: Stack, elems: float, dtype: int, grad_elem: f
 
     if lay.zero in (0, 1):
         buckets = -(-elems // GRAD_BUCKET_ELEMS)
-        if lay.zero == 0 or stack.zero1_as_zero0:
-            return 2 * (buckets * lat + grad_bytes * (g - 1) / g / (bw * 1e9))
-        # distributed optimizer: reduce-scatter gradients, all-gather updated parameters, per bucket
-        return 2 * buckets * lat + (grad_bytes + param_bytes) * (g - 1) / g / (bw * 1e9)
+        reduce = buckets * lat + grad_bytes * (g - 1) / g / (bw * 1e9)     # one reduce-scatter's worth
+        if lay.zero == 0:
+            return 2 * reduce                                           # all-reduce
+        # ZeRO 1: gradients all-reduced (bundled, zero1.py) or reduce-scattered (Megatron's distributed
+        # optimizer), then every rank receives the parameters others updated, per bucket
+        gather = buckets * lat + param_bytes * (g - 1) / g / (bw * 1e9)
+        return (2 if stack.zero1_allreduce else 1) * reduce + gather
     if lay.zero == 2:
         count = m if stack.zero2_sync_per_microbatch and pp == 1 else 1
         return passes(grad_bytes, count) + passes(param_bytes, count)
