@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from launcher.trainer.zero1 import partition
+from launcher.trainer.zero1 import _buckets, partition
 from tests.trainer_helpers import make_plan, spawn_layouts
 
 RTOL = 1e-5
@@ -35,7 +35,7 @@ RUNS = {
     "from_z1_pp2_dp2_empty_owner_to_one_process": (dict(), "z1_pp2_dp2_empty_owner/checkpoints/step-3"),
     "from_z1_dp2_to_z1_pp2_dp2": (dict(pp=2, dp=2, zero=1, schedule="1f1b"), "z1_dp2/checkpoints/step-3"),
     "ref_sgd": (dict(optimizer="sgd"), None),
-    "z1_dp2_sgd": (dict(dp=2, zero=1, optimizer="sgd"), None),
+    "z1_cp2_dp2_sgd": (dict(cp=2, dp=2, zero=1, optimizer="sgd"), None),   # the group is dp·cp = 4
     "ref_adam8bit": (dict(optimizer="adam8bit"), None),
     "z1_dp2_adam8bit": (dict(dp=2, zero=1, optimizer="adam8bit"), None),
     "moe_ref": (dict(MOE), None),
@@ -43,7 +43,7 @@ RUNS = {
 }
 BYTES = ("ref", "z1_dp2", "z1_pp2_dp2", "z1_pp2_dp2_empty_owner", "moe_ref", "moe_z1_dp4_ep2")
 PARITY = {"z1_dp2": "ref", "z1_tp2_dp2": "ref", "z1_pp2_dp2": "ref", "z1_pp2_dp2_empty_owner": "ref",
-          "z1_dp2_sgd": "ref_sgd",
+          "z1_cp2_dp2_sgd": "ref_sgd",
           "z1_dp2_adam8bit": "ref_adam8bit", "moe_z1_dp4_ep2": "moe_ref"}
 RESUMED = [n for n, (_, ck) in RUNS.items() if ck]
 
@@ -116,3 +116,11 @@ def test_partition_is_greedy_deterministic_and_balanced():
     loads = [sum(s for s, o in zip(sizes, owner) if o == r) for r in range(3)]
     assert sum(loads) == sum(sizes) and max(loads) - min(loads) <= max(sizes)
     assert partition([4, 4], 3) == [0, 1]                       # a rank may own nothing
+
+
+def test_buckets_keep_order_split_by_dtype_and_size():
+    import torch
+
+    ts = [torch.zeros(3), torch.zeros(4), torch.zeros(2, dtype=torch.bfloat16), torch.zeros(9), torch.zeros(1)]
+    got = [[t.numel() for t in b] for b in _buckets(ts, limit=8)]
+    assert got == [[3, 4], [2], [9], [1]]      # a dtype change or the limit starts a bucket; a big one goes alone
