@@ -15,3 +15,10 @@ class SpecError(UserError):
     def __init__(self, path: str, message: str):
         self.path = path
         super().__init__(f"{path}: {message}" if path else message)
+
+
+class RunError(Exception):
+    """A run failed for a reason one line says fully (a full disk, an unreadable checkpoint): the
+    trainer prints it without a traceback and exits 1."""
+
+    exit_code = 1

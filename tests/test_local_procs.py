@@ -45,14 +45,14 @@ def test_cancel_leaves_a_pid_that_is_no_longer_the_jobs_alone(tmp_path):
         be = LocalBackend()
         for ticks in (None, procs.start_time(stranger.pid)):
             h = handle_for(stranger.pid, tmp_path, "job-token", ticks)
-            assert be.status(h).state == "UNKNOWN"
+            assert be.status(h).state == "FAILED" and be.status(h).exit_code is None
             assert be.cancel(h) is False and be.cancel(h, force=True) is False
         # the marker matches but the start time does not: a pid reused by a later job of ours
         marked = subprocess.Popen(["sleep", "60"], start_new_session=True,
                                   env={**os.environ, procs.MARKER: "job-token"})
         try:
             h = handle_for(marked.pid, tmp_path, "job-token", procs.start_time(marked.pid) + 1)
-            assert be.status(h).state == "UNKNOWN"
+            assert be.status(h).state == "FAILED" and be.status(h).exit_code is None
             assert be.cancel(h) is False
             time.sleep(0.2)
             assert marked.poll() is None
@@ -65,14 +65,14 @@ def test_cancel_leaves_a_pid_that_is_no_longer_the_jobs_alone(tmp_path):
         stranger.wait()
 
 
-def test_cancel_cli_is_idempotent(tmp_path):
+def test_cancel_cli_is_idempotent(tmp_path, monkeypatch):
     """`launch cancel local-<pid>`: the first stops the job's process; the second says it had ended, exit 0."""
     env = {**os.environ, "LAUNCH4D_STATE": str(tmp_path / "state")}
     job = subprocess.Popen(["bash", "-c", "sleep 60 & wait"], start_new_session=True,
                            env={**os.environ, procs.MARKER: "tok"})
     stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
-        os.environ["LAUNCH4D_STATE"] = env["LAUNCH4D_STATE"]
+        monkeypatch.setenv("LAUNCH4D_STATE", env["LAUNCH4D_STATE"])
         record(JobRecord(id=f"local-{job.pid}", backend="local", name="t", run_dir=str(tmp_path),
                          log_dir=str(tmp_path), submitted_at="now",
                          extra={"pid": job.pid, "marker": "tok", "start_ticks": procs.start_time(job.pid)}))
@@ -91,7 +91,6 @@ def test_cancel_cli_is_idempotent(tmp_path):
             assert r.returncode == 0 and "had already ended; nothing to cancel" in r.stdout, r.stdout + r.stderr
         assert stranger.poll() is None
     finally:
-        os.environ.pop("LAUNCH4D_STATE", None)
         for p in (job, stranger):
             if p.poll() is None:
                 p.kill()
@@ -176,3 +175,32 @@ def test_ctrl_c_twice_leaves_nothing_running(tmp_path):
             run.communicate()
         if marker:
             procs.kill_marked(marker)
+
+
+def test_status_wait_timeout_exits_124_while_the_job_runs(tmp_path, monkeypatch):
+    env = {**os.environ, "LAUNCH4D_STATE": str(tmp_path / "state")}
+    job = subprocess.Popen(["sleep", "60"], start_new_session=True, env={**os.environ, procs.MARKER: "w"})
+    try:
+        monkeypatch.setenv("LAUNCH4D_STATE", env["LAUNCH4D_STATE"])
+        record(JobRecord(id=f"local-{job.pid}", backend="local", name="w", run_dir=str(tmp_path),
+                         log_dir=str(tmp_path), submitted_at="now",
+                         extra={"pid": job.pid, "marker": "w", "start_ticks": procs.start_time(job.pid),
+                                "exit_file": str(tmp_path / "exit_code")}))
+        jid = f"local-{job.pid}"
+        r = subprocess.run([LAUNCH, "status", jid, "--wait", "--timeout", "0.5", "--interval", "0.1", "--json"],
+                           capture_output=True, text=True, env=env, timeout=60)
+        assert r.returncode == 124, r.stderr
+        out = json.loads(r.stdout)
+        assert out["state"] == "RUNNING" and out["timed_out"] is True
+        for flag, value in (("--interval", "-1"), ("--interval", "nan"), ("--interval", "0"), ("--timeout", "inf"),
+                            ("--timeout", "-3")):
+            r = subprocess.run([LAUNCH, "status", jid, "--wait", flag, value], capture_output=True, text=True,
+                               env=env, timeout=60)
+            assert r.returncode == 2 and r.stderr.startswith(f"error: {flag}:") and len(r.stderr.splitlines()) == 1
+        (tmp_path / "exit_code").write_text("0\n")  # the job ends: --wait returns its state
+        r = subprocess.run([LAUNCH, "status", jid, "--wait", "--timeout", "5"], capture_output=True, text=True,
+                           env=env, timeout=60)
+        assert r.returncode == 0 and "SUCCEEDED" in r.stdout
+    finally:
+        job.kill()
+        job.wait()

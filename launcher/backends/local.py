@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.backends import (
     CANCELLED,
+    FAILED,
     PREEMPTED,
     RUNNING,
     UNKNOWN,
@@ -53,7 +54,13 @@ if TYPE_CHECKING:
 LOG_PREFIX = "[rank${rank}]: "
 RANK_LINE = re.compile(r"^\[rank(\d+)\]: ?(.*)$")
 ROOT_CAUSE_EXIT = re.compile(r"Root Cause \(first observed failure\):.*?exitcode\s*:\s*(-?\d+)", re.S)
+NO_SPACE = "No space left on device"
 ROOT_CAUSE_RANK = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)", re.S)
+
+
+def no_space(run_dir: str | Path) -> str:
+    return (f"{NO_SPACE} in {run_dir}: free space, then run again with --resume auto "
+            "(the last complete checkpoint is kept)")
 
 
 def rank_of(line: str) -> tuple[int | None, str]:
@@ -175,10 +182,32 @@ class LocalBackend:
             state = state_for_exit(code)
             detail = {PREEMPTED: "checkpointed and stopped; run again with --resume auto to continue",
                       CANCELLED: "stopped by a signal"}.get(state, "")
+            if state == FAILED and NO_SPACE in text:
+                detail = no_space(handle.run_dir)
             return JobStatus(state, code, detail)
         if self._wrapper_alive(handle):
             return JobStatus(RUNNING)
-        return JobStatus(UNKNOWN, None, "the job's process is gone without an exit code (killed with SIGKILL?)")
+        return JobStatus(FAILED, None, self._why_gone(handle))
+
+    def _why_gone(self, handle: JobHandle) -> str:
+        """The job's wrapper is gone and left no exit code: say why where the run dir shows it."""
+        rd = Path(handle.run_dir)
+        try:
+            fs = os.statvfs(rd)
+            full = fs.f_bavail == 0 or (fs.f_favail == 0 and fs.f_files > 0)
+        except OSError:
+            full = False
+        if full or NO_SPACE in self._log_tail(handle):
+            return no_space(rd)
+        return "the job's process is gone without an exit code (killed with SIGKILL, or the machine restarted?)"
+
+    def _log_tail(self, handle: JobHandle, size: int = 1 << 16) -> str:
+        try:
+            with open(handle.log_path or "", "rb") as f:
+                f.seek(max(int(handle.extra.get("log_offset", 0)), os.fstat(f.fileno()).st_size - size))
+                return f.read(size).decode(errors="replace")
+        except OSError:
+            return ""
 
     # --- which processes are the job's --------------------------------------------------------------
     @staticmethod

@@ -7,6 +7,7 @@ local job state file so status/logs/cancel work later, from another shell, by id
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -164,29 +165,57 @@ def _status_line(d: dict[str, Any]) -> str:
     return " ".join(bits)
 
 
+#: `status --wait --timeout N`: the job had not ended when the time ran out (as timeout(1) says).
+WAIT_TIMEOUT_EXIT = 124
+
+
+def _seconds(name: str, value: float | None, positive: bool) -> None:
+    if value is None:
+        return
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise UserError(f"{name}: {value} is not a valid number of seconds (give a finite number "
+                        f"{'greater than 0' if positive else '0 or more'})")
+
+
 @click.command()
 @click.argument("job")
 @click.option("--wait", is_flag=True, help="Poll until the job has ended (or --timeout).")
-@click.option("--timeout", type=float, default=None, help="Seconds to wait at most with --wait.")
+@click.option("--timeout", type=float, default=None,
+              help=f"Seconds to wait at most with --wait; still running then: exit {WAIT_TIMEOUT_EXIT}.")
 @click.option("--interval", type=float, default=2.0, show_default=True, help="Seconds between polls with --wait.")
 @json_option
 def status(job: str, wait: bool, timeout: float | None, interval: float, as_json: bool) -> None:
-    """Show a submitted job's state (squeue, else sacct; PyTorchJob conditions and pods)."""
+    """Show a submitted job's state (squeue, else sacct; PyTorchJob conditions and pods).
+
+    With --wait: exit 0 when the job succeeded, 1 when it ended otherwise, 124 when --timeout ran out
+    first (the job goes on)."""
+    _seconds("--interval", interval, positive=True)
+    _seconds("--timeout", timeout, positive=False)
     rec, handle = _handle(job)
     be = _backend(rec.backend)
-    deadline = time.monotonic() + timeout if timeout else None
+    deadline = time.monotonic() + timeout if timeout is not None else None
     last = None
+    timed_out = False
     while True:
         st = be.status(handle)
         d = _status_dict(rec, st)
         if wait and not as_json and d["state"] != last:
             progress(_status_line(d))
         last = d["state"]
-        if not wait or d["done"] or (deadline and time.monotonic() > deadline):
+        if not wait or d["done"]:
             break
-        time.sleep(interval)
-    emit(d, as_json, lambda: _status_line(d))
-    if wait and d["state"] not in ("SUCCEEDED",) and d["done"]:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            timed_out = True
+            break
+        time.sleep(interval if left is None else min(interval, left))
+    if wait:
+        d["timed_out"] = timed_out
+    emit(d, as_json, lambda: _status_line(d) + (f" (still {d['state']} after --timeout {timeout:g} s)"
+                                                 if timed_out else ""))
+    if timed_out:
+        raise SystemExit(WAIT_TIMEOUT_EXIT)
+    if wait and d["state"] != "SUCCEEDED":
         raise SystemExit(1)
 
 

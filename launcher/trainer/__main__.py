@@ -13,7 +13,7 @@ import os
 import sys
 from datetime import timedelta
 
-from launcher.errors import UserError
+from launcher.errors import RunError, UserError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -102,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
+    except RunError as exc:  # a full disk, no readable checkpoint: one line says it all
+        if rank == 0:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
 
 
 if __name__ == "__main__":

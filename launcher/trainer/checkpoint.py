@@ -20,6 +20,7 @@ Why this shape:
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -34,8 +35,9 @@ import torch.distributed as dist
 from torch import nn
 
 from launcher.backends import PREEMPT_EXIT_CODE
+from launcher.errors import RunError
 
-__all__ = ["PREEMPT_EXIT_CODE", "Checkpointer", "is_complete", "merge_parts"]
+__all__ = ["PREEMPT_EXIT_CODE", "CheckpointError", "Checkpointer", "is_complete", "merge_parts"]
 LATEST = "latest"
 EXTRA = "extra.pt"
 
@@ -174,6 +176,8 @@ class Checkpointer:
         self.preempt_requested = False
         self.preempt_signal: int | None = None
         self.last_saved: int | None = None  # the directory is created by the first save
+        self.fallback = True  # load_latest may go back to an older complete checkpoint
+        self.unreadable: set[str] = set()  # found corrupt by load_latest: a save replaces, never reuses
 
     # --- preemption ----------------------------------------------------------------------------
     def install_signal_handlers(self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGUSR1)) -> None:
@@ -219,12 +223,13 @@ class Checkpointer:
     def save(self, step: int, model: nn.Module | Sequence[nn.Module], optimizer: Any, scheduler: Any,
              data_state: dict | None) -> Path:
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
         final = self.dir / f"step-{step}"
         tmp = self.dir / f"step-{step}.tmp"
         t0 = time.time()
-        if _broadcast(is_complete(final) if _rank() == 0 else None):
+        if _broadcast(is_complete(final) and str(final) not in self.unreadable if _rank() == 0 else None):
             # Same step already saved (a preempted run re-saving right after resume): just point at it.
             if _rank() == 0:
                 self._write_latest(final.name)
@@ -241,24 +246,44 @@ class Checkpointer:
         state = {"model": _rename(get_model_state_dict(module), aliases),
                  "optim": _rename(get_optimizer_state_dict(module, optims, options=_optim_options()), aliases)
                  if _has_params(optims) else {}}
-        dcp.save(state, checkpoint_id=str(tmp))
-        if _rank() == 0:
-            scheds = _as_list(scheduler)
-            extra = {"step": int(step), "data": data_state,
-                     "scheduler": [s.state_dict() for s in scheds] if isinstance(scheduler, (list, tuple))
-                     else (scheds[0].state_dict() if scheds else None),
-                     "world_size": dist.get_world_size() if _distributed() else 1,
-                     "saved_at": time.time()}
-            with open(tmp / EXTRA, "wb") as f:
-                torch.save(extra, f)
-                f.flush()
-                os.fsync(f.fileno())
-            self._publish(tmp, final)
-            self._prune()
-            print(f"checkpoint step {step} -> {final} ({time.time() - t0:.2f} s)", flush=True)
-        _barrier()
+        failed: BaseException | None = None
+        try:
+            dcp.save(state, checkpoint_id=str(tmp))
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP gathers every rank's error
+            failed = exc
+        if _rank() == 0 and failed is None:
+            try:
+                self._finish(step, tmp, final, scheduler, data_state, t0)
+            except Exception as exc:  # noqa: BLE001 - torch.save reports a full disk as RuntimeError
+                failed = exc
+        # one decision for all ranks: a rank-0-only failure must not leave the others in a barrier
+        why = _broadcast(_why(failed, self.dir) if _rank() == 0 and failed is not None else None)
+        if why is None and failed is not None:
+            why = _why(failed, self.dir)
+        if why is not None:
+            if _rank() == 0:
+                shutil.rmtree(tmp, ignore_errors=True)  # frees the space the partial copy took
+            raise CheckpointError(f"checkpoint step {step} failed: {why} (writing {tmp}; removed the partial "
+                                  f"copy; {self.dir / LATEST} still names the last complete checkpoint)") from failed
         self.last_saved = step
         return final
+
+    def _finish(self, step: int, tmp: Path, final: Path, scheduler: Any, data_state: dict | None,
+                t0: float) -> None:
+        """Rank 0: the small extras, then publish and prune."""
+        scheds = _as_list(scheduler)
+        extra = {"step": int(step), "data": data_state,
+                 "scheduler": [s.state_dict() for s in scheds] if isinstance(scheduler, (list, tuple))
+                 else (scheds[0].state_dict() if scheds else None),
+                 "world_size": dist.get_world_size() if _distributed() else 1,
+                 "saved_at": time.time()}
+        with open(tmp / EXTRA, "wb") as f:
+            torch.save(extra, f)
+            f.flush()
+            os.fsync(f.fileno())
+        self._publish(tmp, final)
+        self._prune()
+        print(f"checkpoint step {step} -> {final} ({time.time() - t0:.2f} s)", flush=True)
 
     def _publish(self, tmp: Path, final: Path) -> None:
         """Make a fully written checkpoint visible: rename the dir, then repoint `latest`."""
@@ -301,9 +326,52 @@ class Checkpointer:
                   f"using {done[-1].name}", file=sys.stderr, flush=True)
         return done[-1] if done else None
 
+    def candidates(self) -> list[Path]:
+        """Checkpoints to try, in order: the one `latest` names, then (with `fallback`) the older
+        complete ones, newest first."""
+        first = self.latest_dir()
+        if first is None:
+            return []
+        if not self.fallback:
+            return [first]
+        older = sorted((p for p in self.dir.glob("step-*") if is_complete(p) and _step_of(p) < _step_of(first)),
+                       key=_step_of, reverse=True)
+        return [first, *older]
+
     def load_latest(self, model: nn.Module | Sequence[nn.Module], optimizer: Any,
                     scheduler: Any) -> tuple[int, dict | None] | None:
-        """Restore model/optimizer/scheduler in place; (step, data_state), or None with nothing to resume."""
+        """Restore model/optimizer/scheduler in place; (step, data_state), or None with nothing to resume.
+
+        A checkpoint that fails to load (a corrupt shard, metadata or extra.pt) is named and the previous
+        complete one is tried; all ranks agree on each outcome. None readable: CheckpointError."""
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        found = _broadcast([str(p) for p in self.candidates()] if _rank() == 0 else None)
+        bad: list[str] = []
+        result: tuple[int, dict | None] = (0, None)
+        for path in map(Path, found):
+            err = None
+            try:
+                result = self._load(path, model, optimizer, scheduler)
+            except (Exception, CheckpointException) as exc:  # noqa: BLE001 - reported, then the next one
+                err = _why_load(exc, path)
+            err = _any_error(err)
+            if err is None:
+                if bad and _rank() == 0:
+                    print(f"warning: resuming from {path} (the newer one is unreadable)", file=sys.stderr,
+                          flush=True)
+                return result
+            bad.append(f"{path} is unreadable: {err}")
+            self.unreadable.add(str(path))
+            if _rank() == 0:
+                print(f"warning: checkpoint {path} is unreadable ({err}); trying the previous complete one",
+                      file=sys.stderr, flush=True)
+        if bad:
+            raise CheckpointError(f"no readable checkpoint in {self.dir}: {'; '.join(bad)}")
+        return None
+
+    def _load(self, path: Path, model: nn.Module | Sequence[nn.Module], optimizer: Any,
+              scheduler: Any) -> tuple[int, dict | None]:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (
             get_model_state_dict,
@@ -312,19 +380,16 @@ class Checkpointer:
             set_optimizer_state_dict,
         )
 
-        found = None
-        if _rank() == 0:
-            latest = self.latest_dir()
-            found = str(latest) if latest else None
-        found = _broadcast(found)
-        if found is None:
-            return None
-        path = Path(found)
         module = merge_parts(model)
         optims = _as_list(optimizer)
         opts = _optim_options()
         aliases = _tied_aliases(model)
         with_optim = _has_params(optims)
+        try:  # the small file first: cheap to find corrupt
+            extra = torch.load(path / EXTRA, weights_only=True)
+            int(extra["step"])
+        except Exception as exc:  # noqa: BLE001 - any unreadable extras: this checkpoint is bad
+            raise CheckpointError(f"{path / EXTRA}: not a readable checkpoint file ({type(exc).__name__})") from exc
         state = {"model": _rename(get_model_state_dict(module), aliases),
                  "optim": _rename(get_optimizer_state_dict(module, optims, options=opts), aliases)
                  if with_optim else {}}
@@ -332,7 +397,6 @@ class Checkpointer:
         set_model_state_dict(module, _rename(state["model"], aliases, reverse=True))
         if with_optim:
             set_optimizer_state_dict(module, optims, _rename(state["optim"], aliases, reverse=True), options=opts)
-        extra = torch.load(path / EXTRA, weights_only=True)
         scheds = _as_list(scheduler)
         if scheds and extra.get("scheduler") is not None:
             saved = extra["scheduler"] if isinstance(scheduler, (list, tuple)) else [extra["scheduler"]]
@@ -340,6 +404,86 @@ class Checkpointer:
                 s.load_state_dict(sd)
         self.last_saved = int(extra["step"])
         return int(extra["step"]), extra.get("data")
+
+
+def _any_error(err: str | None) -> str | None:
+    """The first rank's error, on every rank (None when all loaded). Collective."""
+    if not _distributed():
+        return err
+    errs: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(errs, err)
+    return next((e for e in errs if e), None)
+
+
+def _why_load(exc: BaseException, path: Path) -> str:
+    """Which file of the checkpoint failed, and how, in one line."""
+    if isinstance(exc, CheckpointError):
+        return str(exc)
+    text = str(exc)
+    if getattr(exc, "filename", None):
+        where = str(exc.filename)
+    elif ".metadata" in text:
+        where = str(path / ".metadata")
+    else:
+        where = _short_shard(path) or str(path)
+    return f"{where}: {_last_line(exc)}"
+
+
+def _short_shard(path: Path) -> str | None:
+    """A shard file shorter than the metadata says it is (truncated or overwritten), named with its sizes."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        storage = FileSystemReader(str(path)).read_metadata().storage_data or {}
+        need: dict[str, int] = {}
+        for info in storage.values():
+            need[info.relative_path] = max(need.get(info.relative_path, 0), info.offset + info.length)
+    except Exception:  # noqa: BLE001 - unreadable metadata is reported as such elsewhere
+        return None
+    for name, size in sorted(need.items()):
+        try:
+            have = (path / name).stat().st_size
+        except OSError:
+            return f"{path / name} (missing)"
+        if have < size:
+            return f"{path / name} ({have} bytes; the metadata needs {size})"
+    return None
+
+
+def _last_line(exc: BaseException) -> str:
+    tail = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip()]
+    return (tail[-1] if tail else type(exc).__name__)[:300]
+
+
+class CheckpointError(RunError):
+    """A checkpoint could not be written or read; the message names the file and the reason."""
+
+
+def _why(exc: BaseException, where: Path) -> str:
+    """One line for a failed checkpoint write: "No space left on device" whenever that is the cause
+    (DCP wraps each rank's OSError; torch.save turns it into a RuntimeError), else the first line."""
+    seen: list[BaseException] = []
+    todo: list[Any] = [exc]
+    while todo and len(seen) < 64:
+        e = todo.pop()
+        if isinstance(e, tuple):
+            todo.extend(x for x in e if isinstance(x, (BaseException, tuple)))
+            continue
+        if not isinstance(e, BaseException) or e in seen:
+            continue
+        seen.append(e)
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return os.strerror(errno.ENOSPC)
+        todo += [e.__cause__, e.__context__, *getattr(e, "failures", {}).values()]
+    text = " ".join(str(e) for e in seen)
+    try:
+        full = os.statvfs(where).f_bavail == 0
+    except OSError:
+        full = False
+    if os.strerror(errno.ENOSPC) in text or full:
+        return os.strerror(errno.ENOSPC)
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return first[:300]
 
 
 def _step_of(path: Path) -> int:

@@ -325,5 +325,6 @@ def _loader_for(path: str):
     if is_complete(p):
         loader = Checkpointer(p.parent.parent, 0)
         loader.latest_dir = lambda: p
+        loader.fallback = False  # the user named this one checkpoint: no other is substituted
         return loader
     raise UserError(f"--resume {path}: not a run directory, a checkpoints/ directory or a complete step-N checkpoint")
