@@ -20,6 +20,7 @@ largest tensor's state of total/ranks (a rank may own nothing when ranks outnumb
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import torch
@@ -29,12 +30,12 @@ import torch.distributed as dist
 def partition(sizes: list[int], n: int) -> list[int]:
     """The owner (0..n-1) of each item: largest first onto the least-loaded rank, ties to the lower
     index (greedy LPT: max load <= sum/n + max item). Pure Python, deterministic."""
-    load = [0] * n
+    heap = [(0, r) for r in range(n)]         # (load, rank): already a heap
     owner = [0] * len(sizes)
     for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
-        r = min(range(n), key=lambda r: (load[r], r))
+        load, r = heapq.heappop(heap)
         owner[i] = r
-        load[r] += sizes[i]
+        heapq.heappush(heap, (load + sizes[i], r))
     return owner
 
 
@@ -62,9 +63,9 @@ class Zero1:
         for params, group in splits:
             if not params:
                 continue
-            n = dist.get_world_size(group) if group is not None else 1
-            me = dist.get_rank(group) if group is not None else 0
-            self.splits.append(_Split(params, partition([p.numel() for p in params], n), group, n, me))
+            n = dist.get_world_size(group)
+            self.splits.append(_Split(params, partition([p.numel() for p in params], n), group, n,
+                                      dist.get_rank(group)))
 
     @property
     def owned(self) -> list[torch.nn.Parameter]:
