@@ -178,6 +178,16 @@ def step_flops(f: dict[str, float], global_batch: int, recompute: str) -> tuple[
     return 3 * fwd * global_batch, (3 * fwd + extra) * global_batch
 
 
+@lru_cache(maxsize=256)
+def _sequence_flops(model, s: int, recompute: str, selective_matmul: float) -> tuple[dict[str, float], float, float]:
+    """(forward FLOPs by part, model FLOPs, hardware FLOPs) of one sequence (cached for the search)."""
+    fwd = forward_flops_per_sequence(model, s)
+    model_fl, hw_fl = step_flops(fwd, 1, recompute)
+    if recompute == "selective":
+        hw_fl += selective_matmul * fwd["matmul"]
+    return fwd, model_fl, hw_fl
+
+
 def compute_efficiency(model, lay: Layout, seq_len: int, efficiency_max: float | None = None,
                        stack: Stack = BUNDLED) -> float:
     """Achieved fraction of peak: the stack's ceiling, lowered as the per-GPU GEMMs shrink — a thin
@@ -267,13 +277,11 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
     dtype = 4 if train.precision == "fp32" else 2
     peak = gpu.peak_tflops * 1e12
 
-    fwd = forward_flops_per_sequence(model, s, counts)
-    model_fl, hw_fl = step_flops(fwd, train.global_batch, lay.recompute)
-    if lay.recompute == "selective":
-        hw_fl += stack.selective_matmul_recompute * fwd["matmul"] * train.global_batch
+    fwd, model_seq, hw_seq = _sequence_flops(model, s, lay.recompute, stack.selective_matmul_recompute)
+    model_fl, hw_fl = model_seq * train.global_batch, hw_seq * train.global_batch
     eff = compute_efficiency(model, lay, s, efficiency_max, stack)
     # Hardware FLOPs of one layer (one sequence); under CP the attention core runs slower (mask).
-    layer_fl = (hw_fl / train.global_batch - 3 * fwd["logits"]) / model.layers
+    layer_fl = (hw_seq - 3 * fwd["logits"]) / model.layers
     attn_layer = fwd["attention"] * (4 if lay.recompute != "none" else 3) / model.layers
     if lay.cp > 1:
         layer_fl += attn_layer * (stack.cp_attention_factor - 1)

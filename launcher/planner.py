@@ -2,14 +2,16 @@
 
 A layout is tp·cp·pp·dp = world (ep within dp·cp for MoE) × ZeRO stage × recompute mode ×
 micro-batch × pipeline schedule (× virtual stages). Memory falls monotonically with ZeRO stage
-and recompute, and the time model charges more for both, so for each layout and micro-batch only
-the lowest ZeRO stage that fits is estimated per recompute mode; the rest are counted as dominated.
+and recompute, and never falls as the micro-batch grows, so the ledger stops at the first ZeRO stage
+that fits and at the first micro-batch that fits at none; every stage that fits is estimated (a higher
+stage can be faster where its traffic overlaps compute and a lower one's does not).
 Every layout skipped is counted under the reason it was skipped.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +60,7 @@ class Candidate:
         return (self.estimate.step_time_s, lay.pp, lay.tp, lay.cp, lay.zero,
                 RECOMPUTE_ORDER.index(lay.recompute), -lay.micro_batch)
 
+    @functools.cached_property
     def complexity(self) -> tuple:
         """Simpler first: fewer model-parallel dimensions (TP, CP, PP, EP; data parallelism is the
         baseline), less CP, fewer pipeline stages, lower ZeRO stage, smaller TP, fewer chunks, less
@@ -259,36 +262,77 @@ class Search:
         mbs = [p.micro_batch] if p.micro_batch is not None else divisors(t.global_batch // dp)
         zeros = [p.zero] if p.zero is not None else ([0, 1, 2, 3] if dp * cp > 1 else [0])
         recomputes = [p.recompute] if p.recompute else list(RECOMPUTE_ORDER)
+        per_mb = len(zeros) * len(recomputes)
         for sched, v in self.schedule_choices(pp):
-            for mb in mbs:
+            # memory never falls as the micro-batch grows (1F1B holds min(m, p)·b sequences, GPipe
+            # all b·m) nor as recompute or the ZeRO stage drops: once the least memory-hungry choice
+            # (most recompute, highest stage) does not fit, larger micro-batches are skipped
+            too_big: set[str] = set()
+            for i, mb in enumerate(mbs):
                 if (t.global_batch // dp) % mb:
-                    self.reject("global_batch not divisible by dp·micro_batch", len(zeros) * len(recomputes))
+                    self.reject("global_batch not divisible by dp·micro_batch", per_mb)
                     continue
                 ga = t.global_batch // (dp * mb)
                 if pp > 1 and sched != "gpipe" and ga < pp:
-                    self.reject("micro-batches < pipeline stages", len(zeros) * len(recomputes))
+                    self.reject("micro-batches < pipeline stages", per_mb)
+                    continue
+                if sched == "gpipe" and ga >= pp and p.schedule is None:
+                    # the same bubble and traffic as 1F1B, holding all m micro-batches instead of p
+                    self.reject("gpipe dominated by 1f1b (same time, more memory)", per_mb)
                     continue
                 if sched == "interleaved-1f1b" and ga % pp:
-                    self.reject("interleaved 1F1B needs micro-batches divisible by stages",
-                                len(zeros) * len(recomputes))
+                    self.reject("interleaved 1F1B needs micro-batches divisible by stages", per_mb)
                     continue
-                for rc in recomputes:
-                    self.first_fitting_zero(tp, cp, pp, dp, ep, zeros, rc, mb, ga, sched, v)
+                if len(too_big) == len(recomputes):
+                    self.reject("does not fit in GPU memory", per_mb * (len(mbs) - i))
+                    break
+                for rc in reversed(recomputes):      # least memory first
+                    if rc in too_big:
+                        self.reject("does not fit in GPU memory", len(zeros))
+                    elif not self.fitting_zeros(tp, cp, pp, dp, ep, zeros, rc, mb, ga, sched, v):
+                        too_big.add(rc)
+                        too_big.update(recomputes[:recomputes.index(rc)])    # less recompute needs more
 
-    def first_fitting_zero(self, tp, cp, pp, dp, ep, zeros, rc, mb, ga, sched, v) -> None:
-        for i, z in enumerate(zeros):
+    def fitting_zeros(self, tp, cp, pp, dp, ep, zeros, rc, mb, ga, sched, v) -> bool:
+        """Estimate the lowest ZeRO stage that fits and, when that is 0 or 1, also ZeRO 2: the
+        bundled trainer's ZeRO 0/1 reduction runs after backward, unhidden, while FSDP's overlaps, so
+        ZeRO 2 can be faster. In the time model ZeRO 1 is not faster than 0 (the same all-reduce plus
+        a gather) nor ZeRO 3 than 2 (more traffic, as much overlap): those count as dominated."""
+        headroom = self.spec.cluster.memory_headroom
+        ledgers: dict[int, MemoryLedger] = {}
+
+        def ledger(z: int) -> MemoryLedger:
+            if z not in ledgers:
+                lay = Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, zero=z, recompute=rc, micro_batch=mb,
+                             grad_accum=ga, schedule=sched, virtual_stages=v)
+                ledgers[z] = memory_ledger(self.model, self.train, self.gpu, lay, headroom)
+            return ledgers[z]
+
+        if not ledger(zeros[-1]).fits:
+            if self.fully_fixed:
+                led = ledger(zeros[0])
+                lay = Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, zero=zeros[0], recompute=rc, micro_batch=mb,
+                             grad_accum=ga, schedule=sched, virtual_stages=v)
+                self.unfit.append(Candidate(lay, led, self.estimate(lay)))
+            self.reject("does not fit in GPU memory", len(zeros))     # nor does any lower stage
+            return False
+        lo, hi = 0, len(zeros) - 1                  # memory falls with the stage: bisect the first fit
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if ledger(zeros[mid]).fits else (mid + 1, hi)
+        self.reject("does not fit in GPU memory", lo)
+        worth = [zeros[lo]] + ([2] if zeros[lo] < 2 and 2 in zeros else [])
+        self.reject("dominated by a lower ZeRO stage that fits", len(zeros) - lo - len(worth))
+        for z in worth:
+            led = ledger(z)
+            if not led.fits:                        # ZeRO 3's gather buffers can outweigh a small shard
+                self.reject("does not fit in GPU memory")
+                continue
             lay = Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, zero=z, recompute=rc, micro_batch=mb,
                          grad_accum=ga, schedule=sched, virtual_stages=v)
-            led = memory_ledger(self.model, self.train, self.gpu, lay, self.spec.cluster.memory_headroom)
-            if led.fits:
-                self.searched += 1
-                self.candidates.append(Candidate(lay, led, self.estimate(lay)))
-                if len(zeros) - i - 1:
-                    self.reject("dominated by a lower ZeRO stage that fits", len(zeros) - i - 1)
-                return
-            if self.fully_fixed:
-                self.unfit.append(Candidate(lay, led, self.estimate(lay)))
-            self.reject("does not fit in GPU memory")
+            self.searched += 1
+            self.candidates.append(Candidate(lay, led, self.estimate(lay)))
+        return True
 
     def estimate(self, lay: Layout) -> Estimate:
         return estimate(self.model, self.train, self.gpu, lay, self.cluster.bandwidth,
@@ -365,7 +409,7 @@ def rank(candidates: list[Candidate], seq_len: int) -> tuple[list[Candidate], in
         return [], 0
     limit = ordered[0].ranked_time(seq_len) * (1 + TIE_BAND)
     band = [c for c in ordered if c.ranked_time(seq_len) <= limit]
-    band.sort(key=lambda c: (c.complexity(), c.estimate.step_time_s))
+    band.sort(key=lambda c: (c.complexity, c.estimate.step_time_s))
     return band + ordered[len(band):], len(band)
 
 
@@ -373,11 +417,11 @@ def why_chosen(best: Candidate, ordered: list[Candidate], band: int) -> dict[str
     """Why the chosen plan beat the fastest strictly simpler one: the cost terms that differ most."""
     out: dict[str, Any] = {"band": TIE_BAND, "equal_plans": band,
                            "fastest_step_s": round(min(c.estimate.step_time_s for c in ordered[:band]), 6)}
-    simpler = [c for c in ordered if c.complexity()[:5] < best.complexity()[:5]]
-    if not simpler:
+    # nothing simpler is in the band (the band is sorted simplest first); the rest is in time order
+    other = next((c for c in ordered[band:] if c.complexity[:5] < best.complexity[:5]), None)
+    if other is None:
         out["reason"] = "no simpler layout fits in GPU memory"
         return out
-    other = min(simpler, key=lambda c: c.estimate.step_time_s)
     mine, theirs = best.estimate.terms(), other.estimate.terms()
     diffs = sorted(((k, theirs[k] - mine[k]) for k in mine), key=lambda kv: -abs(kv[1]))
     slower = other.estimate.step_time_s / best.estimate.step_time_s - 1

@@ -118,6 +118,9 @@ def plan(job: str, bwmap: str | None, top: int, output: str | None, previous: st
         if result.best is None:
             raise UserError(f"{job}: no layout fits, so no plan was written to {output}")
         result.best.save(output)
-    emit(result.to_dict(), as_json, lambda: render_result(spec, result))
+    if as_json:
+        emit(result.to_dict(), True)
+    else:                                  # no dict of every rank record for a table that shows 8 rows
+        click.echo(render_result(spec, result))
     if result.best is None or not result.best.fits:
         raise click.exceptions.Exit(1)
