@@ -181,8 +181,9 @@ class Search:
         self.fully_fixed = self.par.fully_fixed
 
     def reject(self, reason: str, n: int = 1) -> None:
-        self.searched += n
-        self.rejected[reason] += n
+        if n > 0:
+            self.searched += n
+            self.rejected[reason] += n
 
     # choices that do not depend on each other
     def tp_choices(self) -> list[int]:
@@ -439,9 +440,9 @@ def _describe(lay: Layout) -> str:
 
 
 def plan_job(spec: JobSpec, bwmap: BandwidthMap | None = None, top: int = 5,
-             bwmap_name: str | None = None) -> PlanResult:
+             bwmap_name: str | None = None, ranks_for: int = 1) -> PlanResult:
     """Search layouts for `spec`; the best Plan (or the fixed one, fitting or not) and alternatives.
-    Alternatives carry no per-rank records (the best plan's are what a launch needs)."""
+    Only the first `ranks_for` plans carry per-rank records (what a launch needs; the best by default)."""
     if bwmap is None and spec.cluster.bwmap:
         bwmap, bwmap_name = load_bwmap(spec, None)
     cluster = cluster_from(spec, bwmap, bwmap_name or "bandwidth map")
@@ -468,7 +469,7 @@ def plan_job(spec: JobSpec, bwmap: BandwidthMap | None = None, top: int = 5,
         if _shape(cand.layout) in seen:
             continue
         seen.add(_shape(cand.layout))
-        alts.append(to_plan(spec, cand, cluster, with_ranks=False))
+        alts.append(to_plan(spec, cand, cluster, with_ranks=len(alts) + 1 < ranks_for))
     return PlanResult(to_plan(spec, best, cluster), alts, search.searched, dict(search.rejected),
                       cluster.bandwidth, notes, choice)
 

@@ -100,27 +100,75 @@ def previous_plan_warnings(previous: Plan, best: Plan) -> list[str]:
 @click.option("--top", default=5, show_default=True, type=click.IntRange(0, 100), help="Alternatives to show.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the best plan here (plan.json).")
 @click.option("--previous", type=click.Path(dir_okay=False), help="A previous plan.json to compare against.")
+@click.option("--benchmark", "bench_k", type=click.IntRange(1, 20), metavar="K",
+              help="Run the top K plans for a few steps through the job's backend (local: torchrun here), "
+                   "measure them and pick by measurement (-o then writes the measured fastest).")
+@click.option("--benchmark-steps", default=4, show_default=True, type=click.IntRange(2, 1000),
+              help="Optimizer steps per benchmarked plan (the first is not timed).")
+@click.option("--benchmark-dir", type=click.Path(file_okay=False),
+              help="Where the benchmark runs go (default <backend.log_dir>/<name>-bench-<time>).")
 @json_option
-def plan(job: str, bwmap: str | None, top: int, output: str | None, previous: str | None, as_json: bool) -> None:
+def plan(job: str, bwmap: str | None, top: int, output: str | None, previous: str | None, bench_k: int | None,
+         benchmark_steps: int, benchmark_dir: str | None, as_json: bool) -> None:
     """Choose TP/CP/PP/DP (+EP), ZeRO stage, recompute and micro-batch for JOB.
 
-    Exit 0 with a plan that fits; 1 when the (fixed) layout does not fit or nothing fits."""
+    Exit 0 with a plan that fits; 1 when the (fixed) layout does not fit or nothing fits (or, with
+    --benchmark, when no benchmarked plan ran)."""
     from launcher.planner import load_bwmap, plan_job
-    from launcher.spec import load_spec
 
-    spec = load_spec(job)
+    if bench_k:
+        from launcher.commands.run_cmd import load_job
+
+        spec, text = load_job(job, None)
+    else:
+        from launcher.spec import load_spec
+
+        spec, text = load_spec(job), None
     bw, bw_name = load_bwmap(spec, bwmap)
     prev = Plan.load(previous) if previous else None
-    result = plan_job(spec, bw, top=top, bwmap_name=bw_name)
-    if prev is not None and result.best is not None:
-        result.best.warnings.extend(previous_plan_warnings(prev, result.best))
+    result = plan_job(spec, bw, top=max(top, (bench_k or 1) - 1), bwmap_name=bw_name, ranks_for=bench_k or 1)
+    chosen = result.best
+    measured = None
+    if bench_k and chosen is not None and chosen.fits:
+        measured, chosen = _benchmark(spec, result, bw, bw_name, bench_k, benchmark_steps, benchmark_dir, text, as_json)
+    if prev is not None and chosen is not None:
+        chosen.warnings.extend(previous_plan_warnings(prev, chosen))
     if output:
-        if result.best is None:
+        if chosen is None:
             raise UserError(f"{job}: no layout fits, so no plan was written to {output}")
-        result.best.save(output)
+        chosen.save(output)
     if as_json:
-        emit(result.to_dict(), True)
+        payload = result.to_dict()
+        if measured is not None:
+            from launcher.bench import by_measurement
+
+            payload["benchmark"] = [m.to_dict() for m in measured]
+            payload["chosen_by_measurement"] = by_measurement(measured)[0].index
+        emit(payload, True)
     else:                                  # no dict of every rank record for a table that shows 8 rows
         click.echo(render_result(spec, result))
-    if result.best is None or not result.best.fits:
+        if measured is not None:
+            from launcher import bench
+
+            click.echo("\n" + bench.render(measured))
+    if chosen is None or not chosen.fits or (measured is not None and not any(m.ok for m in measured)):
         raise click.exceptions.Exit(1)
+
+
+def _benchmark(spec, result, bw, bw_name, k, steps, base, text, as_json):
+    """Run the top k plans (of the same search, at `steps` steps) and return the measurements and
+    the full-length plan the measurement picks."""
+    from pathlib import Path
+
+    from launcher import bench
+    from launcher.backends import default_run_dir
+    from launcher.planner import plan_job
+
+    short = plan_job(bench.bench_spec(spec, steps), bw, top=k - 1, bwmap_name=bw_name, ranks_for=k)
+    plans = [short.best] + short.alternatives
+    full = [result.best] + result.alternatives
+    where = Path(base) if base else default_run_dir(spec).with_name(default_run_dir(spec).name.replace(
+        spec.name, f"{spec.name}-bench", 1))
+    measured = bench.run_benchmark(bench.bench_spec(spec, steps), plans[:k], where, text, as_json)
+    pick = bench.by_measurement(measured)[0]
+    return measured, (full[pick.index] if pick.ok else result.best)
