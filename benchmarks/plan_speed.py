@@ -1,13 +1,22 @@
-"""How long the planner's exhaustive search takes, and how fast `launch --help` starts.
+"""How long `launch plan` takes as a whole process (interpreter start, imports, presets, search,
+output), and how big its JSON is; plus the search alone and `launch --help`.
 
-Targets (issue 2): llama3-405b on 16,384 GPUs in under 1 s; `launch --help` under 0.3 s.
+Targets (issue 10): llama3-405b on 16,384 GPUs in under 1 s for the whole process, human output,
+`--json` and `-o` alike, with plan.json under 2 MB; `launch --help` under 0.3 s. Wall times are the
+best of 3 runs (the machine is shared); CPU time (user + sys of the child) is shown beside them.
 """
 
 from __future__ import annotations
 
+import os
+import resource
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
+
+import yaml
 
 from launcher.planner import plan_job
 from launcher.spec import spec_from_dict
@@ -22,11 +31,29 @@ CASES = [
 ]
 
 
+def job(model: str, nodes: int, seq: int, gb: int) -> dict:
+    return {"model": model, "train": {"seq_len": seq, "global_batch": gb},
+            "cluster": {"nodes": nodes, "gpus_per_node": 8, "gpu": "h100-sxm"}}
+
+
+def timed(argv: list[str], runs: int = 3) -> tuple[float, float, int]:
+    """(best wall s, CPU s of that run, stdout bytes) of a child process."""
+    best = (float("inf"), 0.0, 0)
+    for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        out = subprocess.run(argv, capture_output=True, check=False).stdout
+        wall = time.perf_counter() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        best = min(best, (wall, cpu, len(out)))
+    return best
+
+
 def main() -> None:
-    print(f"{'model':14} {'GPUs':>6} {'searched':>9} {'seconds':>8}  best")
+    print(f"{'model':14} {'GPUs':>6} {'searched':>9} {'search s':>9}  best")
     for model, nodes, seq, gb in CASES:
-        spec = spec_from_dict({"model": model, "train": {"seq_len": seq, "global_batch": gb},
-                               "cluster": {"nodes": nodes, "gpus_per_node": 8, "gpu": "h100-sxm"}})
+        spec = spec_from_dict(job(model, nodes, seq, gb))
         runs = []
         for _ in range(3):
             t0 = time.perf_counter()
@@ -34,15 +61,24 @@ def main() -> None:
             runs.append(time.perf_counter() - t0)
         b = result.best
         d = b.degrees
-        print(f"{model:14} {nodes * 8:>6} {result.searched:>9} {min(runs):>8.3f}  tp={d['tp']} cp={d['cp']} "
+        print(f"{model:14} {nodes * 8:>6} {result.searched:>9} {min(runs):>9.3f}  tp={d['tp']} cp={d['cp']} "
               f"pp={d['pp']} dp={d['dp']} zero={b.zero_stage} {b.recompute} mb={b.micro_batch} "
               f"MFU {b.estimate['mfu']:.1%}")
-    runs = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "launcher.cli", "--help"], check=True, capture_output=True)
-        runs.append(time.perf_counter() - t0)
-    print(f"\n`launch --help` (python -m launcher.cli): best of 5 {min(runs):.3f} s")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "l405b-16k.yaml"
+        path.write_text(yaml.safe_dump(job("llama3-405b", 2048, 8192, 2048)))
+        launch = [sys.executable, "-m", "launcher.cli", "plan", str(path)]
+        out = Path(tmp) / "plan.json"
+        print("\n`launch plan` as a whole process, llama3-405b on 16,384 H100s (best of 3):")
+        for label, extra in (("human", []), ("--json", ["--json"]), ("-o plan.json", ["-o", str(out)])):
+            wall, cpu, size = timed(launch + extra)
+            note = f"stdout {size / 1e6:.2f} MB" if label == "--json" else ""
+            if label.startswith("-o"):
+                note = f"plan.json {os.path.getsize(out) / 1e6:.2f} MB"
+            print(f"  {label:14} {wall:6.3f} s wall  {cpu:6.3f} s CPU  {note}")
+    wall, cpu, _ = timed([sys.executable, "-m", "launcher.cli", "--help"], runs=5)
+    print(f"\n`launch --help` (python -m launcher.cli): best of 5 {wall:.3f} s wall, {cpu:.3f} s CPU")
 
 
 if __name__ == "__main__":

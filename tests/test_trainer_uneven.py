@@ -1,0 +1,30 @@
+"""The bundled trainer runs the planner's uneven pipeline splits: interleaved 1F1B with a layer count
+that pp·v does not divide, the first and last stage one layer fewer (launcher.layout.stage_layers,
+as Llama 3's 126 layers on pp 16). Loss and gradient-norm parity with one process (real gloo ranks),
+at the tolerance of tests/test_trainer_parity.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.layout import stage_layers
+from tests.trainer_helpers import make_plan, spawn_layouts
+
+RTOL = 1e-5
+SIX = {"layers": 6}
+
+
+@pytest.mark.slow
+def test_interleaved_uneven_stage_layers_match_one_process(tmp_path):
+    split = stage_layers(6, 4)
+    assert split == [1, 2, 2, 1]
+    jobs = [dict(name="ref6", plan=make_plan(steps=4, model_over=SIX).to_dict()),
+            dict(name="pp2_v2_uneven", plan=make_plan(pp=2, dp=2, schedule="interleaved-1f1b", virtual_stages=2,
+                                                      stage_layers=split, zero=1, steps=4,
+                                                      model_over=SIX).to_dict())]
+    res = spawn_layouts(jobs, tmp_path)
+    for name in ("ref6", "pp2_v2_uneven"):
+        assert "losses" in res[name], f"{name}: {res[name].get('error')}\n{res[name].get('trace', '')}"
+    assert res["pp2_v2_uneven"]["losses"] == pytest.approx(res["ref6"]["losses"], rel=RTOL)
+    assert res["pp2_v2_uneven"]["grad_norms"] == pytest.approx(res["ref6"]["grad_norms"], rel=RTOL)
+    assert res["ref6"]["losses"][0] != res["ref6"]["losses"][-1]
