@@ -256,6 +256,11 @@ def _stage_states(model, train, tp: int, pp: int, cp: int, dp: int, ep: int, zer
     dense_stage = counts.layer_dense * layers_per_stage / tp
     expert_stage = counts.layer_expert * layers_per_stage / (tp * ep)
     expert_shard = max(1, shard // ep)
+    if zero < 2:
+        # ZeRO 0/1 run without FSDP (trainer/fsdp.py): the trainer keeps fp32 parameters and runs bf16
+        # under autocast, so the fp32 master weights are the parameters, whole on every rank, with
+        # fp32 gradients; optimizer state is the moments alone (sharded over dp·cp under ZeRO 1).
+        bpp = bytes_per_param(train.optimizer, "fp32")
 
     def state(extra_dense: float) -> dict[str, float]:
         a = state_bytes(dense_stage + extra_dense / tp, shard, zero, bpp)
