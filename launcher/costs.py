@@ -17,7 +17,8 @@ figure times NET_EFFICIENCY. A group with k GPUs on each of n > 1 nodes runs at 
 What the bundled trainer communicates, and where it overlaps (launcher/trainer, read from the code):
 - ZeRO 0/1 (fsdp.py `all_reduce_grads`): fp32 gradients all-reduced in 32M-element buckets once per
   step, after the last backward: nothing overlaps it. ZeRO 1 (zero1.py) then has each parameter's
-  owner step it and broadcast it back: a parameter gather's worth, also after backward.
+  owner step it and broadcast it back (fp32: without FSDP, bf16 is autocast over fp32 parameters):
+  a parameter gather's worth, also after backward.
 - ZeRO 2 (`fully_shard`, reshard_after_forward=False): outside PP every micro-batch all-gathers the
   parameters in forward and reduce-scatters fp32 gradients after its backward; under PP torch's
   pipelining keeps gradients unsharded until the last micro-batch (one all-gather, one
@@ -75,6 +76,7 @@ class Stack:
     alpha_s: float               # latency per ring step of a collective
     grad_reduce_bytes: float          # bytes per gradient element reduced
     selective_matmul_recompute: float = 0.0   # share of the matmul forward that selective recompute repeats
+    replicated_param_bytes: float = 2.0       # bytes per parameter ZeRO 1 gathers back (replicated state)
     dp_per_gpu_nic: bool = False      # DP collectives across nodes reach one NIC's bandwidth per GPU, not k·NIC
 
 
@@ -86,7 +88,7 @@ STACKS: dict[str, Stack] = {
     "bundled": Stack("bundled trainer (eager PyTorch, FSDP2)", efficiency_max=0.45, fsdp_overlap=0.8,
                      grad_sync_overlap=0.0, cp_overlap=0.0, cp_attention_factor=2.0,
                      zero2_sync_per_microbatch=True, zero1_allreduce=True, dp_collectives_per_layer=1, alpha_s=8e-6,
-                     grad_reduce_bytes=4.0, dp_per_gpu_nic=True),
+                     grad_reduce_bytes=4.0, dp_per_gpu_nic=True, replicated_param_bytes=4.0),
     # Megatron-LM / NeMo: fused kernels, distributed optimizer overlapping grad reduce and param gather
     "megatron": Stack("Megatron-LM / NeMo", efficiency_max=0.68, fsdp_overlap=0.8, grad_sync_overlap=0.8,
                       cp_overlap=0.8, cp_attention_factor=1.0, zero2_sync_per_microbatch=False,
@@ -256,7 +258,7 @@ def dp_traffic(lay: Layout, stack: Stack, elems: float, dtype: int, grad_elem: f
             return 2 * reduce                                           # all-reduce
         # ZeRO 1: gradients all-reduced (bundled, zero1.py) or reduce-scattered (Megatron's distributed
         # optimizer), then every rank receives the parameters others updated, per bucket
-        gather = buckets * lat + param_bytes * (g - 1) / g / (bw * 1e9)
+        gather = buckets * lat + elems * stack.replicated_param_bytes * (g - 1) / g / (bw * 1e9)
         return (2 if stack.zero1_allreduce else 1) * reduce + gather
     if lay.zero == 2:
         count = m if stack.zero2_sync_per_microbatch and pp == 1 else 1
