@@ -92,9 +92,16 @@ def check_k8s_name(value: Any, what: str = "name", limit: int = 63) -> str:
     return s
 
 
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+
+
 def yaml_scalar(value: Any) -> str:
-    """JSON is YAML: any string, list or mapping renders safely on one line."""
-    return json.dumps(value, sort_keys=True)
+    """JSON is YAML: any string, list or mapping renders safely on one line. Non-ASCII characters
+    are escaped the YAML way (\\uXXXX, \\UXXXXXXXX): JSON's surrogate pairs for characters beyond
+    the BMP would read back in YAML as two lone surrogates, and a raw U+2028 as a line break."""
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False)
+    return _NON_ASCII.sub(lambda m: f"\\u{ord(m.group()):04x}" if ord(m.group()) <= 0xFFFF
+                          else f"\\U{ord(m.group()):08x}", text)
 
 
 @cache
@@ -190,6 +197,8 @@ def user_env(spec: JobSpec) -> list[tuple[str, str]]:
             raise UserError(f"backend.env.{key}: looks like a secret and would be written into the rendered "
                             "file; pass it from the submitting shell (Slurm exports it) or name a Kubernetes "
                             "Secret in backend.k8s.env_from_secrets")
+        if "\x00" in str(value):
+            raise UserError(f"backend.env.{key}: a NUL byte cannot be in an environment variable")
         out.append((key, value))
     return out
 

@@ -77,6 +77,15 @@ def read_text(path: str | Path, what: str = "file", limit: int = JSON_FILE_LIMIT
         raise UserError(f"{path}: {what} is not UTF-8 text (byte {exc.start})") from None
 
 
+def _encode(data: str | bytes, path: Path, what: str) -> bytes:
+    if isinstance(data, bytes):
+        return data
+    try:
+        return data.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UserError(f"{path}: cannot write {what} (character {exc.start} is not valid Unicode)") from None
+
+
 def check_writable_target(path: str | Path, what: str = "file") -> None:
     """Refuse a target that exists and is not a regular file (symlink, device, directory, FIFO)."""
     try:
@@ -93,7 +102,7 @@ def atomic_write(path: str | Path, data: str | bytes, what: str = "file", mode: 
     """Write `data` to `path` through a temporary file in the same directory, then rename it."""
     p = Path(path)
     check_writable_target(p, what)
-    raw = data.encode() if isinstance(data, str) else data
+    raw = _encode(data, p, what)
     try:
         fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
     except OSError as exc:
@@ -119,12 +128,13 @@ def write_files(directory: str | Path, files: dict[str, tuple[str | bytes, int]]
     beside its target first; only when all are staged are they renamed into place. On failure the
     temporaries are removed and nothing is replaced."""
     d = Path(directory)
-    for name in files:
+    for name, (data, _) in files.items():
         check_writable_target(d / name, what)
+        _encode(data, d / name, what)
     staged: list[tuple[str, Path]] = []
     try:
         for name, (data, mode) in sorted(files.items()):
-            raw = data.encode() if isinstance(data, str) else data
+            raw = _encode(data, d / name, what)
             fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{name}.", suffix=".tmp")
             staged.append((name, Path(tmp)))
             with os.fdopen(fd, "wb") as f:

@@ -25,6 +25,10 @@ def quote(value: Any) -> str:
     s = str(value)
     if "\x00" in s:
         raise UserError(f"{s!r}: a NUL byte cannot be passed to a shell")
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UserError(f"{s!r}: not valid Unicode text (a lone surrogate)") from None
     if _CONTROL.search(s):
         body = s.replace("\\", "\\\\").replace("'", "\\'")
         return "$'" + _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", body) + "'"
