@@ -87,6 +87,7 @@ class DiagnosticsSpec:
     flight_recorder_entries: int = bounded(2000, 1)
     init_timeout_s: int = bounded(600, 1)
     collective_timeout_s: int = bounded(600, 1)
+    stall_dump_s: int = bounded(0, 0)  # no progress this long: stacks into the run dir (0: half the above)
     socket_ifname: str | None = None
     ib_hca: str | None = None
     heartbeat: bool = True

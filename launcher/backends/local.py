@@ -20,9 +20,11 @@ Why it looks like this:
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,6 +48,8 @@ from launcher.backends import (
     trainer_env,
 )
 from launcher.errors import UserError
+from launcher.formats import rundir
+from launcher.formats.files import read_text
 
 if TYPE_CHECKING:
     from launcher.plan import Plan
@@ -288,6 +292,42 @@ class LocalBackend:
                 return False
             return True
         return False
+
+    def dump_stacks(self, handle: JobHandle, reason: str) -> list[int]:
+        """Ask every trainer of the job for its Python stacks, into <run_dir>/logs/stacks/rank<R>.txt:
+        `py-spy dump` where installed (native frames too), else SIGUSR2, on which the trainer's
+        faulthandler writes them. Only pids that carry the job's marker and handle SIGUSR2 are signalled
+        (the default action of SIGUSR2 would kill). The ranks asked."""
+        rd = Path(handle.run_dir)
+        out_dir = rd / rundir.STACKS
+        spy = shutil.which("py-spy")
+        asked = []
+        for beat in sorted((rd / rundir.HEARTBEAT).glob("rank*.json")):
+            try:
+                rec = json.loads(read_text(beat, "heartbeat", 64 << 10))
+                rank, pid, host = int(rec["rank"]), int(rec["pid"]), str(rec.get("host") or "?")
+            except (UserError, ValueError, KeyError, TypeError):
+                continue
+            if not procs.is_ours(pid, self.marker(handle)):
+                continue
+            out_dir.mkdir(parents=True, exist_ok=True)
+            head = rundir.stack_header(rank, host, pid, reason)
+            if spy is not None:
+                try:
+                    r = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, timeout=30)
+                except (OSError, subprocess.TimeoutExpired):
+                    r = None
+                if r is not None and r.returncode == 0 and r.stdout:
+                    with open(out_dir / f"rank{rank}.txt", "a") as f:
+                        f.write(head + r.stdout[: 1 << 20].decode(errors="replace") + "\n")
+                    asked.append(rank)
+                    continue
+            if procs.catches(pid, signal.SIGUSR2):
+                with open(out_dir / f"rank{rank}.txt", "a") as f:
+                    f.write(head)
+                os.kill(pid, signal.SIGUSR2)
+                asked.append(rank)
+        return asked
 
     def sweep(self, handle: JobHandle) -> list[int]:
         """After the job's end: SIGKILL any of its processes still running (trainers that outlived a

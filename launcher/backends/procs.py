@@ -103,3 +103,15 @@ def signal_all(pids: list[int], sig: int) -> list[int]:
 def kill_marked(marker: tuple[str, str]) -> list[int]:
     """SIGKILL every process carrying the marker (the sweep after a job's end or a forced stop)."""
     return signal_all(marked(marker), signal.SIGKILL)
+
+
+def catches(pid: int, sig: int) -> bool:
+    """pid has a handler installed for sig (SigCgt in /proc/PID/status): sending it will not kill it."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f.read(16384).splitlines():
+                if line.startswith(b"SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (int(sig) - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False

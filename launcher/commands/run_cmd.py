@@ -83,19 +83,29 @@ def check_devices(plan, as_json: bool) -> str:
     return "cpu"
 
 
-def stall_report(run_dir: Path, world: int) -> str:
-    """Where each rank is, from the heartbeat files (launcher.diagnose's reading of them)."""
-    from launcher.diagnose.findings import ERROR
+def _beats(run_dir: Path):
     from launcher.diagnose.heartbeat import Heartbeats, parse_beat
 
     hb = Heartbeats()
     for path in sorted((run_dir / "heartbeat").glob("rank*.json")):
         try:
             beat = parse_beat(path.read_text(), str(path))
-        except OSError:
+        except (OSError, UnicodeDecodeError):
             continue
         if beat is not None:
             hb.add(beat)
+    return hb
+
+
+def stall_report(run_dir: Path, world: int) -> str:
+    """Where each rank is: from stack dumps when there are live ones (the frame each rank is in), else from
+    the heartbeat files (launcher.diagnose's reading of both)."""
+    from launcher.diagnose.findings import ERROR
+
+    hb = _beats(run_dir)
+    stuck = stack_report(run_dir, world, hb)
+    if stuck:
+        return stuck
     role = _pp_stage_of_ranks(run_dir)
     findings = hb.findings(world, {}, role)
     if not findings:
@@ -115,6 +125,34 @@ def stall_report(run_dir: Path, world: int) -> str:
     return (lead + "; " if lead else "") + findings[-1].message
 
 
+def stack_report(run_dir: Path, world: int | None, hb=None) -> str | None:
+    """The stack dumps' verdict ("rank R on host H stuck in FRAME ..."), or None without live dumps."""
+    from launcher.diagnose.stacks import Stacks
+    from launcher.formats import rundir
+
+    stacks = Stacks()
+    for path in sorted((run_dir / rundir.STACKS).glob("rank*.txt")):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                for n, line in enumerate(fh, 1):
+                    stacks.feed(line.rstrip("\n"), f"{path.name}:{n}", path.name)
+        except OSError:
+            continue
+    hb = hb if hb is not None else _beats(run_dir)
+    found = stacks.findings(world, {}, hb.beats)
+    top = next((f for f in found if f.kind == "stalled_rank"), None) or next(
+        (f for f in found if f.severity != "info"), None)
+    return top.message.removesuffix(" (stack dumps)") if top else None
+
+
+def straggler_report(run_dir: Path) -> str | None:
+    from launcher.diagnose.stragglers import describe, stragglers
+
+    beats = _beats(run_dir).beats
+    found = stragglers(beats)
+    return describe(found, beats, {}) if found else None
+
+
 def _pp_stage_of_ranks(run_dir: Path) -> dict[int, int]:
     try:
         plan = json.loads((run_dir / "plan.json").read_text())
@@ -124,12 +162,13 @@ def _pp_stage_of_ranks(run_dir: Path) -> dict[int, int]:
 
 
 class StallWatch:
-    """While the job runs: when rank 0 has printed nothing for `quiet_s`, say where every rank is."""
+    """While the job runs: when rank 0 has printed nothing for `quiet_s`, ask every rank for its stacks
+    (`dump`, the backend's py-spy/SIGUSR2) and say where every rank is."""
 
-    def __init__(self, run_dir: Path, world: int, quiet_s: float):
+    def __init__(self, run_dir: Path, world: int | None, quiet_s: float, dump=None):
         import threading
 
-        self.run_dir, self.world, self.quiet_s = run_dir, world, quiet_s
+        self.run_dir, self.world, self.quiet_s, self.dump = run_dir, world, quiet_s, dump
         self.last = time.time()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
@@ -138,8 +177,14 @@ class StallWatch:
         while not self.stop.wait(min(5.0, self.quiet_s / 4)):
             quiet = time.time() - self.last
             if quiet >= self.quiet_s:
+                where = ""
+                if self.dump is not None:
+                    asked = self.dump(f"no output from rank 0 for {quiet:.0f} s (launch run)")
+                    if asked:
+                        self.stop.wait(3.0)  # faulthandler/py-spy write within milliseconds; allow a loaded box
+                        where = f"; stacks in {self.run_dir / 'logs' / 'stacks'}"
                 progress(f"launch: no output from rank 0 for {quiet:.0f} s; "
-                         f"{stall_report(self.run_dir, self.world)}; more: launch diagnose {self.run_dir}")
+                         f"{stall_report(self.run_dir, self.world)}{where}; more: launch diagnose {self.run_dir}")
                 self.last = time.time()
 
 
@@ -163,8 +208,10 @@ def follow(backend, handle, as_json: bool, quiet_s: float = 120.0) -> dict[int, 
     report where the ranks are when rank 0 goes quiet for `quiet_s`."""
     from launcher.backends.local import rank_of
 
-    watch = StallWatch(Path(handle.run_dir), int(handle.extra.get("world", 0)) or None, quiet_s)
+    watch = StallWatch(Path(handle.run_dir), int(handle.extra.get("world", 0)) or None, quiet_s,
+                       dump=lambda reason: backend.dump_stacks(handle, reason))
     watch.thread.start()
+    slow = {"steps": 0, "said": None}
 
     tails: dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=30))
     out = sys.stderr if as_json else sys.stdout
@@ -188,6 +235,13 @@ def follow(backend, handle, as_json: bool, quiet_s: float = 120.0) -> dict[int, 
                 if rank == 0:
                     watch.last = time.time()
                     print(text, file=out, flush=True)
+                    if text.startswith("step "):
+                        slow["steps"] += 1
+                        if slow["steps"] % 2 == 0:
+                            said = straggler_report(Path(handle.run_dir))
+                            if said and said != slow["said"]:
+                                progress(f"launch: straggler: {said}")
+                            slow["said"] = said
             elif LOG_LEVEL_LINE.match(line):
                 tails[-1].append(line)
                 print(line, file=sys.stderr, flush=True)
@@ -245,7 +299,7 @@ def run(job: str, run_dir: str | None, nproc: int | None, resume: str, dry_run: 
              f"(tp={plan.tp} cp={plan.cp} pp={plan.pp} dp={plan.dp}, zero {plan.zero_stage}, "
              f"micro_batch {plan.micro_batch} × grad_accum {plan.grad_accum}); run dir {handle.run_dir}")
     t0 = time.time()
-    quiet_s = max(30.0, min(120.0, spec.diagnostics.collective_timeout_s / 2))
+    quiet_s = float(spec.diagnostics.stall_dump_s or max(30.0, min(120.0, spec.diagnostics.collective_timeout_s / 2)))
     tails = follow(backend, handle, as_json, quiet_s)
     status = backend.wait(handle)
     left = backend.sweep(handle)

@@ -20,6 +20,8 @@ from launcher.diagnose.findings import Finding, Report, fmt_ranks, rank_findings
 from launcher.diagnose.flight import Flight, load_dump
 from launcher.diagnose.heartbeat import Heartbeats, parse_beat
 from launcher.diagnose.nccl_init import NcclInit
+from launcher.diagnose.stacks import Stacks
+from launcher.diagnose.stragglers import findings as straggler_findings
 from launcher.diagnose.topology import init_findings
 from launcher.errors import UserError
 
@@ -39,6 +41,7 @@ class Sources:
     failures: Failures = field(default_factory=Failures)
     flight: Flight = field(default_factory=Flight)
     beats: Heartbeats = field(default_factory=Heartbeats)
+    stacks: Stacks = field(default_factory=Stacks)
     plan_paths: list[Path] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
@@ -98,7 +101,7 @@ def _read_one(path: Path, rel: str, src: Sources) -> None:
         src.skipped.append(f"{rel} (larger than {MAX_TEXT_BYTES >> 20} MiB)")
         return
     src.files.append(rel)
-    init, failures, flight = src.init, src.failures, src.flight
+    init, failures, flight, stacks = src.init, src.failures, src.flight, src.stacks
     with open(path, encoding="utf-8", errors="replace", newline=None) as fh:
         for n, raw in enumerate(fh, 1):
             line = raw.rstrip("\n")
@@ -108,6 +111,7 @@ def _read_one(path: Path, rel: str, src: Sources) -> None:
             init.feed(line, ev)
             failures.feed(line, ev, rel)
             flight.feed(line, ev)
+            stacks.feed(line, ev, rel)
 
 
 def _read_structured(path: Path, rel: str, src: Sources, size: int, binary: bool) -> bool:
@@ -156,6 +160,7 @@ def build_report(src: Sources, plan: Any = None, bwmap: Any = None) -> Report:
     hosts.update(src.init.rank_hosts())
     hosts.update(src.failures.hosts)
     hosts.update(src.beats.hosts())
+    hosts.update(src.stacks.hosts())
 
     findings: list[Finding] = []
     findings += init_findings(src.init, plan, bwmap)
@@ -163,6 +168,8 @@ def build_report(src: Sources, plan: Any = None, bwmap: Any = None) -> Report:
     findings += src.flight.findings(hosts)
     role = {rp.rank: rp.coords.get("pp", 0) for rp in plan.ranks} if plan is not None else None
     findings += src.beats.findings(world, hosts, role)
+    findings += src.stacks.findings(world, hosts, src.beats.beats)
+    findings += straggler_findings(src.beats.beats, hosts)
     findings = rank_findings(findings)
     stalled = stalled_from(findings)
     stalled_hosts = {r: hosts[r] for r in stalled if r in hosts}
@@ -189,7 +196,8 @@ def _verdict(findings: list[Finding], stalled: list[int], hosts: dict[int, str],
             if msg.startswith(lead):
                 msg = msg[len(lead):]
                 break
-        head = f"{word} {who} stalled - {msg}"
+        head = top.message.removesuffix(" (stack dumps)") if " stuck in " in top.message else \
+            f"{word} {who} stalled - {msg}"
         if len(sources) > 1:
             head += f" [agreed by: {', '.join(sources)}]"
         other = next((f for f in problems if f.kind not in ("stalled_rank", "collective_timeout", "gloo_timeout",
@@ -208,7 +216,7 @@ def _source(f: Finding) -> str:
     m = re.search(r"\(([^()]*)\)\s*$", f.message)
     if f.confidence == 2:
         return "heartbeat"
-    if m and m.group(1) in ("PyTorch desync report", "flight recorder", "flight recorder dumps"):
+    if m and m.group(1) in ("PyTorch desync report", "flight recorder", "flight recorder dumps", "stack dumps"):
         return m.group(1)
     if "monitoredBarrier" in f.message:
         return "monitoredBarrier"

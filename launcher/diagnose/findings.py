@@ -24,6 +24,7 @@ KIND_WEIGHT = {
     "flight_recorder": 68,
     "nccl_init_hang": 80,
     "nccl_warn": 60,
+    "straggler": 58,
     "process_exit": 55,
     "tp_across_nodes": 50,
     "socket_fallback": 45,
@@ -31,6 +32,7 @@ KIND_WEIGHT = {
     "socket_transport": 12,
     "nccl_init": 10,
     "heartbeat": 8,
+    "stacks": 9,
 }
 SEVERITY_WEIGHT = {ERROR: 1000, WARNING: 500, INFO: 0}
 
@@ -43,7 +45,8 @@ class Finding:
     evidence: list[str] = field(default_factory=list)
     ranks: list[int] = field(default_factory=list)
     hosts: list[str] = field(default_factory=list)
-    # for stall findings: how directly the source names the rank (3 explicit, 2 heartbeat, 1 inferred)
+    # for stall findings: how directly the source names the rank (4 its stack, in the frame it is stuck in;
+    # 3 explicit, 2 heartbeat, 1 inferred)
     confidence: int = 0
 
     @property

@@ -6,6 +6,7 @@ others went on, is the stalled one. Works without NCCL (gloo on CPU) and without
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,8 @@ class Beat:
     collectives: int
     updated: float
     evidence: str
+    step_time_s: float | None = None   # medians over the rank's recent steps (trainer.metrics.Heartbeat.timing)
+    busy_s: float | None = None        # step time minus time spent waiting for peers
 
 
 def parse_beat(text: str, evidence: str) -> Beat | None:
@@ -43,9 +46,16 @@ def parse_beat(text: str, evidence: str) -> Beat | None:
                     pid=int(d["pid"]) if isinstance(d.get("pid"), int) else None,
                     step=int(d["step"]), phase=str(d["phase"]),
                     last_collective=d.get("last_collective") if isinstance(d.get("last_collective"), str) else None,
-                    collectives=int(d.get("collectives") or 0), updated=float(d["updated"]), evidence=evidence)
+                    collectives=int(d.get("collectives") or 0), updated=float(d["updated"]), evidence=evidence,
+                    step_time_s=_seconds(d.get("step_time_s")), busy_s=_seconds(d.get("busy_s")))
     except (TypeError, ValueError, OverflowError):
         return None
+
+
+def _seconds(v: Any) -> float | None:
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v < 1e7:
+        return float(v)
+    return None
 
 
 @dataclass

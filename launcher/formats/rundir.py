@@ -25,6 +25,9 @@ FLIGHT = "logs/flight"
 HEARTBEAT = "heartbeat"
 CHECKPOINTS = "checkpoints"
 LOCK = ".launch4d.lock"
+STACKS = "logs/stacks"      # rank<R>.txt: Python stacks dumped while the job hung
+RAS = "logs/ras"            # <host>.txt: `ncclras` output taken at the same moment
+STACK_HEADER = "# launch4d stack dump"
 SUBDIRS = (LOGS, NCCL_LOGS, FLIGHT, HEARTBEAT, CHECKPOINTS)
 
 
@@ -58,3 +61,13 @@ class RunDirLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def stack_header(rank: int, host: str, pid: int, reason: str) -> str:
+    """The line that opens each stack dump in STACKS/rank<R>.txt (UTC, so it compares with the heartbeat's
+    `updated` wherever diagnose runs); launcher.diagnose.stacks reads rank and host from it."""
+    import time
+
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return f"{STACK_HEADER}: rank {rank} host {host} pid {pid} at {stamp}: {reason}\n"
+

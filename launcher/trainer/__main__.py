@@ -22,8 +22,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--run-dir", required=True, help="metrics.jsonl, heartbeat/, checkpoints/ go here")
     ap.add_argument("--resume", default="auto", help="auto | never | PATH (run dir or checkpoints/step-N)")
     ap.add_argument("--steps", type=int, default=None, help="override plan.train.steps")
-    ap.add_argument("--inject-stall", default=None, metavar="RANK:STEP",
-                    help="fault injection: RANK sleeps forever before step STEP (1-based, as logged)")
+    ap.add_argument("--inject-stall", default=os.environ.get("LAUNCH4D_INJECT_STALL"), metavar="RANK:STEP",
+                    help="fault injection: RANK sleeps forever before step STEP (1-based, as logged); "
+                         "default $LAUNCH4D_INJECT_STALL")
+    ap.add_argument("--inject-slow", default=os.environ.get("LAUNCH4D_INJECT_SLOW"), metavar="RANK:SECONDS",
+                    help="fault injection: RANK sleeps SECONDS at the start of every step (a straggler); "
+                         "default $LAUNCH4D_INJECT_SLOW")
+    ap.add_argument("--stall-dump-s", type=float, default=None,
+                    help="seconds without progress before this rank dumps its stacks (default "
+                         "plan.diagnostics.stall_dump_s, else half the collective timeout; 0: never)")
     ap.add_argument("--init-timeout-s", type=float, default=None,
                     help="rendezvous/first-step timeout (default plan.diagnostics.init_timeout_s)")
     ap.add_argument("--step-timeout-s", type=float, default=None,
@@ -73,10 +80,18 @@ def main(argv: list[str] | None = None) -> int:
         from launcher.plan import Plan
         from launcher.trainer.config import config_from_plan
         from launcher.trainer.engine import default_device, train
+        from launcher.trainer.mesh import hostname
+        from launcher.trainer.stalls import StallWatchdog, parse_rank_seconds, stall_after_s
 
         stall = parse_stall(args.inject_stall)
+        slow = parse_rank_seconds("--inject-slow", args.inject_slow)
         cfg = config_from_plan(Plan.load(args.plan), steps=args.steps, init_timeout_s=args.init_timeout_s,
                                step_timeout_s=args.step_timeout_s)
+        # SIGUSR2 dumps stacks from here on; the watchdog dumps them itself when progress stops
+        watchdog = StallWatchdog(args.run_dir, rank, hostname(),
+                                 stall_after_s(cfg.plan.diagnostics or {}, cfg.step_timeout_s, args.stall_dump_s),
+                                 local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+        watchdog.start()
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world != cfg.plan.world_size:
             raise UserError(f"{args.plan}: the plan is for {cfg.plan.world_size} ranks but WORLD_SIZE is {world}")
@@ -92,8 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         dist.init_process_group(backend, timeout=timedelta(seconds=cfg.init_timeout_s),
                                 device_id=device if device.type == "cuda" else None)
         try:
-            train(cfg, args.run_dir, resume=args.resume, inject_stall=stall, device=device)
+            train(cfg, args.run_dir, resume=args.resume, inject_stall=stall, device=device, inject_slow=slow,
+                  watchdog=watchdog)
         finally:
+            watchdog.close()
             if dist.is_initialized():
                 dist.destroy_process_group()
         del torch

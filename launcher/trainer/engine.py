@@ -145,6 +145,8 @@ class Engine:
         self.ranks_per_stage = dist.get_world_size() // p.pp
         self.fwd_collective, self.bwd_collective = phase_collectives(p, self.dp_mode)
 
+    wait_s: float = 0.0  # this step's time blocked in timed_sync (what a straggler's peers spend)
+
     def train_step(self, batch: torch.Tensor, beat) -> tuple[float, float]:
         """One optimizer step on this dp rank's rows [micro_batch·grad_accum, seq_len+1]."""
         p, mesh = self.cfg.parallel, self.mesh
@@ -168,6 +170,7 @@ class Engine:
                     local += loss.detach()
         beat("optimizer", "all_reduce(grads, dp·cp)" if self.dp_mode == "replicate" else "all_reduce(grad_norm)")
         if self.dp_mode == "replicate":
+            self.wait_s += timed_sync(mesh.device)   # own compute done; the rest is waiting for peers
             fsdp.all_reduce_grads(self.dense_params, self.mesh.dp_cp_mesh.get_group())
             if self.expert_params and self.mesh.ep.replica_size > 1:
                 fsdp.all_reduce_grads(self.expert_params, self.mesh.ep.replica_group)
@@ -184,6 +187,18 @@ class Engine:
             q.grad = None
         dist.all_reduce(local)                      # non-last pp stages add 0; tp ranks hold copies
         return float(local) / p.tp, norm
+
+
+def timed_sync(device: torch.device) -> float:
+    """Seconds this rank waits for the slowest peer: finish its own queued work, then a one-element
+    all-reduce. What fast ranks spend here is what a straggler costs them (launcher.diagnose.stragglers)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    flag = torch.zeros(1, device=device)
+    t0 = time.perf_counter()
+    dist.all_reduce(flag)
+    flag.item()
+    return time.perf_counter() - t0
 
 
 def phase_collectives(p, dp_mode: str) -> tuple[str | None, str | None]:
@@ -238,10 +253,13 @@ def _stall_forever(rank: int, step: int, beat) -> None:
 
 def train(cfg: TrainerConfig, run_dir: str | Path, resume: str = "never",
           inject_stall: tuple[int, int] | None = None, device: torch.device | None = None,
-          handle_signals: bool = True) -> list[float]:
+          handle_signals: bool = True, inject_slow: tuple[int, float] | None = None,
+          watchdog=None) -> list[float]:
     """Run cfg.train.steps optimizer steps on an initialised default process group; the losses.
 
     `handle_signals` installs the SIGTERM/SIGUSR1 preemption handlers (checkpoint, exit 75).
+    `inject_slow` (RANK, SECONDS) makes that rank sleep at the start of every step (a straggler);
+    `watchdog` (trainer.stalls.StallWatchdog) hears every heartbeat and dumps stacks when they stop.
     """
     from launcher.trainer.checkpoint import PREEMPT_EXIT_CODE, Checkpointer
     from launcher.trainer.data import TokenSource
@@ -255,6 +273,8 @@ def train(cfg: TrainerConfig, run_dir: str | Path, resume: str = "never",
 
     def beat(phase: str, collective: str | None) -> None:
         hb.beat(step_now, phase, last_collective=collective)
+        if watchdog is not None:
+            watchdog.progress()
 
     beat("init", "init_process_group")
     try:
@@ -285,9 +305,14 @@ def train(cfg: TrainerConfig, run_dir: str | Path, resume: str = "never",
             if inject_stall is not None and inject_stall == (rank, step):
                 _stall_forever(rank, step, beat)
             t0 = time.perf_counter()
+            if inject_slow is not None and inject_slow[0] == rank:
+                time.sleep(inject_slow[1])
             batch = data.next_batch()
+            beat("forward", "all_reduce(step sync)")
+            eng.wait_s = timed_sync(mesh.device)   # a rank late with its batch is waited for here
             loss, norm = eng.train_step(batch, beat)
             dt = time.perf_counter() - t0
+            hb.timing(dt, eng.wait_s)
             if step == start + 1:
                 set_timeouts(mesh, cfg.step_timeout_s)     # init/first-step slack is over
             metrics.log_step(step, loss, norm, dt, cfg.train.tokens_per_step, lr=eng.scheduler.get_last_lr()[0])

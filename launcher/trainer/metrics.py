@@ -4,7 +4,8 @@ Why both: metrics say how fast and how well a run trains; heartbeats say where e
 when a job hangs `launch diagnose` can name the rank that stopped and the collective it was in.
 A heartbeat is one tiny JSON file per rank, replaced atomically (write a temp file, rename), so a
 reader never sees half of one. Format (COMMON.md):
-{"rank", "host", "pid", "step", "phase", "last_collective", "collectives", "updated"}.
+{"rank", "host", "pid", "step", "phase", "last_collective", "collectives", "updated"}, plus, once
+a step has finished, "step_time_s", "busy_s" (medians over recent steps) and "timed_steps".
 
 FLOPs per token come from the planner's time model (launcher.costs.model_flops_per_token: 6·N
 plus 12·L·h·s attention, logits included), so the trainer's MFU and the plan's estimate use one
@@ -155,6 +156,7 @@ class Heartbeat:
         self.collectives = 0
         self.last_collective: str | None = None
         self.step = 0
+        self.times: list[tuple[float, float]] = []  # (step wall time, time waiting for peers), recent steps
 
     def beat(self, step: int, phase: str, last_collective: str | None = None,
              collectives: int | None = None) -> dict:
@@ -170,8 +172,19 @@ class Heartbeat:
         rec = {"rank": self.rank, "host": self.host, "pid": self.pid, "step": self.step, "phase": phase,
                "last_collective": self.last_collective, "collectives": self.collectives,
                "updated": time.time()}
+        if self.times:
+            walls = sorted(t for t, _ in self.times)
+            busy = sorted(t - w for t, w in self.times)
+            rec.update(step_time_s=round(walls[len(walls) // 2], 6), busy_s=round(busy[len(busy) // 2], 6),
+                       timed_steps=len(self.times))
         _atomic_write(self.path, json.dumps(rec) + "\n")
         return rec
+
+    def timing(self, step_time_s: float, wait_s: float, window: int = 8) -> None:
+        """One finished step: its wall time and the part spent waiting for peers. The heartbeat then
+        carries the medians over the last `window` steps: step_time_s, and busy_s (wall minus waiting,
+        this rank's own work), which is what names a straggler against the other ranks."""
+        self.times = [*self.times[-(window - 1):], (float(step_time_s), min(float(wait_s), float(step_time_s)))]
 
 
 def read_heartbeats(run_dir: str | Path) -> list[dict]:
