@@ -521,9 +521,10 @@ def load_dir(path: str | Path) -> PreflightResults:
 def save_dir(results: PreflightResults, path: str | Path) -> Path:
     """Write what a preflight gathered in the layout `load_dir` reads, to judge it again later."""
     from checks.probe import save
+    from launcher.formats.files import atomic_write, make_dirs
 
     root = Path(path)
-    root.mkdir(parents=True, exist_ok=True)
+    make_dirs(root, "preflight output directory")
     node_runs = {r.hosts[0]: r.result for r in results.nccl if r.kind == "node"}
     for host, probes in results.probes.items():
         outs = dict(probes)
@@ -531,17 +532,17 @@ def save_dir(results: PreflightResults, path: str | Path) -> Path:
             outs["nccl-node"] = node_runs[host]
         save(root, host, outs)
     if results.unreachable:
-        (root / UNREACHABLE_FILE).write_text(json.dumps(results.unreachable, indent=2) + "\n")
+        atomic_write(root / UNREACHABLE_FILE, json.dumps(results.unreachable, indent=2) + "\n", "preflight output")
     for kind, sub in (("pair", "pairs"), ("all", "all")):
         runs = [r for r in results.nccl if r.kind == kind]
         if runs:
-            (root / sub).mkdir(exist_ok=True)
+            make_dirs(root / sub, "preflight output directory")
         for i, r in enumerate(runs):
             name = "+".join(r.hosts) if kind == "pair" else "all"
             f = root / sub / f"{name}.txt"
             if f.exists():
                 f = root / sub / f"{name}~{i}.txt"  # the same pair again (a retry in round 2)
-            f.write_text(r.result.stdout + (f"\n{r.result.stderr}" if r.result.stderr else ""))
+            atomic_write(f, r.result.stdout + (f"\n{r.result.stderr}" if r.result.stderr else ""), "preflight output")
     return root
 
 

@@ -65,9 +65,10 @@ def render(hosts: list[str], opts: SlurmJobOptions, template: Path | None = None
 
 def submit(script: str, out_dir: Path, sbatch: str = "sbatch", env: dict[str, str] | None = None) -> str:
     """Write the script next to its outputs and sbatch it; returns the job id."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "preflight.sbatch"
-    path.write_text(script)
+    from launcher.formats.files import atomic_write, make_dirs
+
+    make_dirs(out_dir, "preflight output directory")
+    path = atomic_write(out_dir / "preflight.sbatch", script, "preflight script", 0o755)
     p = subprocess.run([sbatch, "--parsable", str(path)], capture_output=True, text=True, env=env)
     if p.returncode != 0:
         raise RuntimeError(f"sbatch failed: {(p.stderr or p.stdout).strip()}")
