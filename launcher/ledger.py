@@ -20,10 +20,9 @@ from functools import lru_cache
 GB = 1e9
 GIB = 2**30
 
-#: Stated allowance for what the ledger does not itemise: CUDA context and cuBLAS workspaces,
-#: NCCL buffers, allocator fragmentation. 1 GB plus 5% of the device's memory.
+#: What torch's allocator never sees: the CUDA context, cuBLAS workspaces, NCCL's own buffers.
+#: Allocator fragmentation is what the headroom below is for.
 BUFFER_FIXED_GB = 1.0
-BUFFER_FRACTION = 0.05
 
 #: Fraction of the GPU's memory no plan may use (job file: cluster.memory_headroom): the ledger's
 #: estimate is not exact, and a run that needs 99% of HBM fails on the first fragmented allocation.
@@ -151,18 +150,20 @@ def act_gb(s: int, b: int, h: int, a: int, layers: int, mode: str) -> float:
     return layer_activation_bytes(s, b, h, a, mode) * layers / GB
 
 
-def in_flight_microbatches(schedule: str, pp: int, grad_accum: int, virtual_stages: int = 1) -> float:
-    """Micro-batches whose activations the first pipeline stage holds at its peak, as a multiple of
-    one micro-batch of that stage's layers. 1F1B: min(m, p); interleaved: × (1 + (p-1)/(p·v));
+def in_flight_microbatches(schedule: str, pp: int, grad_accum: int, virtual_stages: int = 1, rank: int = 0) -> float:
+    """Micro-batches whose activations pipeline rank `rank` holds at its peak, as a multiple of one
+    micro-batch of that rank's layers. 1F1B: min(m, p - rank); interleaved (torch's and Megatron's
+    warm-up of (v-1)·p + 2(p-1-rank) chunks, plus one): rank 0 holds p·(1 + (p-1)/(p·v));
     GPipe: all m. Without a pipeline, one micro-batch at a time."""
     if pp == 1:
         return 1.0
     if schedule == "gpipe":
         return float(grad_accum)
-    held = float(min(grad_accum, pp))
     if schedule == "interleaved-1f1b" and virtual_stages > 1:
-        held *= 1 + (pp - 1) / (pp * virtual_stages)
-    return held
+        v = virtual_stages
+        chunks = min((v - 1) * pp + 2 * (pp - 1 - rank) + 1, grad_accum * v)
+        return chunks / v
+    return float(min(grad_accum, pp - rank))
 
 
 def logits_bytes(s: int, b: int, vocab: int, *, tp: int = 1, cp: int = 1, chunk: int | None = None) -> float:
@@ -209,19 +210,262 @@ class Layout:
         return self.tp * self.cp * self.pp * self.dp
 
 
+# --- what the bundled trainer allocates ------------------------------------------------------------
+# The seed's formulas above stay as they are (`launch memory` prints them). Planning uses the terms
+# below: each is what launcher/trainer/ really allocates for one rank, with where it comes from.
+
+#: The trainer sums ZeRO 0/1 gradients in flat buckets of at most this many elements (fsdp.all_reduce_grads).
+ALLREDUCE_BUCKET_ELEMS = 1 << 25
+#: 8-bit AdamW (optim8bit.py): int8 + uint8 moments and one fp32 absmax per 256 values for each.
+ADAM8BIT_STATE_BYTES = 2.0 + 2 * 4 / 256
+TRAINER_STATE_BYTES = {"adam": 8.0, "sgd": 4.0, "adam8bit": ADAM8BIT_STATE_BYTES}
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """How the trainer holds numbers for a plan (engine.py, fsdp.py).
+
+    - fp32: everything fp32 (precision fp32, or any run on a CPU).
+    - fsdp-bf16: ZeRO 2/3 over dp·cp > 1: fully_shard with MixedPrecisionPolicy(bf16 params, fp32
+      reduce): fp32 sharded params, grads and optimizer state; bf16 gathered params and activations.
+    - autocast: bf16 without FSDP (ZeRO 0/1 or dp·cp = 1): fp32 params and grads, torch.autocast
+      around forward and backward: matmuls in bf16, the residual stream and norms in fp32.
+    """
+
+    mode: str
+
+    @property
+    def act(self) -> int:
+        """Bytes of a matmul output and what follows it (attention, MLP)."""
+        return 4 if self.mode == "fp32" else 2
+
+    @property
+    def residual(self) -> int:
+        """Bytes of the residual stream (block inputs/outputs, norm inputs)."""
+        return 2 if self.mode == "fsdp-bf16" else 4
+
+    @property
+    def gathered(self) -> int:
+        """Bytes of an FSDP-gathered (unsharded) parameter: MixedPrecisionPolicy.param_dtype."""
+        return 2 if self.mode == "fsdp-bf16" else 4
+
+
+def trainer_numerics(train, gpu, lay: Layout) -> Numerics:
+    fsdp = lay.zero >= 2 and lay.dp * lay.cp > 1
+    bf16 = train.precision != "fp32" and getattr(gpu, "name", "") != "cpu"   # the trainer runs fp32 on CPU
+    if not bf16:
+        return Numerics("fp32")
+    return Numerics("fsdp-bf16" if fsdp else "autocast")
+
+
+def trainer_layer_activation_bytes(model, s: int, b: int, mode: str, num: Numerics, *, tp: int = 1,
+                                   cp: int = 1) -> float:
+    """Bytes one rank keeps for backward for one transformer layer and one micro-batch, as the
+    trainer's Block saves them (model.py; SDPA never materialises the s×s scores)."""
+    h, a = model.hidden, model.heads
+    hq, hkv = h, model.kv_heads * (h // a)
+    tokens = s / cp * b                    # this CP rank's tokens; TP all-gathers them before the matmuls
+    sp = tp                                # with TP the norms run sequence-parallel on tokens/tp
+    e, r = num.act, num.residual
+    if mode == "full":
+        # checkpoint(block) keeps the block input only (a sequence shard under TP)
+        return r * h * tokens / sp
+    # two RMSNorms: the fp32 input (x, or x.float()) and the normalised x before the weight multiply
+    norms = 2 * (4 + r) * h * tokens / sp
+    # the normed input of the matmuls (all-gathered under TP); autocast casts it to bf16 per Linear
+    consumers_attn, consumers_mlp = (3, 2 if model.mlp == "swiglu" else 1) if num.mode == "autocast" else (1, 1)
+    if model.experts > 1 and num.mode == "autocast":
+        consumers_mlp = 1                  # the router; the experts get index_select'ed copies (below)
+    linear_in = (consumers_attn + consumers_mlp) * e * h * tokens
+    # SDPA keeps q, k (after RoPE; RoPE itself keeps only its cos/sin tables) and v, and its output,
+    # which wo keeps as its input (a view); selective recompute checkpoints SDPA, which then keeps neither
+    # its output's logsumexp nor CP's gathered keys/values
+    attn = (2 * hq + 2 * hkv) / tp * e * tokens
+    if mode == "none":
+        attn += a / tp * 4 * tokens        # SDPA's fp32 logsumexp
+        if cp > 1:
+            attn += 2 * hkv / tp * e * s * b  # K and V all-gathered over CP (context_parallel.py), kept by SDPA
+    elif mode != "selective":
+        raise ValueError(f"recompute mode {mode!r}")
+    return norms + linear_in + attn + mlp_activation_bytes(model, tokens, tp, e)
+
+
+def mlp_activation_bytes(model, tokens: float, tp: int, e: int) -> float:
+    """The MLP's saved tensors: SwiGLU w1 out, silu(w1), w3 out, their product (w2's input); GELU two."""
+    f = model.ffn_hidden / tp
+    per_row = (4 if model.mlp == "swiglu" else 2) * f * e
+    if model.experts == 1:
+        return per_row * tokens
+    k, E, h = model.experts_per_token, model.experts, model.hidden
+    # MoE (moe.py): the fp32 router softmax, the top-k weights and int64 routing indices (≈32 B per
+    # pair), and per routed (token, expert) pair its gathered input, the expert MLP, the output kept
+    # for the gate multiply and the gated output index_add keeps
+    return tokens * (E * 4 + 4 + k * (32 + 3 * h * e + per_row))
+
+
+@dataclass(frozen=True)
+class RankParams:
+    """Parameters one rank holds, local to it (after TP and EP), by how FSDP and autocast treat them."""
+
+    blocks_dense: float     # its transformer blocks: attention, norms, router (÷tp)
+    blocks_expert: float    # its experts (÷tp·ep), an FSDP unit of their own with ep > 1
+    root: float             # embedding / output head / final norm: the FSDP root unit (÷tp)
+    matmul: float           # weights a Linear or the loss multiplies with (autocast caches their bf16 casts)
+    largest: float          # the largest single local parameter (per-parameter optimizer temporaries)
+    block: float            # one block's dense + expert parameters (one FSDP all-gather)
+
+    @property
+    def total(self) -> float:
+        return self.blocks_dense + self.blocks_expert + self.root
+
+
+def rank_params(model, lay: Layout, role: str) -> RankParams:
+    """`role` 'first' (embedding; also the head when pp = 1) or 'last' (output head, final norm)."""
+    c = param_counts(model)
+    t, layers = lay.tp, model.layers / lay.pp
+    norms = 2 * model.hidden
+    dense, expert = c.layer_dense * layers / t, c.layer_expert * layers / (t * lay.ep)
+    vh = model.vocab * model.hidden / t
+    if role == "first":
+        root = c.embedding / t + ((c.head + c.final_norm) / t if lay.pp == 1 else 0)
+        head_w = (vh if lay.pp == 1 else 0)       # untied head, or the tied embedding the loss multiplies with
+    else:
+        tied_copy = c.embedding if model.tied_embeddings and lay.pp > 1 else 0   # model.keep_only
+        root = (c.head + tied_copy + c.final_norm) / t
+        head_w = vh
+    matmul = dense + expert - norms * layers / t + head_w
+    largest = max(vh, model.ffn_hidden * model.hidden / t, model.hidden * model.hidden / t)
+    block = (c.layer_dense / t + c.layer_expert / (t * lay.ep))
+    return RankParams(dense, expert, root, matmul, largest, block)
+
+
+def optimizer_temp_bytes(train, gpu, local_params: float, largest: float) -> float:
+    """What optimizer.step allocates beyond its state: torch's foreach AdamW on a GPU keeps one fp32
+    sqrt(v) for every local parameter (_multi_tensor_adamw); on a CPU (no foreach) one parameter's
+    worth; 8-bit AdamW dequantises m, v and builds the update per parameter (optim8bit.py)."""
+    if train.optimizer == "adam8bit":
+        return 20 * largest
+    if train.optimizer == "sgd":
+        return 0.0
+    return 4 * local_params if getattr(gpu, "name", "") != "cpu" else 8 * largest
+
+
+def logits_chunk_bytes(train, model, lay: Layout, num: Numerics) -> float:
+    """The chunked loss (loss.py): one checkpointed chunk of `loss_chunk` tokens' logits exists at a time;
+    its backward holds the logits, their fp32 copy, log-softmax and their gradients (vocab-parallel ÷tp)."""
+    tokens = min(train.loss_chunk, train.seq_len / lay.cp * lay.micro_batch)
+    return tokens * model.vocab / lay.tp * (2 * num.act + 4 * 4)
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """Peak bytes of one rank by category, and the phase where the peak falls."""
+
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    temporaries: float
+    comm_buffers: float
+    phase: str
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.temporaries + self.comm_buffers
+
+
+def rank_memory(model, train, gpu, lay: Layout, role: str) -> RankMemory:
+    """Peak memory of the first or last pipeline rank as the trainer runs the plan."""
+    num = trainer_numerics(train, gpu, lay)
+    rp = rank_params(model, lay, role)
+    n = lay.dp * lay.cp                              # FSDP / ZeRO 1 group: dp·cp (mesh.dp_cp_mesh)
+    n_exp = max(1, n // lay.ep)                      # an expert's replicas: dp·cp/ep
+    fsdp = lay.zero >= 2 and n > 1
+    opt_b = TRAINER_STATE_BYTES[train.optimizer]
+    dense = rp.blocks_dense + rp.root
+    # --- state: fp32 params and grads (the optimizer's masters), sharded by FSDP under ZeRO 2/3
+    if fsdp:
+        params = 4 * (dense / n + rp.blocks_expert / n_exp)
+        grads = 4 * (dense / n + rp.blocks_expert / n_exp)
+        optimizer = opt_b * (dense / n + rp.blocks_expert / n_exp)
+        gathered = num.gathered
+        # the root unit is fully_shard(reshard_after_forward=False): gathered through forward and backward
+        params += gathered * rp.root
+        if lay.zero == 2 or lay.pp > 1:
+            # ZeRO 2 keeps every block gathered from forward to backward; under PP torch's pipelining
+            # also disables reshard-after-backward until the last micro-batch (stage.py)
+            params += gathered * (rp.blocks_dense + rp.blocks_expert)
+        if lay.pp > 1:
+            # ... and gradient sync: unsharded grads accumulate in the fp32 reduce dtype for the whole stage
+            grads += 4 * rp.total
+    else:
+        params = 4 * rp.total
+        grads = 4 * rp.total
+        shard = n if lay.zero == 1 else 1            # ZeRO 1: optimizer state over dp·cp (experts: dp·cp/ep)
+        optimizer = opt_b * (dense / shard + rp.blocks_expert / (n_exp if lay.zero == 1 else 1))
+        if num.mode == "autocast":
+            params += 2 * rp.matmul                  # autocast's cache of bf16 weight casts lives all step
+    # --- activations: per micro-batch × the schedule's in-flight micro-batches
+    s, b = train.seq_len, lay.micro_batch
+    per_layer = trainer_layer_activation_bytes(model, s, b, lay.recompute, num, tp=lay.tp, cp=lay.cp)
+    tokens = s / lay.cp * b
+    layers = model.layers / lay.pp
+    held = in_flight_microbatches(lay.schedule, lay.pp, lay.grad_accum, lay.virtual_stages,
+                                  rank=0 if role == "first" else lay.pp - 1)
+    acts = per_layer * layers * held
+    if lay.recompute == "full":
+        # backward recomputes one block at a time: that block's whole activations exist meanwhile
+        acts += trainer_layer_activation_bytes(model, s, b, "none", num, tp=lay.tp, cp=lay.cp)
+    if lay.pp > 1:
+        # the schedule keeps each in-flight micro-batch's stage output (and input on later stages)
+        acts += 2 * num.residual * model.hidden * tokens / lay.tp * held
+    if lay.cp > 1:
+        acts += s / lay.cp * s                       # the causal mask over gathered keys (bool, one per part)
+    has_head = role == "last" or lay.pp == 1
+    if has_head:
+        # final norm, and the final hidden states the chunked loss keeps (all-gathered under TP) with their grad
+        acts += (4 + num.residual) * model.hidden * tokens / lay.tp + 2 * num.act * model.hidden * tokens
+    # --- communication buffers
+    comm = 0.0
+    if fsdp:
+        # reduce-scatter of one block's gradients: the unsharded grad and its fp32 reduce-dtype copy
+        comm += (num.gathered + 4) * rp.block
+        if lay.zero == 3 and lay.pp == 1:
+            comm += 2 * num.gathered * rp.block      # all-gather of the current block and the prefetched next
+    elif n > 1:
+        comm += 4 * min(rp.total, ALLREDUCE_BUCKET_ELEMS)   # the flat bucket all_reduce_grads concatenates
+    # --- the two peaks: the last micro-batch's forward/backward, and the optimizer step
+    logits = logits_chunk_bytes(train, model, lay, num) if has_head else 0.0
+    accumulated = grads if (lay.grad_accum > 1 or lay.pp > 1 or fsdp) else 0.0
+    if not accumulated:
+        # one micro-batch, no FSDP: gradients appear as activations are freed; the head's come first
+        accumulated = max(0.0, grads - acts) + (4 * rp.root if has_head else 0.0)
+    fwd_bwd = RankMemory(params, accumulated, optimizer, acts, logits, comm, "forward/backward")
+    stepped = dense / n + rp.blocks_expert / n_exp if fsdp or lay.zero == 1 else rp.total   # what step() updates
+    temp = max(optimizer_temp_bytes(train, gpu, stepped, rp.largest / (n if fsdp else 1)),
+               16 * rp.largest / (n if fsdp else 1))  # grad-norm clip: a float64 copy and its square
+    step = RankMemory(params - (num.gathered * rp.root if fsdp else 0.0), grads, optimizer, 0.0, temp,
+                      comm if not fsdp else 0.0, "optimizer step")
+    return fwd_bwd if fwd_bwd.total >= step.total else step
+
+
 @dataclass(frozen=True)
 class MemoryLedger:
+    """One rank's peak (the more loaded of the first and last pipeline ranks), by category, in GB."""
+
     params_gb: float
     grads_gb: float
     optimizer_gb: float
     activations_gb: float
-    logits_gb: float
-    logits_unchunked_gb: float
-    zero3_buffers_gb: float
-    buffers_gb: float
+    temporaries_gb: float
+    comm_buffers_gb: float
+    runtime_gb: float
     per_gpu_gb: float
     capacity_gb: float
     worst_stage: str
+    peak_phase: str
+    logits_unchunked_gb: float
+    logits_gb: float
     headroom: float = DEFAULT_HEADROOM
 
     @property
@@ -238,6 +482,12 @@ class MemoryLedger:
     def fits(self) -> bool:
         return self.per_gpu_gb <= self.limit_gb
 
+    def categories(self) -> dict[str, float]:
+        """What torch allocates, by category (the runtime allowance is outside torch's allocator)."""
+        return {"params": self.params_gb, "grads": self.grads_gb, "optimizer": self.optimizer_gb,
+                "activations": self.activations_gb, "temporaries": self.temporaries_gb,
+                "comm_buffers": self.comm_buffers_gb}
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["limit_gb"] = self.limit_gb
@@ -246,72 +496,25 @@ class MemoryLedger:
         return {k: round(v, 4) if isinstance(v, float) else v for k, v in d.items()}
 
 
-@lru_cache(maxsize=65536)
-def _stage_states(model, train, tp: int, pp: int, cp: int, dp: int, ep: int, zero: int) -> tuple[dict, dict]:
-    """State bytes of the first and last pipeline stage (cached: the search revisits them often)."""
-    counts = param_counts(model)
-    bpp = bytes_per_param(train.optimizer, train.precision, train.grad_dtype)
-    shard = dp * cp                       # FSDP folds CP into the sharding group
-    layers_per_stage = model.layers / pp
-    dense_stage = counts.layer_dense * layers_per_stage / tp
-    expert_stage = counts.layer_expert * layers_per_stage / (tp * ep)
-    expert_shard = max(1, shard // ep)
-    if zero < 2:
-        # ZeRO 0/1 run without FSDP (trainer/fsdp.py): the trainer keeps fp32 parameters and runs bf16
-        # under autocast, so the fp32 master weights are the parameters, whole on every rank, with
-        # fp32 gradients; optimizer state is the moments alone (sharded over dp·cp under ZeRO 1).
-        bpp = bytes_per_param(train.optimizer, "fp32")
-
-    def state(extra_dense: float) -> dict[str, float]:
-        a = state_bytes(dense_stage + extra_dense / tp, shard, zero, bpp)
-        b = state_bytes(expert_stage, expert_shard, zero, bpp)
-        return {k: a[k] + b[k] for k in a}
-
-    first = state(counts.embedding + (counts.head + counts.final_norm if pp == 1 else 0))
-    last = state(counts.head + counts.final_norm)
-    return first, last
-
-
-@lru_cache(maxsize=65536)
-def _layer_activations(model, s: int, b: int, mode: str, tp: int, cp: int) -> float:
-    return layer_activation_bytes(s, b, model.hidden, model.heads, mode, tp=tp, cp=cp,
-                                  ffn=model.ffn_hidden, mlp=model.mlp)
-
-
 def memory_ledger(model, train, gpu, lay: Layout, headroom: float = DEFAULT_HEADROOM) -> MemoryLedger:
-    """Peak bytes on the most loaded GPU: the first stage (embedding, most in-flight activations) or
-    the last (output head, logits), whichever is larger. It fits when it stays under the GPU's memory
-    less `headroom` (a fraction)."""
-    first_state, last_state = _stage_states(model, train, lay.tp, lay.pp, lay.cp, lay.dp, lay.ep, lay.zero)
-    s, b = train.seq_len, lay.micro_batch
-    layers_per_stage = model.layers / lay.pp
-    per_layer = _layer_activations(model, s, b, lay.recompute, lay.tp, lay.cp)
-    held = in_flight_microbatches(lay.schedule, lay.pp, lay.grad_accum, lay.virtual_stages)
-    act_first = per_layer * layers_per_stage * held
-    act_last = per_layer * layers_per_stage * (1.0 if lay.pp > 1 and lay.schedule != "gpipe" else held)
-    logits = logits_bytes(s, b, model.vocab, tp=lay.tp, cp=lay.cp, chunk=train.loss_chunk)
-    logits_full = logits_bytes(s, b, model.vocab, tp=lay.tp, cp=lay.cp)
-    # ZeRO-3 gathers the current and the prefetched layer; the local shard is already counted.
-    shard = lay.dp * lay.cp
-    gathered = min(2.0, layers_per_stage) * _layer_params(model) / lay.tp * (4 if train.precision == "fp32" else 2)
-    zero3 = gathered * (1 - 1 / shard) if lay.zero >= 3 else 0.0
-    buffers = BUFFER_FIXED_GB * GB + BUFFER_FRACTION * gpu.memory_gb * GB
-
-    first = sum(first_state.values()) + act_first + (logits if lay.pp == 1 else 0)
-    last = sum(last_state.values()) + act_last + logits
-    if lay.pp == 1 or first >= last:
-        worst, st, act, lg = "first", first_state, act_first, (logits if lay.pp == 1 else 0.0)
-    else:
-        worst, st, act, lg = "last", last_state, act_last, logits
-    total = sum(st.values()) + act + lg + zero3 + buffers
+    """Peak bytes on the most loaded GPU as the trainer runs `lay`: the first pipeline rank (embedding,
+    most in-flight micro-batches) or the last (output head, loss), whichever is larger, plus the runtime
+    allowance. It fits when it stays under the GPU's memory less `headroom` (a fraction)."""
+    first = _rank_memory(model, train, gpu, lay, "first")
+    last = _rank_memory(model, train, gpu, lay, "last") if lay.pp > 1 else first
+    worst, m = ("last", last) if last.total > first.total else ("first", first)
+    runtime = BUFFER_FIXED_GB * GB
+    num = trainer_numerics(train, gpu, lay)
+    unchunked = train.seq_len / lay.cp * lay.micro_batch * model.vocab / lay.tp * (num.act + 4)
     return MemoryLedger(
-        params_gb=st["params"] / GB, grads_gb=st["grads"] / GB, optimizer_gb=st["optimizer"] / GB,
-        activations_gb=act / GB, logits_gb=lg / GB, logits_unchunked_gb=logits_full / GB,
-        zero3_buffers_gb=zero3 / GB, buffers_gb=buffers / GB, per_gpu_gb=total / GB,
-        capacity_gb=float(gpu.memory_gb), worst_stage=worst if lay.pp > 1 else "only", headroom=headroom,
+        params_gb=m.params / GB, grads_gb=m.grads / GB, optimizer_gb=m.optimizer / GB,
+        activations_gb=m.activations / GB, temporaries_gb=m.temporaries / GB, comm_buffers_gb=m.comm_buffers / GB,
+        runtime_gb=runtime / GB, per_gpu_gb=(m.total + runtime) / GB, capacity_gb=float(gpu.memory_gb),
+        worst_stage=worst if lay.pp > 1 else "only", peak_phase=m.phase, logits_unchunked_gb=unchunked / GB,
+        logits_gb=logits_chunk_bytes(train, model, lay, num) / GB, headroom=headroom,
     )
 
 
-@lru_cache(maxsize=256)
-def _layer_params(model) -> int:
-    return param_counts(model).per_layer
+@lru_cache(maxsize=65536)
+def _rank_memory(model, train, gpu, lay: Layout, role: str) -> RankMemory:
+    return rank_memory(model, train, gpu, lay, role)

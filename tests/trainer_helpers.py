@@ -48,9 +48,10 @@ def make_plan(tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, *, ep: int = 1
 
 def run_layouts(rank: int, nprocs: int, jobs: list[dict], workdir: str, port: int) -> None:
     """torch.multiprocessing.spawn target: run each job {name, plan(dict), env?, resume?, tied_check?,
-    optim_bytes?} on ranks < its world size. `resume` is a checkpoint path relative to workdir (resume
-    from it); `tied_check` compares the two copies of a tied embedding split over pipeline stages at
-    the end; `optim_bytes` records every rank's optimizer-state bytes after the last step.
+    optim_bytes?, memory?} on ranks < its world size. `resume` is a checkpoint path relative to workdir
+    (resume from it); `tied_check` compares the two copies of a tied embedding split over pipeline
+    stages at the end; `optim_bytes` records every rank's optimizer-state bytes after the last step;
+    `memory` records every rank's peak of allocated tensor bytes (out["peak_bytes"], by rank).
 
     Writes <workdir>/<name>.json (rank 0: {"losses": [...], "grad_norms": [...]} or {"error": "..."}).
     """
@@ -83,9 +84,14 @@ def run_layouts(rank: int, nprocs: int, jobs: list[dict], workdir: str, port: in
             cfg = config_from_plan(plan)
             engines = _capture_engines() if job.get("tied_check") or job.get("optim_bytes") else None
             resume = str(Path(workdir) / job["resume"]) if job.get("resume") else "never"
-            losses = train(cfg, Path(workdir) / name, resume=resume, device=torch.device("cpu"),
-                           handle_signals=False)
+            with allocation_peak(job.get("memory", False)) as peak:
+                losses = train(cfg, Path(workdir) / name, resume=resume, device=torch.device("cpu"),
+                               handle_signals=False)
             out = {"losses": losses}
+            if job.get("memory"):
+                peaks: list = [None] * dist.get_world_size()
+                dist.all_gather_object(peaks, peak[0])
+                out["peak_bytes"] = peaks
             if job.get("tied_check"):
                 out["tied_max_diff"] = tied_copies_max_diff(engines[-1])
             if job.get("optim_bytes"):
@@ -103,6 +109,35 @@ def run_layouts(rank: int, nprocs: int, jobs: list[dict], workdir: str, port: in
         clear_dtensor_caches()
         if rank == 0:
             (Path(workdir) / f"{name}.json").write_text(json.dumps(out))
+
+
+class allocation_peak:
+    """Peak of the bytes torch's CPU allocator holds while the block runs: the profiler's memory
+    events (every allocation and free, in order), summed. `with allocation_peak(True) as p:` -> p[0]."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.result = [0]
+
+    def __enter__(self) -> list:
+        if self.enabled:
+            import torch
+
+            self.prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True)
+            self.prof.__enter__()
+        return self.result
+
+    def __exit__(self, *exc) -> None:
+        if not self.enabled:
+            return
+        self.prof.__exit__(*exc)
+        events = sorted((e.start_ns(), e.nbytes()) for e in self.prof.profiler.kineto_results.events()
+                        if e.name() == "[memory]")
+        cur = peak = 0
+        for _, nbytes in events:
+            cur += nbytes
+            peak = max(peak, cur)
+        self.result[0] = peak
 
 
 def _capture_engines() -> list:

@@ -29,10 +29,10 @@ def render_plan(p: Plan, title: str = "best") -> str:
         f"  memory per GPU: {_gb(m['per_gpu_gb'])} / {_gb(m['limit_gb'])} GB = {m['used_pct']:.0f}% of the limit "
         f"({m['capacity_gb']:.0f} GB less {m['headroom']:.0%} headroom; {'traced' if p.memory_traced else 'ledger'})"
         f"{'' if p.fits else '  (DOES NOT FIT)'}",
-        f"    = params {_gb(m['params_gb'])} + grads {_gb(m['grads_gb'])}"
-        f" + optimizer {_gb(m['optimizer_gb'])} + activations {_gb(m['activations_gb'])}"
-        f" + logits {m['logits_gb']:.2f} + ZeRO-3 buffers {_gb(m['zero3_buffers_gb'])}"
-        f" + allowance {_gb(m['buffers_gb'])}  [{m['worst_stage']} stage]",
+        f"    = params {_gb(m['params_gb'])} + grads {_gb(m['grads_gb'])} + optimizer {_gb(m['optimizer_gb'])}"
+        f" + activations {_gb(m['activations_gb'])} + temporaries {_gb(m['temporaries_gb'])}"
+        f" + comm buffers {_gb(m['comm_buffers_gb'])} + runtime {_gb(m['runtime_gb'])}"
+        f"  [{m['worst_stage']} stage, {m['peak_phase']}]",
         f"  estimate: step {e['step_time_s']:.3f} s | {e['tokens_per_s']:,.0f} tokens/s | "
         f"{e['tflops_per_gpu']:.0f} TFLOP/s per GPU | MFU {e['mfu']:.1%} | HFU {e['hfu']:.1%}",
         f"            compute {e['compute_s']:.3f} s, TP {e['tp_comm_s']:.3f} s, CP {e['cp_comm_s']:.3f} s, "

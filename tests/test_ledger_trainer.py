@@ -1,0 +1,143 @@
+"""The planning ledger states what the bundled trainer allocates.
+
+- Activations: the trainer's real Block (model.py), run forward with autograd's saved-tensor hooks,
+  keeps exactly the bytes trainer_layer_activation_bytes says (fp32, FSDP's bf16 parameters, bf16
+  autocast; dense GQA/MHA, SwiGLU/GELU, MoE; each recompute mode). SDPA never keeps the s×s scores.
+- Published layouts that ran on 80 GB GPUs at 4k-8k tokens plan as fitting with their degrees.
+- Under pipeline parallelism ZeRO 2/3 keep whole fp32 gradients (torch's pipelining disables
+  gradient sync and reshard-after-backward until the last micro-batch).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.ledger import (
+    Layout,
+    Numerics,
+    act_gb,
+    memory_ledger,
+    rank_memory,
+    rank_params,
+    trainer_layer_activation_bytes,
+)
+from launcher.planner import plan_job
+from launcher.spec import ModelSpec, resolve_gpu, spec_from_dict
+
+SHAPES = {
+    "gqa-swiglu": dict(hidden=128, heads=4, kv_heads=2, ffn_hidden=352, vocab=512),
+    "mha-gelu": dict(hidden=128, heads=4, kv_heads=4, ffn_hidden=512, vocab=512, mlp="gelu"),
+    "moe": dict(hidden=128, heads=4, kv_heads=2, ffn_hidden=96, vocab=512, experts=4, experts_per_token=2),
+}
+
+
+def saved_activation_bytes(shape: dict, layers: int, mode: str, numerics: str, s: int = 256, b: int = 2) -> int:
+    """Bytes of the distinct storages autograd keeps for backward in a forward of the trainer's model
+    (parameters, and under autocast the cached bf16 weight casts, excluded)."""
+    import torch
+
+    from launcher.trainer.model import ModelArgs, Transformer
+    from launcher.trainer.recompute import apply_recompute
+
+    m = Transformer(ModelArgs(layers=layers, **shape), seq_len=s)
+    m.init_weights(0)
+    apply_recompute(m, mode)
+    if numerics == "fsdp-bf16":          # what MixedPrecisionPolicy(param_dtype=bf16) hands the forward
+        m = m.to(torch.bfloat16)
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    x = torch.randint(0, shape["vocab"], (b, s))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=numerics == "autocast"):
+            m(x)
+    params = {p.untyped_storage().data_ptr() for p in m.parameters()}
+    kept = sum(n for ptr, n in storages.items() if ptr not in params)
+    if numerics == "autocast" and mode != "full":   # the autocast cache is charged as parameters
+        kept -= sum(2 * p.numel() for name, p in m.named_parameters() if p.dim() == 2 and "tok_emb" not in name)
+    return kept
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("numerics", ["fp32", "fsdp-bf16", "autocast"])
+@pytest.mark.parametrize("mode", ["none", "selective", "full"])
+def test_activations_per_layer_are_what_the_block_keeps(shape, numerics, mode):
+    if SHAPES[shape].get("experts") and numerics == "autocast" and mode != "full":
+        pytest.skip("MoE under autocast: the experts' cached weight casts depend on routing")
+    per_layer = (saved_activation_bytes(SHAPES[shape], 3, mode, numerics)
+                 - saved_activation_bytes(SHAPES[shape], 1, mode, numerics)) / 2
+    ledger = trainer_layer_activation_bytes(ModelSpec(layers=3, **SHAPES[shape]), 256, 2, mode, Numerics(numerics))
+    # autocast also keeps bf16 casts of the RoPE tables per layer (4·s·head_dim·2 B), not itemised
+    assert ledger == pytest.approx(per_layer, rel=0.03 if numerics == "autocast" else 0.005)
+
+
+def test_no_s_squared_term_but_the_seed_keeps_it():
+    m = ModelSpec(layers=32, hidden=4096, heads=32, kv_heads=32, ffn_hidden=11008, vocab=32000)
+    one = trainer_layer_activation_bytes(m, 4096, 1, "none", Numerics("fsdp-bf16"))
+    two = trainer_layer_activation_bytes(m, 8192, 1, "none", Numerics("fsdp-bf16"))
+    assert two == pytest.approx(2 * one, rel=1e-3)                  # linear in s: SDPA keeps no s×s scores
+    assert f"{act_gb(4096, 1, 4096, 32, 32, 'none'):.2f}" == "104.15"   # `launch memory` still prints the seed
+
+
+L2_13B = {"layers": 40, "hidden": 5120, "heads": 40, "ffn_hidden": 13824, "vocab": 32000}
+#: name -> model, nodes of 8 × H100 80 GB, seq_len, global batch, the published degrees and micro-batch.
+#: NeMo 2 recipes (nemo/collections/llm/recipes/llama31_*.py: TP/PP/VP/CP, mbs 1, gbs 512, seq 8192);
+#: torchtitan (train_configs, benchmarks/llama3_h100_202412_torchtitan.md: FSDP, local batch, seq).
+PUBLISHED = {
+    "nemo-llama31-8b": ("llama3-8b", 1, 8192, 512, dict(tp=1, cp=2, pp=1, micro_batch=1, recompute="none")),
+    "nemo-llama31-70b": ("llama3-70b", 64, 8192, 512, dict(tp=4, cp=2, pp=4, virtual_stages=5,
+                                                           schedule="interleaved-1f1b", micro_batch=1)),
+    "torchtitan-llama3-8b": ("llama3-8b", 1, 8192, 16, dict(tp=1, cp=1, pp=1, micro_batch=2)),
+    "torchtitan-llama2-13b": (L2_13B, 1, 4096, 64, dict(tp=1, cp=1, pp=1, micro_batch=8)),
+    "torchtitan-llama3-70b": ("llama3-70b", 32, 8192, 512, dict(tp=8, cp=1, pp=1, micro_batch=2)),
+    "torchtitan-llama3-405b": ("llama3-405b", 64, 8192, 256, dict(tp=8, cp=1, pp=8, schedule="1f1b", micro_batch=1)),
+}
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED))
+def test_published_layouts_plan_as_fitting(name):
+    model, nodes, seq, gb, parallel = PUBLISHED[name]
+    spec = spec_from_dict({"model": model, "train": {"seq_len": seq, "global_batch": gb},
+                           "cluster": {"nodes": nodes, "gpus_per_node": 8, "gpu": "h100-sxm"}, "parallel": parallel})
+    best = plan_job(spec, top=0).best
+    assert best is not None and best.fits, name
+    assert best.memory["per_gpu_gb"] <= 72.0                                   # 80 GB less the 10% headroom
+    for k in ("tp", "cp", "pp"):
+        assert best.degrees[k] == parallel[k]
+    if "recompute" in parallel:
+        # with the seed's s² term these activations alone would not fit: 8B at 8k, one sample, whole model
+        assert act_gb(seq, 1, spec.model.hidden, spec.model.heads, spec.model.layers, "none") / parallel["cp"] > 80
+
+
+def _lay(zero, pp, dp, **kw):
+    base = dict(tp=1, cp=1, pp=pp, dp=dp, ep=1, zero=zero, recompute="full", micro_batch=1, grad_accum=8,
+                schedule="1f1b" if pp > 1 else "none", virtual_stages=1)
+    return Layout(**{**base, **kw})
+
+
+def test_zero2_under_pp_holds_whole_fp32_gradients():
+    spec = spec_from_dict({"model": "llama3-8b", "train": {"seq_len": 4096, "global_batch": 64}})
+    m, t, g = spec.model, spec.train, spec.gpu
+    stage = rank_params(m, _lay(2, 2, 8), "first").total
+    with_pp = rank_memory(m, t, g, _lay(2, 2, 8), "first")
+    assert with_pp.grads == pytest.approx(4 * stage + 4 * stage / 8)     # whole fp32 accumulation + the shard
+    no_pp = rank_memory(m, t, g, _lay(2, 1, 8), "first")
+    assert no_pp.grads == pytest.approx(4 * rank_params(m, _lay(2, 1, 8), "first").total / 8)
+
+
+def test_zero1_shards_only_the_optimizer_state():
+    spec = spec_from_dict({"model": "llama3-8b", "train": {"seq_len": 4096, "global_batch": 64}})
+    m, t, g = spec.model, spec.train, spec.gpu
+    z0, z1 = rank_memory(m, t, g, _lay(0, 1, 8), "first"), rank_memory(m, t, g, _lay(1, 1, 8), "first")
+    assert (z1.params, z1.grads) == (z0.params, z0.grads)
+    assert z1.optimizer == pytest.approx(z0.optimizer / 8)
+
+
+def test_categories_sum_to_the_total_and_runtime_is_outside():
+    spec = spec_from_dict({"model": "llama3-70b", "train": {"seq_len": 8192, "global_batch": 64},
+                           "cluster": {"nodes": 8}})
+    led = memory_ledger(spec.model, spec.train, resolve_gpu("h100-sxm"), _lay(3, 4, 16, tp=1, grad_accum=4))
+    assert sum(led.categories().values()) + led.runtime_gb == pytest.approx(led.per_gpu_gb)
