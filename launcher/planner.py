@@ -309,18 +309,18 @@ class Search:
                 ledgers[z] = memory_ledger(self.model, self.train, self.gpu, lay, headroom)
             return ledgers[z]
 
-        if not ledger(zeros[-1]).fits:
+        # memory mostly falls with the stage, but not always: under PP torch's pipelining keeps ZeRO 2/3
+        # gradients and parameters whole, which at a small dp·cp outweighs ZeRO 1's fp32 copies
+        fitting = [i for i, z in enumerate(zeros) if ledger(z).fits]
+        if not fitting:
             if self.fully_fixed:
                 led = ledger(zeros[0])
                 lay = Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, zero=zeros[0], recompute=rc, micro_batch=mb,
                              grad_accum=ga, schedule=sched, virtual_stages=v)
                 self.unfit.append(Candidate(lay, led, self.estimate(lay)))
-            self.reject("does not fit in GPU memory", len(zeros))     # nor does any lower stage
+            self.reject("does not fit in GPU memory", len(zeros))
             return False
-        lo, hi = 0, len(zeros) - 1                  # memory falls with the stage: bisect the first fit
-        while lo < hi:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if ledger(zeros[mid]).fits else (mid + 1, hi)
+        lo = fitting[0]
         self.reject("does not fit in GPU memory", lo)
         worth = [zeros[lo]] + ([2] if zeros[lo] < 2 and 2 in zeros else [])
         self.reject("dominated by a lower ZeRO stage that fits", len(zeros) - lo - len(worth))
