@@ -463,6 +463,8 @@ def load_dir(path: str | Path) -> PreflightResults:
     A pair file named `<a>+<b>.txt` after two host folders is that pair; otherwise the hosts are
     read from the nccl-tests `# Rank ... on <host>` lines.
     """
+    from launcher.formats.files import read_text  # bounded: a probe file may be anything
+
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: not a folder")
@@ -479,27 +481,27 @@ def load_dir(path: str | Path) -> PreflightResults:
         meta: dict[str, Any] = {}
         if (d / META_FILE).exists():
             try:
-                meta = json.loads((d / META_FILE).read_text())
+                meta = json.loads(read_text(d / META_FILE, "probe metadata"))
             except json.JSONDecodeError:
                 meta = {}
         probes: dict[str, CommandResult] = {}
         for fname, probe in files.items():
             if (d / fname).exists():
                 m = meta.get(probe.name, {})
-                probes[probe.name] = CommandResult(host, m.get("command", probe.command),
-                                                   (d / fname).read_text(errors="replace"), m.get("stderr", ""),
+                out = read_text(d / fname, "probe output", errors="replace")
+                probes[probe.name] = CommandResult(host, m.get("command", probe.command), out, m.get("stderr", ""),
                                                    m.get("rc", 0), bool(m.get("timed_out")), m.get("error"))
         res.probes[host] = probes
         if (d / NCCL_NODE_FILE).exists():
             m = meta.get("nccl-node", {})
             r = CommandResult(host, m.get("command", f"(from {d / NCCL_NODE_FILE})"),
-                              (d / NCCL_NODE_FILE).read_text(errors="replace"), "", m.get("rc", 0),
+                              read_text(d / NCCL_NODE_FILE, "nccl-tests output", errors="replace"), "", m.get("rc", 0),
                               bool(m.get("timed_out")))
             res.nccl.append(NcclRun("node", [host], "all_reduce", r))
             res.commands.append(f"[{host}] {r.command}")
     if (root / UNREACHABLE_FILE).exists():
         try:
-            gone = json.loads((root / UNREACHABLE_FILE).read_text())
+            gone = json.loads(read_text(root / UNREACHABLE_FILE, "unreachable-hosts file"))
         except json.JSONDecodeError:
             gone = {}
         for host, why in gone.items() if isinstance(gone, dict) else []:
@@ -508,7 +510,7 @@ def load_dir(path: str | Path) -> PreflightResults:
                 res.unreachable[host] = str(why)
     for kind in ("pairs", "all"):
         for f in sorted((root / kind).glob("*.txt")) if (root / kind).is_dir() else []:
-            text = f.read_text(errors="replace")
+            text = read_text(f, "nccl-tests output", errors="replace")
             named = [h for h in re.split(r"[+]", f.stem.split("~")[0]) if h]
             hosts = named if named and all(h in res.hosts for h in named) else (_hosts_in(text) or named)
             if kind == "pairs" and len(hosts) != 2:

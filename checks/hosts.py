@@ -48,11 +48,14 @@ def dedupe(hosts: Iterable[str], where: str) -> list[str]:
 
 def from_file(path: str | Path) -> list[str]:
     """One host (or hostlist expression) per line; `#` comments and MPI `slots=` suffixes ignored."""
+    from launcher.errors import UserError
+    from launcher.formats.files import MiB, read_text
+
     p = Path(path)
     try:
-        text = p.read_text()
-    except OSError as exc:
-        raise HostsError(f"--hostfile {p}: cannot read ({exc.strerror})") from None
+        text = read_text(p, "host file", 16 * MiB)
+    except UserError as exc:
+        raise HostsError(f"--hostfile {exc}") from None
     hosts: list[str] = []
     for line in text.splitlines():
         line = line.split("#", 1)[0].strip()

@@ -71,13 +71,19 @@ class JudgeConfig:
         """YAML or JSON: {expected_gpus, outlier_fail, ..., models: {H100: {intra_busbw_gbs: 460}}}."""
         import yaml
 
+        from launcher.errors import UserError
+        from launcher.formats.files import JOB_FILE_LIMIT, read_text
+
         p = Path(path)
         try:
-            data = yaml.safe_load(p.read_text()) if p.suffix in (".yaml", ".yml") else json.loads(p.read_text())
-        except OSError as exc:
-            raise JudgeConfigError(f"{p}: cannot read ({exc.strerror})") from None
+            text = read_text(p, "thresholds file", JOB_FILE_LIMIT)
+            data = yaml.safe_load(text) if p.suffix in (".yaml", ".yml") else json.loads(text)
+        except UserError as exc:
+            raise JudgeConfigError(str(exc)) from None
         except (yaml.YAMLError, json.JSONDecodeError) as exc:
             raise JudgeConfigError(f"{p}: not valid YAML/JSON ({exc})") from None
+        except RecursionError:
+            raise JudgeConfigError(f"{p}: nested too deeply") from None
         return cls.from_dict(data or {}, where=str(p))
 
     @classmethod

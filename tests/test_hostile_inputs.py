@@ -251,6 +251,8 @@ FLAG_COMMANDS: dict[str, list[str]] = {
     "plan-previous": ["plan", str(SLURM_JOB), "--previous", "{f}"],
     "render-preflight": ["render", str(SLURM_JOB), "--backend", "slurm", "--preflight", "{f}"],
     "submit-preflight": ["submit", str(SLURM_JOB), "--backend", "slurm", "--preflight", "{f}", "--dry-run"],
+    "preflight-parse-topo": ["preflight", "parse", "topo", "{f}"],
+    "preflight-parse-nccl": ["preflight", "parse", "nccl-tests", "{f}"],
 }
 
 

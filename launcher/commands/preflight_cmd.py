@@ -257,11 +257,9 @@ def _human_parse(kind: str, obj: Any) -> str:
 def parse_cmd(kind: str, file: str, as_json: bool) -> None:
     """Show what the parser for KIND makes of one captured output FILE."""
     from checks.parsers import ParseError, parser_for, to_jsonable
+    from launcher.formats.files import read_text
 
-    try:
-        text = Path(file).read_text(errors="replace")
-    except OSError as exc:
-        raise UserError(f"{file}: cannot read ({exc.strerror})") from None
+    text = read_text(file, f"{kind} output", errors="replace")
     try:
         obj = parser_for(kind)(text)
     except ParseError as exc:

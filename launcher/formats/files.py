@@ -68,11 +68,12 @@ def read_bytes(path: str | Path, what: str = "file", limit: int = JSON_FILE_LIMI
         os.close(fd)
 
 
-def read_text(path: str | Path, what: str = "file", limit: int = JSON_FILE_LIMIT) -> str:
-    """read_bytes, decoded as strict UTF-8 (a binary file gets one line, not a traceback)."""
+def read_text(path: str | Path, what: str = "file", limit: int = JSON_FILE_LIMIT, errors: str = "strict") -> str:
+    """read_bytes, decoded as strict UTF-8 (a binary file gets one line, not a traceback);
+    errors="replace" for a tool's captured output, which may hold stray bytes."""
     data = read_bytes(path, what, limit)
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8", errors)
     except UnicodeDecodeError as exc:
         raise UserError(f"{path}: {what} is not UTF-8 text (byte {exc.start})") from None
 
