@@ -354,3 +354,24 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
         tflops_per_gpu=model_fl / step / world / 1e12,
         mfu=model_fl / step / world / peak, hfu=hw_fl / step / world / peak, efficiency=eff,
     )
+
+
+def train_budget(step_time_s: float, steps: int, world: int, tokens_per_step: int,
+                 price_per_gpu_hour: float | None) -> dict[str, float | None]:
+    """Time to train and what it costs: the first numbers a budget holder asks for."""
+    wall = step_time_s * steps
+    gpu_hours = wall * world / 3600
+    return {"steps": steps, "tokens": steps * tokens_per_step, "wall_time_s": round(wall, 3),
+            "gpu_hours": round(gpu_hours, 3), "price_per_gpu_hour": price_per_gpu_hour,
+            "cost": round(gpu_hours * price_per_gpu_hour, 2) if price_per_gpu_hour is not None else None}
+
+
+def duration(seconds: float) -> str:
+    """A wall time people read: 42 s, 17 min, 5.2 h, 3.1 days."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 3 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"

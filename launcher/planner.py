@@ -18,7 +18,7 @@ from typing import Any
 
 from checks.bwmap import BandwidthMap, BandwidthMapError
 from launcher import layout as lay_mod
-from launcher.costs import Bandwidth, Estimate, advertised_bandwidth, estimate
+from launcher.costs import Bandwidth, Estimate, advertised_bandwidth, estimate, train_budget
 from launcher.errors import UserError
 from launcher.layout import stage_layers
 from launcher.ledger import Layout, MemoryLedger, ParamCounts, memory_ledger, param_counts
@@ -85,6 +85,7 @@ class PlanResult:
     bandwidth: Bandwidth
     notes: list[str] = field(default_factory=list)
     choice: dict[str, Any] = field(default_factory=dict)
+    budget: dict[str, Any] = field(default_factory=dict)     # time to train and cost, best and alternatives
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -95,6 +96,7 @@ class PlanResult:
             "bandwidth": self.bandwidth.to_dict(),
             "notes": self.notes,
             "choice": self.choice,
+            "budget": self.budget,
         }
 
 
@@ -470,8 +472,18 @@ def plan_job(spec: JobSpec, bwmap: BandwidthMap | None = None, top: int = 5,
             continue
         seen.add(_shape(cand.layout))
         alts.append(to_plan(spec, cand, cluster, with_ranks=len(alts) + 1 < ranks_for))
-    return PlanResult(to_plan(spec, best, cluster), alts, search.searched, dict(search.rejected),
-                      cluster.bandwidth, notes, choice)
+    best_plan = to_plan(spec, best, cluster)
+    return PlanResult(best_plan, alts, search.searched, dict(search.rejected), cluster.bandwidth, notes, choice,
+                      budget_of(spec, [best_plan] + alts))
+
+
+def budget_of(spec: JobSpec, plans: list[Plan]) -> dict[str, Any]:
+    """Wall time, GPU-hours and (with cluster.price_per_gpu_hour) cost of the whole run for each plan."""
+    t = spec.train
+    per = [train_budget(p.estimate["step_time_s"], t.steps, p.world_size, t.global_batch * t.seq_len,
+                        spec.cluster.price_per_gpu_hour) for p in plans]
+    return {"source": "train.tokens" if t.tokens is not None else "train.steps", "best": per[0],
+            "alternatives": per[1:]}
 
 
 def _shape(lay: Layout) -> tuple:

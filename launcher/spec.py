@@ -58,6 +58,7 @@ class TrainSpec:
     seq_len: int = bounded(None, 1)
     global_batch: int = bounded(None, 1)
     steps: int = bounded(100, 1)
+    tokens: int | None = bounded(None, 1)    # a token budget: steps = ceil(tokens / (global_batch·seq_len))
     optimizer: Literal["adam", "sgd", "adam8bit"] = "adam"
     precision: Literal["bf16", "fp16", "fp32"] = "bf16"
     grad_dtype: Literal["bf16", "fp32"] = "bf16"
@@ -69,6 +70,10 @@ class TrainSpec:
     data: str = "synthetic"
     loss_chunk: int = bounded(1024, 1)
     checkpoint_every: int = bounded(0, 0)
+
+    def __post_init__(self) -> None:
+        if self.tokens is not None:
+            object.__setattr__(self, "steps", -(-self.tokens // (self.global_batch * self.seq_len)))
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,7 @@ class ClusterSpec:
     network_gbs_per_gpu: float | None = bounded(None, 0.001)
     bwmap: str | None = None
     compute_efficiency: float | None = bounded(None, 0.01, 1.0)
+    price_per_gpu_hour: float | None = bounded(None, 0.0)    # for the plan's cost figure
     memory_headroom: float = bounded(0.1, 0.0, 0.9)   # fraction of HBM no plan may use
 
     @property
@@ -218,6 +224,8 @@ def spec_from_dict(data: Any, source: str | None = None) -> JobSpec:
         raise SpecError("name", f"{name!r} is not a non-empty string")
     model = resolve_model(data["model"])
     _check_model(model)
+    if isinstance(data["train"], dict) and {"steps", "tokens"} <= set(data["train"]):
+        raise SpecError("train.tokens", "give train.steps or train.tokens (a token budget), not both")
     train = load_dataclass(TrainSpec, data["train"], "train")
     cluster = load_dataclass(ClusterSpec, data.get("cluster"), "cluster")
     gpu = resolve_gpu(cluster.gpu)

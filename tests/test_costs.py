@@ -142,3 +142,26 @@ def test_tie_band_prefers_the_simpler_plan_and_says_why():
     d = result.best.degrees
     assert d["tp"] == d["cp"] == d["pp"] == 1    # plain FSDP on one node is within the band
     assert "reason" in result.choice
+
+
+def test_time_to_train_and_cost_from_a_token_budget():
+    """train.tokens sets the steps; the plan prints wall time, GPU-hours and, priced, the cost."""
+    spec = spec_from_dict({"model": "llama3-8b", "train": {"seq_len": 4096, "global_batch": 64, "tokens": 10**9},
+                           "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm", "price_per_gpu_hour": 2.5}})
+    assert spec.train.steps == -(-10**9 // (64 * 4096)) == 3815
+    result = plan_job(spec, top=2)
+    b = result.budget["best"]
+    step = result.best.estimate["step_time_s"]
+    assert result.budget["source"] == "train.tokens"
+    assert b["wall_time_s"] == pytest.approx(step * 3815, rel=1e-6)
+    assert b["gpu_hours"] == pytest.approx(step * 3815 * 8 / 3600, rel=1e-4)
+    assert b["cost"] == pytest.approx(b["gpu_hours"] * 2.5, rel=1e-4)
+    assert len(result.budget["alternatives"]) == len(result.alternatives) == 2
+
+
+def test_steps_and_tokens_together_are_refused():
+    from launcher.errors import SpecError
+
+    with pytest.raises(SpecError, match="train.tokens"):
+        spec_from_dict({"model": "llama3-8b", "train": {"seq_len": 4096, "global_batch": 64, "steps": 10,
+                                                        "tokens": 10**9}})

@@ -48,6 +48,17 @@ def render_plan(p: Plan, title: str = "best") -> str:
     return "\n".join(lines)
 
 
+def budget_line(b: dict, source: str) -> str:
+    from launcher.costs import duration
+
+    cost = f", {b['cost']:,.0f} at {b['price_per_gpu_hour']:g} per GPU-hour" if b.get("cost") is not None else \
+        " (set cluster.price_per_gpu_hour for the cost)"
+    n = b["tokens"]
+    tokens = next(f"{n / d:.3g}{u}" for d, u in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1, "")) if n >= d or d == 1)
+    return (f"time to train: {b['steps']:,} steps ({tokens} tokens, from {source}) in "
+            f"{duration(b['wall_time_s'])} wall, {b['gpu_hours']:,.0f} GPU-hours{cost}")
+
+
 def render_result(spec, result) -> str:
     c = spec.cluster
     out = [f"{spec.name}: {spec.model.preset} on {c.nodes} × {c.gpus_per_node} {spec.gpu.name} "
@@ -58,22 +69,31 @@ def render_result(spec, result) -> str:
         out.append("no layout fits.")
     else:
         out.append(render_plan(result.best))
+    if result.budget:
+        out += ["", budget_line(result.budget["best"], result.budget["source"])]
     if result.choice.get("reason"):
         ch = result.choice
         out += ["", f"why: {ch['equal_plans']} plan(s) within {ch['band']:.0%} of the fastest estimate "
                     f"({ch['fastest_step_s']:.3f} s) count as equal (the time model's error); the simplest was "
                     f"chosen. It {ch['reason']}." if "simpler" in ch else
                 f"why: {ch['equal_plans']} plan(s) within {ch['band']:.0%} of the fastest; {ch['reason']}."]
+    priced = spec.cluster.price_per_gpu_hour is not None
     if result.alternatives:
+        from launcher.costs import duration
+
         out += ["", "alternatives:",
                 f"  {'tp':>3} {'cp':>3} {'pp':>3} {'dp':>5} {'ep':>3} {'zero':>4} {'recompute':>9} {'mb':>3} "
-                f"{'accum':>5} {'schedule':>18} {'mem GB':>7} {'mem %':>6} {'step s':>8} {'MFU':>6}"]
-        for a in result.alternatives:
+                f"{'accum':>5} {'schedule':>18} {'mem GB':>7} {'mem %':>6} {'step s':>8} {'MFU':>6} {'to train':>10}"
+                + (f" {'cost':>12}" if priced else "")]
+        budgets = result.budget.get("alternatives") or [{}] * len(result.alternatives)
+        for a, b in zip(result.alternatives, budgets):
             d = a.degrees
             sched = a.schedule + (f" v={a.virtual_stages}" if a.virtual_stages > 1 else "")
             out.append(f"  {d['tp']:>3} {d['cp']:>3} {d['pp']:>3} {d['dp']:>5} {d['ep']:>3} {a.zero_stage:>4} "
                        f"{a.recompute:>9} {a.micro_batch:>3} {a.grad_accum:>5} {sched:>18} "
-                       f"{a.memory['per_gpu_gb']:>7.1f} {a.memory['used_pct']:>5.0f}% {a.estimate['step_time_s']:>8.3f} {a.estimate['mfu']:>6.1%}")
+                       f"{a.memory['per_gpu_gb']:>7.1f} {a.memory['used_pct']:>5.0f}% {a.estimate['step_time_s']:>8.3f} "
+                       f"{a.estimate['mfu']:>6.1%} {duration(b.get('wall_time_s', 0.0)):>10}"
+                       + (f" {b['cost']:>12,.0f}" if priced else ""))
     rej = ", ".join(f"{k}: {v}" for k, v in sorted(result.rejected.items(), key=lambda kv: -kv[1]))
     out += ["", f"searched {result.searched} layouts; rejected — {rej or 'none'}"]
     return "\n".join(out)
