@@ -2,9 +2,9 @@
 
 A layout is tp·cp·pp·dp = world (ep within dp·cp for MoE) × ZeRO stage × recompute mode ×
 micro-batch × pipeline schedule (× virtual stages). Memory falls monotonically with ZeRO stage
-and recompute, and never falls as the micro-batch grows, so the ledger stops at the first ZeRO stage
-that fits and at the first micro-batch that fits at none; every stage that fits is estimated (a higher
-stage can be faster where its traffic overlaps compute and a lower one's does not).
+and recompute (within the replicated ZeRO 0/1 and the sharded ZeRO 2/3 families) and never falls as
+the micro-batch grows, so the search stops at the first micro-batch nothing fits and estimates the
+lowest fitting stage of each family (the sharded one can be faster: its traffic overlaps compute).
 Every layout skipped is counted under the reason it was skipped.
 """
 
@@ -297,10 +297,12 @@ class Search:
                         too_big.update(recomputes[:recomputes.index(rc)])    # less recompute needs more
 
     def fitting_zeros(self, tp, cp, pp, dp, ep, zeros, rc, mb, ga, sched, v) -> bool:
-        """Estimate the lowest ZeRO stage that fits and, when that is 0 or 1, also ZeRO 2: the
-        bundled trainer's ZeRO 0/1 reduction runs after backward, unhidden, while FSDP's overlaps, so
-        ZeRO 2 can be faster. In the time model ZeRO 1 is not faster than 0 (the same all-reduce plus
-        a gather) nor ZeRO 3 than 2 (more traffic, as much overlap): those count as dominated."""
+        """Estimate the lowest fitting stage of each family: replicated (ZeRO 0/1, reduced after
+        backward, unhidden) and FSDP (ZeRO 2/3, overlapped), since either can be the faster. Within a
+        family memory falls with the stage and time does not (ZeRO 1 adds a gather to 0's all-reduce,
+        ZeRO 3 gathers more than 2 with as much overlap): the rest count as dominated. Across the
+        families memory need not fall: under PP torch's pipelining keeps ZeRO 2/3 gradients and
+        parameters whole, which at a small dp·cp outweighs ZeRO 1's fp32 copies."""
         headroom = self.spec.cluster.memory_headroom
         ledgers: dict[int, MemoryLedger] = {}
 
@@ -311,30 +313,26 @@ class Search:
                 ledgers[z] = memory_ledger(self.model, self.train, self.gpu, lay, headroom)
             return ledgers[z]
 
-        # memory mostly falls with the stage, but not always: under PP torch's pipelining keeps ZeRO 2/3
-        # gradients and parameters whole, which at a small dp·cp outweighs ZeRO 1's fp32 copies
-        fitting = [i for i, z in enumerate(zeros) if ledger(z).fits]
-        if not fitting:
+        chosen = []
+        for family in ([z for z in zeros if z < 2], [z for z in zeros if z >= 2]):
+            if not family or not ledger(family[-1]).fits:       # the family's least memory
+                self.reject("does not fit in GPU memory", len(family))
+                continue
+            first = next(i for i, z in enumerate(family) if ledger(z).fits)
+            self.reject("does not fit in GPU memory", first)
+            self.reject("dominated by a lower ZeRO stage that fits", len(family) - first - 1)
+            chosen.append(family[first])
+        if not chosen:
             if self.fully_fixed:
-                led = ledger(zeros[0])
                 lay = Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, zero=zeros[0], recompute=rc, micro_batch=mb,
                              grad_accum=ga, schedule=sched, virtual_stages=v)
-                self.unfit.append(Candidate(lay, led, self.estimate(lay)))
-            self.reject("does not fit in GPU memory", len(zeros))
+                self.unfit.append(Candidate(lay, ledger(zeros[0]), self.estimate(lay)))
             return False
-        lo = fitting[0]
-        self.reject("does not fit in GPU memory", lo)
-        worth = [zeros[lo]] + ([2] if zeros[lo] < 2 and 2 in zeros else [])
-        self.reject("dominated by a lower ZeRO stage that fits", len(zeros) - lo - len(worth))
-        for z in worth:
-            led = ledger(z)
-            if not led.fits:                        # ZeRO 3's gather buffers can outweigh a small shard
-                self.reject("does not fit in GPU memory")
-                continue
+        for z in chosen:
             lay = Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, zero=z, recompute=rc, micro_batch=mb,
                          grad_accum=ga, schedule=sched, virtual_stages=v)
             self.searched += 1
-            self.candidates.append(Candidate(lay, led, self.estimate(lay)))
+            self.candidates.append(Candidate(lay, ledgers[z], self.estimate(lay)))
         return True
 
     def estimate(self, lay: Layout) -> Estimate:
