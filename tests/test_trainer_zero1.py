@@ -94,6 +94,22 @@ def test_zero1_optimizer_state_is_split_over_dp(results, name, ref, stages):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name, dp", [("z1_dp2", 2), ("ref", 1)])
+def test_ledger_zero1_optimizer_is_what_the_trainer_holds(results, name, dp):
+    """The planning ledger's optimizer figure for this layout is the busiest rank's real state
+    (within 1%: the ledger spreads the state evenly, the trainer by whole tensors)."""
+    from launcher.ledger import Layout, rank_memory
+    from launcher.spec import spec_from_dict
+
+    spec = spec_from_dict({"model": "tiny", "train": {"seq_len": 32, "global_batch": 8, "precision": "fp32",
+                                                      "optimizer": "adam"}, "cluster": {"gpu": "cpu"}})
+    lay = Layout(tp=1, cp=1, pp=1, dp=dp, ep=1, zero=1, recompute="none", micro_batch=1, grad_accum=8 // dp,
+                 schedule="none", virtual_stages=1)
+    ledger = rank_memory(spec.model, spec.train, spec.gpu, lay, "first").optimizer
+    assert max(results[name]["optim_bytes"]) == pytest.approx(ledger, rel=0.01)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", RESUMED)
 def test_zero1_checkpoint_resumes_in_another_layout(results, name):
     """Resumed at step 3 from a ZeRO 1 checkpoint: steps 4-5 as the uninterrupted one-process run."""
