@@ -129,3 +129,21 @@ def test_run_dir_lock_lives_as_long_as_the_process_holding_it(tmp_path):
     finally:
         child.communicate(b"")
     RunDirLock(rd).release()  # free again once the job's last process has gone
+
+
+@pytest.mark.parametrize("command", [["render", "{job}", "--backend", "slurm", "-o", "{out}"],
+                                     ["run", "{job}", "--dry-run", "--json"]])
+def test_a_job_file_given_as_a_pipe_is_read_once(tmp_path, command):
+    """Issue 14 item 8: `<(cat job.yaml)` was read twice (a 0-byte job.yaml copy, or a traceback)."""
+    text = (EXAMPLES / "tiny-slurm.yaml" if command[0] == "render" else EXAMPLES / "tiny-cpu.yaml").read_text()
+    r, w = os.pipe()
+    os.write(w, text.encode())
+    os.close(w)
+    try:
+        args = [a.format(job=f"/dev/fd/{r}", out=tmp_path / "out") for a in command]
+        res = CliRunner().invoke(cli, args, env={"LAUNCH4D_STATE": str(tmp_path / "state")})
+    finally:
+        os.close(r)
+    assert res.exit_code == 0, res.output + res.stderr
+    if command[0] == "render":
+        assert (tmp_path / "out" / "job.yaml").read_text() == text
