@@ -20,6 +20,7 @@ COMMANDS = {
     "status": ("launcher.commands.launch_cmds:status", "Show a submitted job's state."),
     "logs": ("launcher.commands.launch_cmds:logs", "Show (or follow) a submitted job's logs."),
     "cancel": ("launcher.commands.launch_cmds:cancel", "Cancel a submitted job."),
+    "jobs": ("launcher.commands.launch_cmds:jobs", "List submitted jobs and their state."),
     "run": ("launcher.commands.run_cmd:run", "Plan and run a job on this machine with torchrun."),
     "diagnose": ("launcher.commands.diagnose_cmd:diagnose", "Explain a hang or failure from NCCL and trainer logs."),
 }

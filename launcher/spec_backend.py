@@ -12,6 +12,24 @@ from launcher.schema import bounded
 
 
 @dataclass(frozen=True)
+class NodeCheckSpec:
+    """A quick self-check on every allocated node before torchrun starts. A node that fails is
+    excluded from the job (ExcNodeList) and the job requeues, so a requeue never waits for it."""
+
+    enabled: bool = True
+    gpus: bool | None = None        # nvidia-smi lists the node's GPUs and answers; None: when the plan has GPUs
+    xid: bool | None = None         # no new NVRM Xid in the kernel log since the last check; None: as gpus
+    nics: bool = True               # the NICs the plan expects (plan ranks' nic) are up
+    command: str | None = None      # the site's own check, run on each node; non-zero exit = bad node
+    timeout_s: int = bounded(120, 5)
+
+
+#: Signals the checkpoint-and-requeue path may use. Not USR1 by default: NCCL 2.12.7 to 2.13.4
+#: install their own SIGUSR1 handler (a proxy state dump) over the trainer's.
+CheckpointSignal = Literal["USR2", "USR1", "URG", "XCPU", "HUP"]
+
+
+@dataclass(frozen=True)
 class SlurmSpec:
     partition: str | None = None
     account: str | None = None
@@ -42,6 +60,19 @@ class SlurmSpec:
     accept_unknown_host: bool = False
     ssh_timeout_s: int = bounded(15, 1)
     master_port: int | None = bounded(None, 1024, 65535)
+    checkpoint_signal: CheckpointSignal = "USR2"
+    switches_wait: str | None = None    # --switches=N@<this>: how long to wait for N leaf switches
+    reservation: str | None = None
+    constraint: str | None = None       # --constraint (features: "a100&ib", "[rack1|rack2]")
+    gres: str | None = None             # extra generic resources beside the GPUs ("nvme:1")
+    mail_user: str | None = None
+    mail_type: str | None = None        # BEGIN,END,FAIL,REQUEUE,ALL,...
+    comment: str | None = None
+    segment: int | None = bounded(None, 1)  # --segment (topology/block: nodes per block segment)
+    extra: list[str] = field(default_factory=list)  # any other sbatch option: "--flag=value" or "--flag"
+    container_runtime: Literal["pyxis", "apptainer", "none"] = "pyxis"
+    apptainer: str = "apptainer"        # the apptainer (or singularity) command on the nodes
+    node_check: NodeCheckSpec = field(default_factory=NodeCheckSpec)
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ def test_sbatch_has_the_directives_and_static_rendezvous(tmp_path):
     s = r.files["train.sbatch"]
     for line in ("--job-name=tiny-slurm", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=2",
                  "--cpus-per-task=16", "--mem=0", "--time=00:20:00", "--partition=debug", "--account=proj1",
-                 "--qos=high", "--exclusive", "--requeue", "--signal=B:USR1@60", "--open-mode=append",
+                 "--qos=high", "--exclusive", "--requeue", "--signal=B:USR2@60", "--open-mode=append",
                  "--switches=1", "--exclude=bad01,bad02", "--dependency=afterok:123",
                  f"--output={tmp_path}/run/logs/slurm-%j.out", f"--error={tmp_path}/run/logs/slurm-%j.err"):
         assert f"#SBATCH {line}\n" in s, line
@@ -64,7 +64,7 @@ def test_sbatch_has_the_directives_and_static_rendezvous(tmp_path):
     assert "--kill-on-bad-exit=1" in s
     assert (f"-m launcher.trainer --plan {tmp_path}/run/plan.json --run-dir {tmp_path}/run --resume auto "
             "--init-timeout-s 120 --step-timeout-s 120 &") in s
-    assert "scontrol requeue" in s and "trap on_usr1 USR1" in s
+    assert "scontrol requeue" in s and "trap on_checkpoint_signal USR2" in s and "USR1" not in s
     assert f"export NCCL_DEBUG_FILE={tmp_path}/run/logs/nccl/%h.%p.log" in s
     assert "export NCCL_DEBUG=INFO" in s and "export TORCH_NCCL_DUMP_ON_TIMEOUT=1" in s
     assert f"export TORCH_NCCL_DEBUG_INFO_TEMP_FILE={tmp_path}/run/logs/flight/rank_" in s
@@ -135,8 +135,8 @@ def _run_node_logic(script: str, tmp_path: Path, nodes: list[tuple[str, int]]) -
     bin_dir.mkdir()
     calls = " ".join(f"{n}:{i}" for n, i in nodes)
     (bin_dir / "srun").write_text(
-        "#!/bin/bash\nfor ni in " + calls + "; do SLURMD_NODENAME=${ni%%:*} SLURM_NODEID=${ni##*:} "
-        "bash -c launch4d_node; done\n")
+        "#!/bin/bash\nwhile [[ \"$1\" == --* ]]; do shift; done\nfor ni in " + calls
+        + "; do SLURMD_NODENAME=${ni%%:*} SLURM_NODEID=${ni##*:} \"$@\"; done\n")
     (bin_dir / "scontrol").write_text(
         "#!/bin/bash\nif [ \"$1 $2\" = 'show hostnames' ]; then echo " + " ".join(sorted(n for n, _ in nodes))
         + "; else echo \"NodeName=$3 Arch=x NodeAddr=10.0.0.$((${#3})) NodeHostName=$3\"; fi\n")
@@ -159,7 +159,7 @@ def test_node_rank_follows_the_plans_hosts_not_slurms_order(tmp_path):
         r.gpu = [0, 2, 1, 3][r.local_rank]
     rd = str(tmp_path / "run")
     s = render_slurm(spec, plan, rd).files["train.sbatch"]
-    assert "#SBATCH --nodelist=nodeB,nodeA" in s
+    assert "#SBATCH --nodelist" not in s                 # ordered at start, never pinned (requeue takes any node)
     runs = _run_node_logic(s, tmp_path, [("nodeA", 0), ("nodeB", 1)])   # Slurm sorts: nodeA gets id 0
     by_node = {ln.split()[1]: ln for ln in runs}
     assert "--node-rank=1" in by_node["nodeA"] and "--node-rank=0" in by_node["nodeB"]
@@ -171,7 +171,7 @@ def test_node_rank_follows_the_plans_hosts_not_slurms_order(tmp_path):
 def test_without_plan_hosts_node_rank_is_slurm_nodeid(tmp_path):
     spec, plan = spec_plan()
     s = render_slurm(spec, plan, str(tmp_path / "run")).files["train.sbatch"]
-    assert "--nodelist" not in s
+    assert "#SBATCH --nodelist" not in s
     runs = _run_node_logic(s, tmp_path, [("n1", 0), ("n2", 1)])
     assert "--node-rank=0" in runs[0] and runs[0].split()[1] == "n1"
     assert "--node-rank=1" in runs[1] and "MASTER=10.0.0.2:" in runs[1]
@@ -345,7 +345,7 @@ def test_preflight_exclude_list_reaches_sbatch(tmp_path):
     assert res.exit_code == 0, res.output
     s = json.loads(res.output)["files"]["train.sbatch"]
     assert "#SBATCH --exclude=a2\n" in s
-    assert "#SBATCH --nodelist=a1,a3\n" in s and "export LAUNCH4D_HOSTS='a1 a3'" in s
+    assert "#SBATCH --nodelist" not in s and "node_order=( a1 a3 )" in s
 
 
 def test_submit_dry_run_writes_and_records_nothing(tmp_path, monkeypatch):

@@ -12,6 +12,7 @@ import pytest
 
 from launcher.backends import JobHandle
 from launcher.backends.slurm import (
+    _SACCT_FIELDS,
     SHORT_STATES,
     SLURM_STATES,
     SlurmBackend,
@@ -29,6 +30,8 @@ ALL_STATES = ["BOOT_FAIL", "CANCELLED", "COMPLETED", "CONFIGURING", "COMPLETING"
 
 
 class FakeRunner:
+    """Answers by "command subcommand" first (e.g. "sacct --helpformat"), then by command."""
+
     host = None
 
     def __init__(self, answers: dict[str, tuple[int, str, str]], files: dict[str, bytes] | None = None):
@@ -36,7 +39,9 @@ class FakeRunner:
 
     def run(self, argv, cwd=None, timeout=60):
         self.calls.append(argv)
-        return self.answers.get(argv[0], (1, "", f"{argv[0]}: not answered"))
+        answer = self.answers.get(" ".join(argv[:2]), self.answers.get(argv[0]))
+        return answer if answer is not None else (1, "", f"{argv[0]}: not answered")
+
 
     def read_from(self, path, offset):
         data = self.files.get(path)
@@ -44,6 +49,13 @@ class FakeRunner:
 
     def close(self):
         pass
+
+
+@pytest.fixture(autouse=True)
+def _fresh_sacct_probe():
+    _SACCT_FIELDS.clear()
+    yield
+    _SACCT_FIELDS.clear()
 
 
 def handle(requeue: bool = True) -> JobHandle:
@@ -83,13 +95,29 @@ def test_preempted_is_final_only_without_requeue(requeue, done):
     assert st.state == "PREEMPTED" and st.done is done and st.nodes == "n[1-2]"
 
 
+# `sacct --helpformat` lists field names; only its whitespace-separated words are used, so these
+# answers give just the words. The real sacct is asked in test_slurm_e2e.py.
 def test_sacct_when_squeue_forgot_the_job():
     r = FakeRunner({"squeue": (1, "", "slurm_load_jobs error: Invalid job id specified\n"),
+                    "sacct --helpformat": (0, "JobID State ExitCode NodeList Elapsed Restarts\n", ""),
                     "sacct": (0, "42|CANCELLED by 0|0:15|n[1-2]|00:00:07|0\n", "")})
     st = backend(r).status(handle())
     assert (st.state, st.slurm_state, st.source, st.exit_code, st.elapsed) == ("CANCELLED", "CANCELLED", "sacct",
                                                                                0, "00:00:07")
     assert st.done
+
+
+def test_sacct_is_asked_only_for_fields_it_has():
+    """Slurm 22.05's sacct has no Restarts: asking for it makes sacct refuse the whole query."""
+    r = FakeRunner({"squeue": (0, "", ""),
+                    "sacct --helpformat": (0, "Account JobID State ExitCode NodeList Elapsed\n", ""),
+                    "sacct": (0, "42|COMPLETED|0:0|n1|00:00:03\n", "")})
+    st = backend(r).status(handle())
+    assert (st.state, st.source, st.restarts) == ("SUCCEEDED", "sacct", None)
+    query = next(c for c in r.calls if c[0] == "sacct" and "-o" in c)
+    assert query[query.index("-o") + 1] == "JobID,State,ExitCode,NodeList,Elapsed"
+    backend(r).status(handle())
+    assert sum(c[:2] == ["sacct", "--helpformat"] for c in r.calls) == 1     # probed once
 
 
 def test_job_log_when_there_is_no_accounting():
@@ -99,7 +127,8 @@ def test_job_log_when_there_is_no_accounting():
                    {"/runs/job/logs/slurm-42.out": out})
     st = backend(r).status(handle())
     assert (st.state, st.exit_code, st.source) == ("FAILED", 3, "job log")
-    assert "accounting storage is disabled" in st.detail
+    assert "no Slurm accounting here (Slurm accounting storage is disabled)" in st.detail
+    assert [c for c in r.calls if c[0] == "sacct"] == [["sacct", "--helpformat"]]   # asked once, then not
     r.files["/runs/job/logs/slurm-42.out"] = out + b"launch4d: requeueing job 42\n"
     assert backend(r).status(handle()).state == "UNKNOWN"      # requeued after that: not final
     r.files["/runs/job/logs/slurm-42.err"] = b"slurmstepd-n1: error: *** JOB 42 ON n1 CANCELLED AT 2026 ***\n"
@@ -121,11 +150,15 @@ def test_filter_rank():
     assert filter_rank("launch4d: job 1", None) == "launch4d: job 1"
 
 
-def test_cancel_refuses_a_finished_job():
+def test_cancel_is_idempotent():
     r = FakeRunner({"squeue": (0, "42|COMPLETED|None|n[1-2]|0:31\n", ""), "scontrol": (0, "", "")})
-    with pytest.raises(UserError, match="already ended"):
-        backend(r).cancel(handle())
+    assert backend(r).cancel(handle()) is False
     assert ["scancel", "42"] not in r.calls
+    # ended between our look and scancel's: still no error
+    r = FakeRunner({"squeue": (0, "42|RUNNING|None|n1|0:31\n", ""), "scontrol": (0, "", ""),
+                    "scancel": (1, "", "scancel: error: Kill job error on job id 42: Job/step already completing "
+                                       "or completed\n")})
+    assert backend(r).cancel(handle()) is False
 
 
 def test_logs_follow_stops_when_the_job_ends():
@@ -150,3 +183,120 @@ def test_missing_sacct_binary_falls_back_to_the_log():
     r = NoSacct({"squeue": (0, "", "")}, {"/runs/job/logs/slurm-42.out": b"launch4d: step finished with exit code 0\n"})
     st = backend(r).status(handle())
     assert (st.state, st.source) == ("SUCCEEDED", "job log") and "sacct not found" in st.detail
+
+
+# --- a controller that is away for a while -----------------------------------------------------
+DOWN = (1, "", "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n")
+
+
+class FlakyRunner(FakeRunner):
+    """squeue fails like a stopped slurmctld for the first `fails` calls, then answers."""
+
+    def __init__(self, fails: int, answer: str, **kw):
+        super().__init__({"squeue": (0, answer, ""), "scontrol": (0, "", "")}, **kw)
+        self.fails = fails
+
+    def run(self, argv, cwd=None, timeout=60):
+        if argv[0] == "squeue" and self.fails > 0:
+            self.fails -= 1
+            self.calls.append(argv)
+            return DOWN
+        return super().run(argv, cwd, timeout)
+
+
+class FakeClock:
+    def __init__(self):
+        self.now, self.sleeps = 0.0, []
+
+    def sleep(self, s: float) -> None:
+        self.sleeps.append(s)
+        self.now += s
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_wait_rides_out_a_controller_outage_with_backoff():
+    from launcher.backends import wait
+
+    r = FlakyRunner(3, "42|COMPLETED|None|n1|0:10\n")
+    clock, notes = FakeClock(), []
+    st = wait(backend(r), handle(), budget_s=120, on_retry=lambda e, d, n: notes.append((str(e), d, n)),
+              sleep=clock.sleep, clock=clock)
+    assert st.slurm_state == "COMPLETED"
+    assert [(d, n) for _, d, n in notes] == [(2.0, 1), (4.0, 2), (8.0, 3)]
+    assert "Slurm controller not answering (Unable to contact slurm controller (connect failure))" in notes[0][0]
+
+
+def test_wait_gives_up_after_the_stated_budget():
+    from launcher.backends import wait
+
+    r = FlakyRunner(10**6, "")
+    clock = FakeClock()
+    with pytest.raises(UserError, match=r"still failing after \d+ tries over 30 s \(retry budget 30 s\)"):
+        wait(backend(r), handle(), budget_s=30, sleep=clock.sleep, clock=clock)
+    assert clock.now == 30 and clock.sleeps[:3] == [2.0, 4.0, 8.0]
+
+
+def test_wait_polls_with_backoff_while_the_job_runs():
+    from launcher.backends import wait
+
+    class Runs(FakeRunner):
+        def __init__(self, clock):
+            super().__init__({"scontrol": (0, "", "")})
+            self.clock = clock
+
+        def run(self, argv, cwd=None, timeout=60):
+            if argv[0] == "squeue":
+                self.calls.append(argv)
+                state = "RUNNING" if self.clock() < 600 else "COMPLETED"
+                return 0, f"42|{state}|None|n1|0:10\n", ""
+            return super().run(argv, cwd, timeout)
+
+    clock = FakeClock()
+    r = Runs(clock)
+    st = wait(backend(r), handle(), sleep=clock.sleep, clock=clock)
+    assert st.slurm_state == "COMPLETED"
+    assert clock.sleeps[:6] == [2.0, 4.0, 8.0, 16.0, 32.0, 60.0] and max(clock.sleeps) == 60.0
+    assert len([c for c in r.calls if c[0] == "squeue"]) < 20          # not 300 polls at 2 s
+
+
+def test_logs_follow_asks_the_scheduler_rarely_when_idle(monkeypatch):
+    """An idle log is read every poll; squeue is asked at 2, 4, 8 ... s of idleness, not each poll."""
+    import launcher.backends.slurm as slurm_mod
+
+    clock = FakeClock()
+    monkeypatch.setattr(slurm_mod.time, "monotonic", clock)
+    monkeypatch.setattr(slurm_mod.time, "sleep", clock.sleep)
+    path = "/runs/job/logs/slurm-42.out"
+
+    class Idle(FakeRunner):
+        def run(self, argv, cwd=None, timeout=60):
+            if argv[0] == "squeue":
+                self.calls.append(argv)
+                if clock() < 300:
+                    return (0, "42|RUNNING|None|n1|0:10\n", "") if clock() < 20 or clock() > 60 else DOWN
+                return 0, "42|COMPLETED|None|n1|0:10\n", ""
+            return super().run(argv, cwd, timeout)
+
+    r = Idle({"scontrol": (0, "", "")}, {path: b"0: [rank0]: step 1/9\n"})
+    notes = []
+    lines = list(backend(r).logs(handle(), follow=True, poll_s=1.0,
+                                 on_retry=lambda e, d, n: notes.append(n)))
+    assert lines == ["0: [rank0]: step 1/9"]
+    squeue = [c for c in r.calls if c[0] == "squeue"]
+    assert 300 <= clock() < 400 and len(squeue) < 15                  # ~300 reads of the file, few queries
+    assert notes                                                        # the outage was noticed and survived
+
+
+def test_a_waiting_job_names_the_nodes_its_check_left_out():
+    """`scontrol show job` lines as Slurm 22.05 prints them; the reason comes from the node check's log."""
+    r = FakeRunner({"squeue": (0, "42|PENDING|BadConstraints||0:00\n", ""),
+                    "scontrol": (0, "JobId=42 JobName=job\n   Requeue=1 Restarts=1 BatchFlag=1 Reboot=0 ExitCode=0:0\n"
+                                    "   ReqNodeList=(null) ExcNodeList=bad0,n2\n", "")},
+                   {"/runs/job/logs/nodecheck.log": b"2026-11-30T15:00:00Z job 42 restart 0: n2 left out: "
+                                                    b"nvidia-smi: Unable to determine the device handle\n"})
+    st = backend(r).status(handle())
+    assert st.detail == ("BadConstraints; left out n2 (node check: nvidia-smi: Unable to determine the device "
+                         "handle)")
+    assert st.restarts == 1 and not st.done

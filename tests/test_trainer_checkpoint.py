@@ -169,14 +169,20 @@ def test_keep_prunes_old_and_resave_same_step_is_noop(tmp_path):
     assert (tmp_path / "checkpoints" / "step-4" / ".metadata").stat().st_mtime_ns == mtime
 
 
-def test_signal_handlers_set_flag(tmp_path):
-    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+@pytest.mark.parametrize("env,sig", [(None, signal.SIGUSR2), ("URG", signal.SIGURG), ("SIGUSR1", signal.SIGUSR1)])
+def test_signal_handlers_set_flag(tmp_path, monkeypatch, env, sig):
+    """The checkpoint signal is USR2 unless LAUNCH4D_CHECKPOINT_SIGNAL says otherwise; SIGTERM too."""
+    if env is None:
+        monkeypatch.delenv("LAUNCH4D_CHECKPOINT_SIGNAL", raising=False)
+    else:
+        monkeypatch.setenv("LAUNCH4D_CHECKPOINT_SIGNAL", env)
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, sig)}
     try:
         ck = Checkpointer(tmp_path, every=0)
         ck.install_signal_handlers()
         assert not ck.stop_requested()
-        os.kill(os.getpid(), signal.SIGUSR1)
-        assert ck.preempt_requested and ck.preempt_signal == signal.SIGUSR1 and ck.stop_requested()
+        os.kill(os.getpid(), sig)
+        assert ck.preempt_requested and ck.preempt_signal == sig and ck.stop_requested()
         ck2 = Checkpointer(tmp_path, every=0)
         ck2.install_signal_handlers()
         os.kill(os.getpid(), signal.SIGTERM)

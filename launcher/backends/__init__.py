@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import importlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from launcher.errors import UserError
 
 if TYPE_CHECKING:
     from launcher.plan import Plan
     from launcher.spec import JobSpec
+
+T = TypeVar("T")
 
 # Job states every backend maps its own onto.
 PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED, PREEMPTED, UNKNOWN = (
@@ -38,6 +40,73 @@ BACKENDS = {
     "slurm": "launcher.backends.slurm:SlurmBackend",
     "k8s": "launcher.backends.kubernetes:KubernetesBackend",
 }
+
+
+class TransientError(UserError):
+    """The scheduler (or the login node) did not answer this time: worth retrying, with backoff,
+    within a stated budget (wait() below); a UserError when the budget is spent."""
+
+
+#: Seconds between polls: 2, 4, 8 ... up to 60.
+POLL_START_S, POLL_MAX_S = 2.0, 60.0
+#: How long a run of consecutive transient errors is tolerated before a command gives up.
+RETRY_BUDGET_S = 120.0
+
+
+def backoff(start: float = POLL_START_S, cap: float = POLL_MAX_S) -> Iterator[float]:
+    """2, 4, 8 ... cap, cap, ..."""
+    delay = start
+    while True:
+        yield delay
+        delay = min(delay * 2, cap)
+
+
+def with_retries(call: Callable[[], T], budget_s: float = RETRY_BUDGET_S,
+                 on_retry: Callable[[TransientError, float, int], None] | None = None,
+                 sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
+                 start: float = POLL_START_S, cap: float = POLL_MAX_S) -> T:
+    """`call()`, retried with backoff while it raises TransientError, for at most `budget_s`."""
+    first = clock()
+    delays = backoff(start, cap)
+    tries = 0
+    while True:
+        try:
+            return call()
+        except TransientError as exc:
+            tries += 1
+            spent = clock() - first
+            if spent >= budget_s:
+                raise UserError(f"{exc}; still failing after {tries} tries over {spent:.0f} s "
+                                f"(retry budget {budget_s:.0f} s)") from None
+            delay = min(next(delays), max(budget_s - spent, 0.1))
+            if on_retry:
+                on_retry(exc, delay, tries)
+            sleep(delay)
+
+
+def wait(backend: Backend, handle: JobHandle, timeout: float | None = None, budget_s: float = RETRY_BUDGET_S,
+         on_status: Callable[[JobStatus], None] | None = None,
+         on_retry: Callable[[TransientError, float, int], None] | None = None,
+         start: float = POLL_START_S, cap: float = POLL_MAX_S,
+         sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> JobStatus:
+    """Poll until the job is done or `timeout` passes: every 2, 4, 8 ... `cap` s (back to `start`
+    when the state changes), tolerating transient scheduler errors for `budget_s` at a time."""
+    deadline = clock() + timeout if timeout else None
+    last = None
+    delays = backoff(start, cap)
+    while True:
+        st = with_retries(lambda: backend.status(handle), budget_s, on_retry, sleep, clock, start, cap)
+        if on_status:
+            on_status(st)
+        if st.done or (deadline is not None and clock() >= deadline):
+            return st
+        if st.state != last:
+            delays = backoff(start, cap)
+            last = st.state
+        delay = next(delays)
+        if deadline is not None:
+            delay = max(min(delay, deadline - clock()), 0.0)
+        sleep(delay)
 
 
 @dataclass

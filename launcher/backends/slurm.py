@@ -25,12 +25,16 @@ from launcher.backends import (
     FAILED,
     PENDING,
     PREEMPTED,
+    RETRY_BUDGET_S,
     RUNNING,
     SUCCEEDED,
     TERMINAL,
     UNKNOWN,
     JobHandle,
     JobStatus,
+    TransientError,
+    backoff,
+    with_retries,
 )
 from launcher.errors import UserError
 
@@ -57,6 +61,18 @@ SHORT_STATES = {"PD": "PENDING", "CF": "CONFIGURING", "RQ": "REQUEUED", "RF": "R
                 "BF": "BOOT_FAIL", "NF": "NODE_FAIL", "OOM": "OUT_OF_MEMORY", "TO": "TIMEOUT",
                 "DL": "DEADLINE", "RV": "REVOKED", "CA": "CANCELLED"}
 STEP_DONE = re.compile(r"launch4d: step finished with exit code (\d+)")
+# What Slurm's client commands print when the controller (or the network to it) is away for a moment.
+TRANSIENT = re.compile(r"Unable to contact slurm controller|Socket timed out|Connection refused|"
+                       r"Connection timed out|Zero Bytes were transmitted|Communication connection failure|"
+                       r"Resource temporarily unavailable|Transport endpoint is not connected", re.I)
+NO_ACCOUNTING = re.compile(r"accounting storage is disabled|Problem talking to the database|"
+                           r"slurmdbd.*(not|n't) (running|responding)", re.I)
+#: What status asks sacct for, when this sacct knows the field (Restarts is missing on 22.05).
+SACCT_WANTED = ("JobID", "State", "ExitCode", "NodeList", "Elapsed", "Restarts")
+#: squeue's fields (one-letter -o codes exist on every Slurm release we meet).
+SQUEUE_FORMAT = "%i|%T|%r|%N|%M"
+# Per login host: the fields this sacct has (None: no accounting) and why not (probed once).
+_SACCT_FIELDS: dict[str | None, tuple[frozenset[str] | None, str]] = {}
 RANK_LINE = re.compile(r"^(?:\d+: )?\[rank(\d+)\]: ?(.*)$")
 
 
@@ -107,7 +123,7 @@ class LocalRunner:
             raise UserError(f"{argv[0]} not found on PATH: install Slurm's client commands here, or set "
                             "backend.slurm.login_host to submit over SSH") from None
         except subprocess.TimeoutExpired:
-            raise UserError(f"{argv[0]} did not answer within {timeout:.0f}s") from None
+            raise TransientError(f"{argv[0]} did not answer within {timeout:.0f}s") from None
         return p.returncode, p.stdout, p.stderr
 
     def which(self, name: str) -> bool:
@@ -183,7 +199,7 @@ class SSHRunner:
                                 "or set backend.slurm.accept_unknown_host: true") from None
             raise UserError(f"login node {where}: SSH failed ({exc})") from None
         except OSError as exc:
-            raise UserError(f"cannot reach login node {where}: {exc.strerror or exc}") from None
+            raise TransientError(f"cannot reach login node {where}: {exc.strerror or exc}") from None
         self.client = client
 
     def run(self, argv: list[str], cwd: str | None = None, timeout: float = 60,
@@ -201,7 +217,7 @@ class SSHRunner:
             stderr = err.read().decode(errors="replace")
             rc = out.channel.recv_exit_status()
         except OSError as exc:  # socket.timeout and paramiko's SSHException are both here
-            raise UserError(f"login node {self.host}: {' '.join(argv[:2])} failed ({exc})") from None
+            raise TransientError(f"login node {self.host}: {' '.join(argv[:2])} failed ({exc})") from None
         if rc == 127 and "not found" in stderr:
             raise UserError(f"{argv[0]} not found on login node {self.host}")
         return rc, stdout, stderr
@@ -263,7 +279,7 @@ class SlurmBackend:
     def submit(self, spec: JobSpec, plan: Plan, run_dir: str | Path, dry_run: bool = False,
                templates: str | None = None, exclude: list[str] | None = None,
                measured_env: dict[str, str] | None = None, job_text: str | None = None,
-               **options: Any) -> JobHandle:
+               node_order: list[str] | None = None, **options: Any) -> JobHandle:
         """Render into the run dir (here, or a remote one on the login node), then sbatch there.
 
         Nothing is written for a dry run; on any failure the run dir this call created is removed."""
@@ -274,7 +290,7 @@ class SlurmBackend:
         created = None
         try:
             rd = self._job_dir(spec, run_dir, target, runner)
-            rendered = render_slurm(spec, plan, rd, templates, exclude, measured_env)
+            rendered = render_slurm(spec, plan, rd, templates, exclude, measured_env, node_order)
             files = dict(rendered.files)
             if job_text is not None:
                 files["job.yaml"] = job_text
@@ -299,7 +315,7 @@ class SlurmBackend:
                 runner.write(f"{rd}/{name}", text, 0o755 if name.endswith(".sbatch") else 0o644)
             rc, out, err = runner.run(["sbatch", "--parsable", "train.sbatch"], cwd=rd)
             if rc != 0:
-                raise UserError("sbatch refused the job: " + sbatch_error(err or out))
+                raise UserError(refusal(spec, err or out))
             job_id = out.strip().splitlines()[-1].split(";")[0].strip() if out.strip() else ""
             if not job_id.isdigit():
                 raise UserError(f"sbatch printed no job id (stdout {out.strip()!r}, stderr {err.strip()!r})")
@@ -325,46 +341,108 @@ class SlurmBackend:
 
     # status -----------------------------------------------------------------------------------
     def status(self, handle: JobHandle) -> SlurmJobStatus:
+        """The job's state now. Raises TransientError when the controller does not answer."""
         runner = self.runner(ssh_target_from(handle))
         try:
             return self._status(runner, handle)
         finally:
             runner.close()
 
+    describe = status
+
+    def statuses(self, handles: list[JobHandle]) -> dict[str, SlurmJobStatus]:
+        """Many jobs at once: one squeue per login host for all of them; sacct or the job log only
+        for those squeue has forgotten. Raises TransientError when a controller does not answer."""
+        out: dict[str, SlurmJobStatus] = {}
+        by_host: dict[str | None, list[JobHandle]] = {}
+        for h in handles:
+            by_host.setdefault((h.extra.get("ssh") or {}).get("host"), []).append(h)
+        for group in by_host.values():
+            runner = self.runner(ssh_target_from(group[0]))
+            try:
+                ids = ",".join(h.id for h in group)
+                rc, text, err = runner.run(["squeue", "-h", "-t", "all", "-j", ids, "-o", SQUEUE_FORMAT])
+                if rc != 0 and TRANSIENT.search(err or text):
+                    raise TransientError(f"Slurm controller not answering ({sbatch_error(err or text)})")
+                rows = {ln.split("|")[0].strip(): ln.split("|") for ln in text.splitlines() if "|" in ln}
+                for h in group:
+                    row = rows.get(h.id)
+                    if row and len(row) >= 5:
+                        st = normalize_state(row[1])
+                        out[h.id] = SlurmJobStatus(state_of(st), None, row[2] if row[2] not in ("None", "") else "",
+                                                   slurm_state=st, source="squeue", nodes=row[3] or None,
+                                                   elapsed=row[4] or None,
+                                                   requeue=bool(h.extra.get("requeue", True)))
+                    else:
+                        out[h.id] = self._status(runner, h)
+            finally:
+                runner.close()
+        return out
+
     def _status(self, runner, handle: JobHandle) -> SlurmJobStatus:
         requeue = bool(handle.extra.get("requeue", True))
-        rc, out, err = runner.run(["squeue", "-h", "-t", "all", "-j", handle.id, "-o", "%i|%T|%r|%N|%M"])
+        rc, out, err = runner.run(["squeue", "-h", "-t", "all", "-j", handle.id, "-o", SQUEUE_FORMAT])
+        if rc != 0 and TRANSIENT.search(err or out):
+            raise TransientError(f"Slurm controller not answering ({sbatch_error(err or out)})")
         line = next((ln for ln in out.splitlines() if ln.split("|")[0].strip() == handle.id), None)
         if rc == 0 and line:
             _, state, reason, nodes, elapsed = (line.split("|") + [""] * 5)[:5]
             st = normalize_state(state)
-            return SlurmJobStatus(state_of(st), None, reason if reason not in ("None", "") else "",
-                                  slurm_state=st, source="squeue", nodes=nodes or None, elapsed=elapsed or None,
-                                  restarts=self._restarts(runner, handle.id), requeue=requeue)
-        rc, out, err = _optional(runner, ["sacct", "-n", "-P", "-X", "-j", handle.id,
-                                          "-o", "JobID,State,ExitCode,NodeList,Elapsed,Restarts"])
-        rows = [ln.split("|") for ln in out.splitlines() if ln.strip()] if rc == 0 else []
-        rows = [r for r in rows if r[0].split(".")[0].split("+")[0] == handle.id]
+            job = self._scontrol_job(runner, handle.id)
+            detail = reason if reason not in ("None", "") else ""
+            left_out = self._left_out(runner, handle, job.get("ExcNodeList")) if st == "PENDING" else ""
+            if left_out:
+                detail = f"{detail}; {left_out}" if detail else left_out
+            restarts = job.get("Restarts")
+            return SlurmJobStatus(state_of(st), None, detail, slurm_state=st, source="squeue", nodes=nodes or None,
+                                  elapsed=elapsed or None, restarts=int(restarts) if restarts and restarts.isdigit()
+                                  else None, requeue=requeue)
+        fields, why = sacct_fields(runner)
+        if fields is None:
+            return self._status_from_log(runner, handle, f"no Slurm accounting here ({why}): squeue/scontrol "
+                                         "and the job log only", requeue)
+        cols = [f for f in SACCT_WANTED if f in fields]
+        rc, out, err = _optional(runner, ["sacct", "-n", "-P", "-X", "-j", handle.id, "-o", ",".join(cols)])
+        if rc != 0 and TRANSIENT.search(err or out):
+            raise TransientError(f"sacct not answering ({sbatch_error(err or out)})")
+        rows = [dict(zip(cols, ln.split("|"))) for ln in out.splitlines() if ln.strip()] if rc == 0 else []
+        rows = [r for r in rows if r.get("JobID", "").split(".")[0].split("+")[0] == handle.id]
         if rows:
-            r = (rows[-1] + [""] * 6)[:6]
-            st = normalize_state(r[1])
-            code = r[2].split(":")[0]
+            r = rows[-1]
+            st = normalize_state(r.get("State", ""))
+            code = r.get("ExitCode", "").split(":")[0]
+            restarts = r.get("Restarts", "")
             return SlurmJobStatus(state_of(st), int(code) if code.isdigit() else None, "",
-                                  slurm_state=st, source="sacct", nodes=r[3] or None, elapsed=r[4] or None,
-                                  restarts=int(r[5]) if r[5].isdigit() else None, requeue=requeue)
-        return self._status_from_log(runner, handle, (err or "").strip(), requeue)
+                                  slurm_state=st, source="sacct", nodes=r.get("NodeList") or None,
+                                  elapsed=r.get("Elapsed") or None,
+                                  restarts=int(restarts) if restarts.isdigit() else None, requeue=requeue)
+        note = f"sacct: {sbatch_error(err)}" if rc != 0 else "sacct: no record"
+        return self._status_from_log(runner, handle, note, requeue)
 
-    def _restarts(self, runner, job_id: str) -> int | None:
+    def _scontrol_job(self, runner, job_id: str) -> dict[str, str]:
+        """`scontrol show job` as key=value pairs (Restarts, ExcNodeList, ...); {} when it cannot say."""
         rc, out, _ = _optional(runner, ["scontrol", "show", "job", job_id])
-        m = re.search(r"\bRestarts=(\d+)", out) if rc == 0 else None
-        return int(m.group(1)) if m else None
+        if rc != 0:
+            return {}
+        return dict(m.groups() for m in re.finditer(r"(?:^|\s)([A-Za-z][A-Za-z:/]*)=(\S*)", out))
 
-    def _status_from_log(self, runner, handle: JobHandle, sacct_err: str, requeue: bool) -> SlurmJobStatus:
+    def _left_out(self, runner, handle: JobHandle, exc: str | None) -> str:
+        """For a pending job: the nodes the node check left out, and why (from logs/nodecheck.log)."""
+        if not exc or exc == "(null)":
+            return ""
+        text = (runner.read_from(f"{handle.run_dir}/logs/nodecheck.log", 0) or b"").decode(errors="replace")
+        why: dict[str, str] = {}
+        for m in re.finditer(r": (\S+) left out: (.*)$", text, re.M):
+            why[m.group(1)] = m.group(2)
+        nodes = [n for n in exc.split(",") if n in why]
+        return "; ".join(f"left out {n} (node check: {why[n]})" for n in nodes)
+
+    def _status_from_log(self, runner, handle: JobHandle, sacct_note: str, requeue: bool) -> SlurmJobStatus:
         """Neither squeue nor sacct knows the job: read the batch script's own last words."""
         base = f"{handle.run_dir}/logs/slurm-{handle.id}"
         out = (runner.read_from(base + ".out", 0) or b"").decode(errors="replace")
         err = (runner.read_from(base + ".err", 0) or b"").decode(errors="replace")
-        note = f"not in squeue; sacct: {sacct_err.splitlines()[0] if sacct_err else 'no record'}"
+        note = f"not in squeue; {sacct_note}"
         done = STEP_DONE.findall(out)
         if done and out.rfind("launch4d: step finished") > out.rfind("launch4d: requeueing"):
             code = int(done[-1])
@@ -377,33 +455,63 @@ class SlurmBackend:
 
     # logs -------------------------------------------------------------------------------------
     def logs(self, handle: JobHandle, follow: bool = False, rank: int | None = None, stream: str = "out",
-             poll_s: float = 1.0, timeout_s: float | None = None) -> Iterator[str]:
-        """Lines of slurm-<id>.out (or .err); with `rank`, only that global rank's trainer lines."""
+             poll_s: float = 1.0, timeout_s: float | None = None, budget_s: float = RETRY_BUDGET_S,
+             on_retry: Callable[[TransientError, float, int], None] | None = None) -> Iterator[str]:
+        """Lines of slurm-<id>.out (or .err); with `rank`, only that global rank's trainer lines.
+
+        Following reads the file every `poll_s` but asks the scheduler whether the job has ended
+        only when the log is idle, every 2, 4, 8 ... 60 s (at once when the script writes its last
+        words), tolerating a controller that is away for up to `budget_s`."""
         runner = self.runner(ssh_target_from(handle))
         path = f"{handle.run_dir}/logs/slurm-{handle.id}.{stream}"
-        offset, pending, chunk = 0, b"", None
+        offset, pending = 0, b""
         deadline = time.monotonic() + timeout_s if timeout_s else None
+        delays = backoff()
+        next_check = time.monotonic() + next(delays)
+        failing_since: float | None = None
+        tries = 0
         try:
             while True:
                 chunk = runner.read_from(path, offset)
                 if chunk:
                     offset += len(chunk)
-                    pending += chunk
-                    *lines, pending = pending.split(b"\n")
-                    for raw in lines:
-                        out = filter_rank(raw.decode(errors="replace"), rank)
-                        if out is not None:
-                            yield out
+                    lines, pending = split_lines(pending + chunk, rank)
+                    yield from lines
+                    if b"launch4d: step finished" in chunk or b"launch4d: requeueing" in chunk \
+                            or b"left out:" in chunk:
+                        next_check = time.monotonic()
                 if not follow or (deadline and time.monotonic() > deadline):
                     break
-                if not chunk and self._status(runner, handle).done:
-                    break
+                now = time.monotonic()
+                if chunk:
+                    delays = backoff()
+                elif now >= next_check:
+                    delay = next(delays)
+                    next_check = now + delay
+                    try:
+                        done = self._status(runner, handle).done
+                        failing_since, tries = None, 0
+                    except TransientError as exc:
+                        failing_since = failing_since or now
+                        tries += 1
+                        if now - failing_since >= budget_s:
+                            raise UserError(f"{exc}; still failing after {tries} tries over "
+                                            f"{now - failing_since:.0f} s (retry budget {budget_s:.0f} s)") from None
+                        if on_retry:
+                            on_retry(exc, delay, tries)
+                        done = False
+                    if done:
+                        tail = runner.read_from(path, offset) or b""
+                        offset += len(tail)
+                        lines, pending = split_lines(pending + tail, rank)
+                        yield from lines
+                        break
                 if not chunk:
                     time.sleep(poll_s)
             if pending:
-                out = filter_rank(pending.decode(errors="replace"), rank)
-                if out is not None:
-                    yield out
+                text = filter_rank(pending.decode(errors="replace"), rank)
+                if text is not None:
+                    yield text
             if offset == 0 and not follow:
                 raise UserError(f"no log yet at {path}" + (f" on {runner.host}" if runner.host else "")
                                 + " (is the job still pending?)")
@@ -411,17 +519,39 @@ class SlurmBackend:
             runner.close()
 
     # cancel -----------------------------------------------------------------------------------
-    def cancel(self, handle: JobHandle) -> None:
+    def cancel(self, handle: JobHandle) -> bool:
+        """scancel the job. Idempotent: a job that has already ended is left alone (False)."""
         runner = self.runner(ssh_target_from(handle))
         try:
-            before = self._status(runner, handle)
+            before = with_retries(lambda: self._status(runner, handle))
             if before.done:
-                raise UserError(f"job {handle.id} already ended ({before.slurm_state}); nothing to cancel")
+                return False
             rc, out, err = runner.run(["scancel", handle.id])
             if rc != 0:
-                raise UserError(f"scancel {handle.id} failed: {(err or out).strip()}")
+                text = (err or out).strip()
+                if re.search(r"already completing or completed|Invalid job id specified", text):
+                    return False
+                if TRANSIENT.search(text):
+                    raise TransientError(f"scancel {handle.id}: Slurm controller not answering ({text})")
+                raise UserError(f"scancel {handle.id} failed: {text}")
+            return True
         finally:
             runner.close()
+
+
+def sacct_fields(runner) -> tuple[frozenset[str] | None, str]:
+    """The fields this sacct knows (`sacct --helpformat`, asked once per login host), or None and
+    why where there is no accounting (no slurmdbd: sacct refuses every query) or no sacct."""
+    key = runner.host
+    if key not in _SACCT_FIELDS:
+        rc, out, err = _optional(runner, ["sacct", "--helpformat"])
+        if rc == 0 and out.split():
+            _SACCT_FIELDS[key] = (frozenset(out.split()), "")
+        elif TRANSIENT.search(err or out) and not NO_ACCOUNTING.search(err or out):
+            raise TransientError(f"sacct not answering ({sbatch_error(err or out)})")
+        else:
+            _SACCT_FIELDS[key] = (None, sbatch_error(err or out))
+    return _SACCT_FIELDS[key]
 
 
 def _optional(runner, argv: list[str]) -> tuple[int, str, str]:
@@ -430,6 +560,13 @@ def _optional(runner, argv: list[str]) -> tuple[int, str, str]:
         return runner.run(argv)
     except UserError as exc:
         return 127, "", str(exc)
+
+
+def split_lines(data: bytes, rank: int | None) -> tuple[list[str], bytes]:
+    """Complete lines of `data` (rank-filtered), and the unfinished rest."""
+    *raw, rest = data.split(b"\n")
+    lines = [filter_rank(r.decode(errors="replace"), rank) for r in raw]
+    return [ln for ln in lines if ln is not None], rest
 
 
 def filter_rank(line: str, rank: int | None) -> str | None:
@@ -444,5 +581,24 @@ def filter_rank(line: str, rank: int | None) -> str | None:
 def sbatch_error(text: str) -> str:
     """sbatch's own words, on one line: 'sbatch: error: invalid partition specified: x'."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    errs = [ln.split("error:", 1)[1].strip() for ln in lines if "error:" in ln]
+    errs = [ln.split("error:", 1)[1].strip() if "error:" in ln else ln.removeprefix("sbatch: ")
+            for ln in lines if "error:" in ln or "unrecognized option" in ln or "invalid option" in ln]
     return "; ".join(errs or lines[-1:]) or "no message"
+
+
+UNKNOWN_OPTION = re.compile(r"unrecognized option '(--[^=' ]+)")
+
+
+def refusal(spec: JobSpec, text: str) -> str:
+    """sbatch's refusal as one line; an option the installed sbatch does not know is named with
+    the job-file field it came from (the installed sbatch is the judge of what it accepts)."""
+    from launcher.render import site_options
+
+    m = UNKNOWN_OPTION.search(text)
+    if m:
+        flag = m.group(1)
+        path = next((p for f, _, p in site_options(spec) if f == flag), None)
+        if path:
+            hint = "; --segment comes with the topology/block plugin of newer Slurm" if flag == "--segment" else ""
+            return f"{path}: the installed sbatch does not accept {flag} (see `sbatch --help`{hint})"
+    return "sbatch refused the job: " + sbatch_error(text)

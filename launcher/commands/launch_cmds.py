@@ -80,7 +80,8 @@ def render(job_file: str, backend: str | None, out_dir: str | None, bwmap: str |
     if kind == "slurm":
         run_dir = str(Path(out_dir).resolve()) if out_dir else str(
             child_path(Path(spec.backend.log_dir).expanduser().resolve(), spec.name, "name"))
-        rendered = render_slurm(spec, plan, run_dir, templates, list(bw.exclude) if bw else None)
+        rendered = render_slurm(spec, plan, run_dir, templates, list(bw.exclude) if bw else None,
+                                node_order=bw.healthy_hosts if bw else None)
     else:
         rendered = render_k8s(spec, plan, None, templates)
     written: list[str] = []
@@ -116,7 +117,7 @@ def submit(job_file: str, backend: str | None, bwmap: str | None, run_dir: str |
         check_state()  # a broken state file is found before anything is submitted
     options: dict[str, Any] = {"templates": templates, "job_text": text}
     if kind == "slurm":
-        options.update(exclude=list(bw.exclude) if bw else None)
+        options.update(exclude=list(bw.exclude) if bw else None, node_order=bw.healthy_hosts if bw else None)
     handle = be.submit(spec, plan, rd, dry_run=dry_run, **options)
     payload = {"id": handle.id, "backend": kind, "name": handle.name, "run_dir": handle.run_dir,
                "dry_run": handle.dry_run, "host": handle.extra.get("host"),
@@ -177,38 +178,62 @@ def _seconds(name: str, value: float | None, positive: bool) -> None:
                         f"{'greater than 0' if positive else '0 or more'})")
 
 
+def _remember(rec, state: str) -> None:
+    """The job's last known state, kept in its record for `launch jobs` when a scheduler is away."""
+    from launcher.jobstate import record
+
+    if rec.extra.get("last_state") != state:
+        rec.extra.update(last_state=state, last_seen=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        record(rec)
+
+
+def _retry_note(exc, delay: float, tries: int) -> None:
+    progress(f"warning: {exc}; retry {tries} in {delay:.0f} s")
+
+
 @click.command()
 @click.argument("job")
 @click.option("--wait", is_flag=True, help="Poll until the job has ended (or --timeout).")
 @click.option("--timeout", type=float, default=None,
               help=f"Seconds to wait at most with --wait; still running then: exit {WAIT_TIMEOUT_EXIT}.")
-@click.option("--interval", type=float, default=2.0, show_default=True, help="Seconds between polls with --wait.")
+@click.option("--interval", type=float, default=2.0, show_default=True,
+              help="Seconds before the first re-poll with --wait; then doubling up to --max-interval.")
+@click.option("--max-interval", type=float, default=60.0, show_default=True, help="Longest gap between polls.")
+@click.option("--retry-budget", type=float, default=120.0, show_default=True,
+              help="Seconds of consecutive scheduler errors (controller away) tolerated before giving up.")
 @json_option
-def status(job: str, wait: bool, timeout: float | None, interval: float, as_json: bool) -> None:
+def status(job: str, wait: bool, timeout: float | None, interval: float, max_interval: float, retry_budget: float,
+           as_json: bool) -> None:
     """Show a submitted job's state (squeue, else sacct; PyTorchJob conditions and pods).
 
     With --wait: exit 0 when the job succeeded, 1 when it ended otherwise, 124 when --timeout ran out
-    first (the job goes on)."""
+    first (the job goes on). Polls back off from --interval to --max-interval; scheduler errors are
+    retried for --retry-budget seconds, then exit 2."""
+    from launcher.backends import wait as wait_for_job
+    from launcher.backends import with_retries
+
     _seconds("--interval", interval, positive=True)
+    _seconds("--max-interval", max_interval, positive=True)
     _seconds("--timeout", timeout, positive=False)
+    _seconds("--retry-budget", retry_budget, positive=False)
     rec, handle = _handle(job)
     be = _backend(rec.backend)
-    deadline = time.monotonic() + timeout if timeout is not None else None
-    last = None
-    timed_out = False
-    while True:
-        st = be.status(handle)
+    last: list[str | None] = [None]
+    cap = max(max_interval, interval)
+
+    def show(st) -> None:
         d = _status_dict(rec, st)
-        if wait and not as_json and d["state"] != last:
+        if not as_json and d["state"] != last[0]:
             progress(_status_line(d))
-        last = d["state"]
-        if not wait or d["done"]:
-            break
-        left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left <= 0:
-            timed_out = True
-            break
-        time.sleep(interval if left is None else min(interval, left))
+        last[0] = d["state"]
+
+    if wait:
+        st = wait_for_job(be, handle, timeout, retry_budget, show, _retry_note, start=interval, cap=cap)
+    else:
+        st = with_retries(lambda: be.status(handle), retry_budget, _retry_note, start=interval, cap=cap)
+    d = _status_dict(rec, st)
+    _remember(rec, d["state"])
+    timed_out = wait and not d["done"]
     if wait:
         d["timed_out"] = timed_out
     emit(d, as_json, lambda: _status_line(d) + (f" (still {d['state']} after --timeout {timeout:g} s)"
@@ -235,7 +260,7 @@ def logs(job: str, follow: bool, rank: int | None, stream: str, as_json: bool) -
     if rank is not None:
         kwargs["rank"] = rank
     if rec.backend == "slurm":
-        kwargs["stream"] = stream
+        kwargs.update(stream=stream, on_retry=_retry_note)
     elif rank is not None and rec.backend == "local":
         kwargs.pop("rank")
     lines = be.logs(handle, **kwargs)
@@ -264,3 +289,60 @@ def cancel(job: str, as_json: bool) -> None:
     emit({"id": rec.id, "backend": rec.backend, "name": rec.name, "cancelled": not ended, "already_ended": ended},
          as_json, lambda: (f"{rec.backend} job {rec.id} ({rec.name}) had already ended; nothing to cancel" if ended
                            else f"cancelled {rec.backend} job {rec.id} ({rec.name})"))
+
+
+# --- jobs -----------------------------------------------------------------------------------
+@click.command()
+@json_option
+def jobs(as_json: bool) -> None:
+    """List the jobs launch4d submitted, with their state now (Slurm: one squeue per login host),
+    or the last known one where the scheduler cannot answer."""
+    from launcher.backends import handle_from_record
+    from launcher.jobstate import all_jobs
+
+    recs = all_jobs()
+    now: dict[tuple[str, str], Any] = {}
+    errors: dict[str, str] = {}
+    slurm = [r for r in recs if r.backend == "slurm"]
+    if slurm:
+        try:
+            found = _backend("slurm").statuses([handle_from_record(r) for r in slurm])
+            now.update({("slurm", k): v for k, v in found.items()})
+        except UserError as exc:
+            errors["slurm"] = str(exc)
+    for r in recs:
+        if r.backend == "slurm":
+            continue
+        try:
+            h = handle_from_record(r)
+            h.extra.setdefault("namespace", r.namespace)
+            now[(r.backend, r.id)] = _backend(r.backend).status(h)
+        except UserError as exc:
+            errors.setdefault(r.backend, str(exc))
+    rows = []
+    for r in recs:
+        st = now.get((r.backend, r.id))
+        if st is not None:
+            d = _status_dict(r, st)
+            _remember(r, d["state"])
+            row = {**d, "current": True}
+        else:
+            row = {"id": r.id, "backend": r.backend, "name": r.name, "run_dir": r.run_dir,
+                   "state": r.extra.get("last_state", "UNKNOWN"), "last_seen": r.extra.get("last_seen"),
+                   "current": False, "detail": errors.get(r.backend, "")}
+        row["submitted_at"] = r.submitted_at
+        rows.append(row)
+
+    def table() -> str:
+        if not rows:
+            return "no jobs recorded yet (launch submit records them)"
+        lines = [f"{'ID':<12} {'NAME':<24} {'BACKEND':<8} {'STATE':<10} {'SUBMITTED':<25} RUN DIR"]
+        for row in rows:
+            state = row["state"] if row["current"] else f"{row['state']}?"
+            lines.append(f"{row['id']:<12} {row['name']:<24} {row['backend']:<8} {state:<10} "
+                         f"{row['submitted_at']:<25} {row['run_dir']}")
+        for kind, msg in errors.items():
+            lines.append(f"({kind}: {msg}; '?' marks the last known state)")
+        return "\n".join(lines)
+
+    emit({"jobs": rows, "errors": errors}, as_json, table)

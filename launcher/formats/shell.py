@@ -1,5 +1,6 @@
-"""The one way a value reaches a shell script: `quote` (safe in any position, always one line) and
-`sbatch_value` (the character set an #SBATCH line takes)."""
+"""The one way a value reaches a shell script: `quote` (safe in any position, always one line),
+`sbatch_value` (the character set an #SBATCH line takes) and `sbatch_arg` (any one-line value
+on an #SBATCH line, quoted the way sbatch reads its directives)."""
 
 from __future__ import annotations
 
@@ -44,3 +45,15 @@ def sbatch_value(value: Any) -> str:
     if not SBATCH_SAFE.fullmatch(s):
         raise UserError(f"{s!r} cannot go on an #SBATCH line (allowed: letters, digits and ._:+@,=/%[]-)")
     return s
+
+
+def sbatch_arg(value: Any) -> str:
+    """Any one-line value for an #SBATCH line: bare when it is plain, else in double quotes with
+    backslash and double quote escaped. sbatch's directive parser knows double quotes and
+    backslashes, not the shell's single quotes. Newlines and control characters are refused."""
+    s = str(value)
+    if _CONTROL.search(s):
+        raise UserError(f"{s!r} cannot go on an #SBATCH line (newline or control character)")
+    if SBATCH_SAFE.fullmatch(s):
+        return s
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -1,5 +1,6 @@
 """Checkpoint and resume with torch.distributed.checkpoint (DCP), safe against crashes mid-save,
-plus the preemption signal handlers (Slurm sends SIGUSR1/SIGTERM before it kills a job).
+plus the preemption signal handlers (Slurm sends the checkpoint signal, SIGUSR2 by default, or
+SIGTERM before it kills a job).
 
 Why this shape:
 - Model and optimizer go through DCP's `get_model_state_dict` / `get_optimizer_state_dict`, so
@@ -166,6 +167,15 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def checkpoint_signal() -> signal.Signals:
+    """The signal that asks for a checkpoint-and-exit ($LAUNCH4D_CHECKPOINT_SIGNAL, default USR2)."""
+    name = os.environ.get("LAUNCH4D_CHECKPOINT_SIGNAL", "USR2").upper().removeprefix("SIG")
+    try:
+        return signal.Signals["SIG" + name]
+    except KeyError:
+        raise ValueError(f"LAUNCH4D_CHECKPOINT_SIGNAL={name!r} is not a signal name") from None
+
+
 class Checkpointer:
     """Saves every `every` steps (0 = only when forced) under <run_dir>/checkpoints; resumes from latest."""
 
@@ -180,8 +190,13 @@ class Checkpointer:
         self.unreadable: set[str] = set()  # found corrupt by load_latest: a save replaces, never reuses
 
     # --- preemption ----------------------------------------------------------------------------
-    def install_signal_handlers(self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGUSR1)) -> None:
-        """SIGTERM/SIGUSR1 only set a flag; the loop checkpoints at the end of the step and exits."""
+    def install_signal_handlers(self, signals: Sequence[int] | None = None) -> None:
+        """SIGTERM and the checkpoint signal only set a flag; the loop checkpoints at the end of the
+        step and exits. The checkpoint signal is $LAUNCH4D_CHECKPOINT_SIGNAL (the batch script sets
+        it from backend.slurm.checkpoint_signal), default USR2: NCCL 2.12.7-2.13.4 install their own
+        SIGUSR1 handler over ours."""
+        if signals is None:
+            signals = (signal.SIGTERM, checkpoint_signal())
 
         def handler(signum: int, frame: Any) -> None:
             if not self.preempt_requested:

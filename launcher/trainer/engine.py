@@ -257,7 +257,7 @@ def train(cfg: TrainerConfig, run_dir: str | Path, resume: str = "never",
           watchdog=None) -> list[float]:
     """Run cfg.train.steps optimizer steps on an initialised default process group; the losses.
 
-    `handle_signals` installs the SIGTERM/SIGUSR1 preemption handlers (checkpoint, exit 75).
+    `handle_signals` installs the SIGTERM and checkpoint-signal (USR2) preemption handlers (checkpoint, exit 75).
     `inject_slow` (RANK, SECONDS) makes that rank sleep at the start of every step (a straggler);
     `watchdog` (trainer.stalls.StallWatchdog) hears every heartbeat and dumps stacks when they stop.
     """

@@ -155,7 +155,8 @@ def check_hosts(cfg: TrainerConfig, mesh: MeshInfo) -> list[str]:
             raise UserError(msg)
         if mesh.rank == 0:
             log.warning("%s; continuing because the plan was forced", msg)
-    plan_hosts = cfg.plan.hosts
+    # Under Slurm the batch script orders the nodes it was given (LAUNCH4D_HOSTS); else the plan's.
+    plan_hosts = os.environ.get("LAUNCH4D_HOSTS", "").split() or cfg.plan.hosts
     if plan_hosts and mesh.rank == 0:
         for r in cfg.plan.ranks:
             want = plan_hosts[r.node] if r.node < len(plan_hosts) else None

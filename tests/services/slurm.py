@@ -204,6 +204,25 @@ class SlurmCluster:
             time.sleep(0.5)
         raise AssertionError(f"job {job_id} is {state}, not {states} after {timeout:.0f}s")
 
+    def stop_controller(self) -> None:
+        """Stop slurmctld only (the slurmds and running jobs carry on), as an outage would."""
+        ctl = self.procs[0]
+        self.run("scontrol", "shutdown", "slurmctld", check=False)
+        try:
+            ctl.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            ctl.kill()
+            ctl.wait()
+
+    def start_controller(self) -> None:
+        """Start slurmctld again (no-op while it runs); jobs come back from StateSaveLocation."""
+        if self.procs[0].poll() is None:
+            return
+        log = open(self.root / "daemons.out", "ab")
+        self.procs[0] = subprocess.Popen([_which("slurmctld"), "-D", "-f", str(self.conf)], env=self.env,
+                                         stdout=log, stderr=log)
+        self._wait(lambda: self.run("scontrol", "ping", check=False).returncode == 0, 60, "slurmctld again")
+
     def cancel_all(self) -> None:
         self.run("scancel", "--full", "-u", "root", check=False)
 

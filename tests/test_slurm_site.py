@@ -1,0 +1,192 @@
+"""Site options, container runtimes and the node self-check in the rendered batch script.
+
+No scheduler here: the script runs under bash with stand-ins for srun (runs the command once per
+node), scontrol (records its calls), nvidia-smi and apptainer. Debian has no apptainer package,
+so the apptainer stand-in records its arguments and runs the command after the image, as
+`apptainer exec` does. test_slurm_e2e.py runs the node check and the site options under a real
+Slurm.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from launcher.errors import UserError
+from launcher.render import render_slurm
+from tests.test_render import spec_plan
+
+SRUN = """#!/bin/bash
+echo "srun $*" >> "$CALLS"
+while [[ "$1" == --* ]]; do shift; done
+for ni in $NODES; do SLURMD_NODENAME=${ni%%:*} SLURM_NODEID=${ni##*:} "$@"; done
+"""
+SCONTROL = """#!/bin/bash
+echo "scontrol $*" >> "$CALLS"
+case "$1 $2" in
+  "show hostnames") for ni in $NODES; do echo "${ni%%:*}"; done ;;
+  "show node") echo "NodeName=$3 NodeAddr=127.0.0.1" ;;
+  "show job") echo "JobId=$3 ExcNodeList=$EXC" ;;
+esac
+"""
+# nvidia-smi's stand-in: two GPUs, except on $BAD_NODE, where it fails as a GPU that fell off
+# the bus does (message from ../shared/fixtures/nvidia-smi-query, the Xid 79 capture).
+NVIDIA_SMI = """#!/bin/bash
+if [ "$SLURMD_NODENAME" = "$BAD_NODE" ]; then
+  echo "Unable to determine the device handle for GPU0000:A1:00.0: Unknown Error"; exit 255
+fi
+echo 0; echo 1
+"""
+PYTHON = "#!/bin/bash\necho \"RUN $SLURMD_NODENAME rank=$LAUNCH4D_NODE_RANK hosts=$LAUNCH4D_HOSTS $*\"\n"
+APPTAINER = """#!/bin/bash
+echo "apptainer $*" >> "$CALLS"
+[ "$1" = exec ] || exit 2
+shift
+while [[ "$1" == --* ]]; do case "$1" in --nv) shift ;; *) shift 2 ;; esac; done
+shift   # the image
+exec "$@"
+"""
+
+
+def run_script(script: str, tmp_path: Path, nodes: str = "n1:0 n2:1", bad: str = "", exc: str = "(null)",
+               ) -> tuple[subprocess.CompletedProcess, list[str]]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    for name, text in (("srun", SRUN), ("scontrol", SCONTROL), ("nvidia-smi", NVIDIA_SMI),
+                       ("fakepython", PYTHON), ("apptainer", APPTAINER)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    script = script.replace(shlex.quote("python3") + " -m", str(bin_dir / "fakepython") + " -m")
+    calls = tmp_path / "calls"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242",
+           "SLURM_JOB_NODELIST": "n[1-2]", "NODES": nodes, "BAD_NODE": bad, "EXC": exc, "CALLS": str(calls)}
+    out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    return out, calls.read_text().splitlines() if calls.exists() else []
+
+
+# --- site options -----------------------------------------------------------------------------
+def test_site_options_render_as_sbatch_reads_them(tmp_path):
+    spec, plan = spec_plan(**{"backend.slurm.reservation": "maint-2026", "backend.slurm.constraint": "a100&ib",
+                              "backend.slurm.gres": "nvme:1", "backend.slurm.mail_user": "me@example.org",
+                              "backend.slurm.mail_type": "END,FAIL", "backend.slurm.comment": 'run "7" # ok',
+                              "backend.slurm.segment": 4, "backend.slurm.switches": 1,
+                              "backend.slurm.switches_wait": "02:00:00",
+                              "backend.slurm.extra": ["--hint=nomultithread", "--contiguous", "--wckey=a b\\c"]})
+    s = render_slurm(spec, plan, str(tmp_path / "run")).files["train.sbatch"]
+    for line in ("--reservation=maint-2026", '--constraint="a100&ib"', "--gres=nvme:1", "--mail-user=me@example.org",
+                 "--mail-type=END,FAIL", '--comment="run \\"7\\" # ok"', "--segment=4", "--switches=1@02:00:00",
+                 "--hint=nomultithread", "--contiguous", '--wckey="a b\\\\c"'):
+        assert f"#SBATCH {line}\n" in s, line
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["-p debug"], r"backend.slurm.extra\[0\]: '-p debug' is not one sbatch option"),
+    (["--hint=a\n#SBATCH --uid=0"], r"backend.slurm.extra\[0\]: .* is not one sbatch option"),
+    (["--ok", "--Bad"], r"backend.slurm.extra\[1\]: '--Bad' is not one sbatch option"),
+    (["--nodes=3"], r"backend.slurm.extra\[0\]: --nodes is set by launch4d itself; use cluster.nodes"),
+    (["--signal=USR1@60"], r"backend.slurm.extra\[0\]: --signal is set by launch4d itself; use backend.slurm.checkpoint_signal"),
+])
+def test_bad_extra_options_are_refused_with_their_path(tmp_path, extra, message):
+    spec, plan = spec_plan(**{"backend.slurm.extra": extra})
+    with pytest.raises(UserError, match=message):
+        render_slurm(spec, plan, str(tmp_path))
+
+
+@pytest.mark.parametrize("over,message", [
+    ({"backend.slurm.switches_wait": "2:00:00"}, "set backend.slurm.switches too"),
+    ({"backend.slurm.switches": 2, "backend.slurm.switches_wait": "soon"}, "is not a Slurm time"),
+    ({"backend.slurm.comment": "a\nb"}, "backend.slurm.comment: .* control character"),
+    ({"backend.slurm.checkpoint_signal": "KILL"}, "backend.slurm.checkpoint_signal: 'KILL' is not valid"),
+    ({"backend.slurm.container_runtime": "apptainer"}, "set backend.slurm.container_image"),
+])
+def test_bad_site_values(tmp_path, over, message):
+    with pytest.raises(UserError, match=message):
+        spec, plan = spec_plan(**over)
+        render_slurm(spec, plan, str(tmp_path))
+
+
+# --- containers -------------------------------------------------------------------------------
+def test_apptainer_runs_the_node_function_in_the_image_with_binds(tmp_path):
+    run = str(tmp_path / "run")
+    spec, plan = spec_plan(**{"backend.slurm.container_runtime": "apptainer",
+                              "backend.slurm.container_image": "/images/pytorch.sif",
+                              "backend.slurm.container_mounts": ["/data:/data"]})
+    s = render_slurm(spec, plan, run).files["train.sbatch"]
+    assert "--container-image" not in s
+    out, calls = run_script(s, tmp_path)
+    assert out.returncode == 0, out.stderr
+    app = [c for c in calls if c.startswith("apptainer ")]
+    assert app == [f"apptainer exec --nv --bind {run},/data:/data --pwd {run} /images/pytorch.sif "
+                   "bash -c launch4d_node"] * 2
+    runs = [ln for ln in out.stdout.splitlines() if ln.startswith("RUN ")]
+    assert [ln.split()[1:3] for ln in runs] == [["n1", "rank=0"], ["n2", "rank=1"]]
+
+
+def test_runtime_none_ignores_the_image(tmp_path):
+    spec, plan = spec_plan(**{"backend.slurm.container_runtime": "none", "backend.slurm.container_image": "x.sif"})
+    s = render_slurm(spec, plan, str(tmp_path)).files["train.sbatch"]
+    assert "--container-image" not in s and "apptainer" not in s
+
+
+# --- node order and node check -----------------------------------------------------------------
+def test_rank_order_follows_the_map_among_the_nodes_given(tmp_path):
+    """Map order n3, n2, n1; Slurm gives n1, n2 (n3 busy or down): n2 is node 0, n1 node 1."""
+    spec, plan = spec_plan()
+    s = render_slurm(spec, plan, str(tmp_path / "run"), node_order=["n3", "n2", "n1"]).files["train.sbatch"]
+    assert "#SBATCH --nodelist" not in s
+    out, _ = run_script(s, tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "launch4d: node order n2 n1" in out.stdout
+    runs = {ln.split()[1]: ln for ln in out.stdout.splitlines() if ln.startswith("RUN ")}
+    assert "rank=0" in runs["n2"] and "--node-rank=0" in runs["n2"] and "--node-rank=1" in runs["n1"]
+
+
+def test_a_node_failing_its_check_is_excluded_and_the_job_requeued(tmp_path):
+    run = tmp_path / "run"
+    spec, plan = spec_plan(**{"backend.slurm.node_check": {"gpus": True}})
+    s = render_slurm(spec, plan, str(run)).files["train.sbatch"]
+    (run / "logs").mkdir(parents=True)
+    out, calls = run_script(s, tmp_path, bad="n2", exc="bad0")
+    assert out.returncode == 0, out.stderr
+    assert not [ln for ln in out.stdout.splitlines() if ln.startswith("RUN ")]      # torchrun never started
+    assert "launch4d: node check: n2 left out: nvidia-smi: Unable to determine the device handle" in out.stdout
+    assert calls.index("scontrol requeue 4242") < calls.index("scontrol update jobid=4242 ExcNodeList=bad0,n2")
+    log = (run / "logs" / "nodecheck.log").read_text()
+    assert re.search(r"job 4242 restart 0: n2 left out: nvidia-smi: Unable", log)
+
+
+def test_healthy_nodes_pass_and_train(tmp_path):
+    spec, plan = spec_plan(**{"backend.slurm.node_check": {"gpus": True, "command": "test -d /"}})
+    s = render_slurm(spec, plan, str(tmp_path / "run")).files["train.sbatch"]
+    out, calls = run_script(s, tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "launch4d: node check passed on n1 n2" in out.stdout
+    assert len([ln for ln in out.stdout.splitlines() if ln.startswith("RUN ")]) == 2
+    assert not any("requeue" in c for c in calls)
+
+
+def test_site_check_failure_and_no_requeue(tmp_path):
+    """A site command that fails on one node; without requeue the job ends (exit 3) and says why."""
+    spec, plan = spec_plan(**{"backend.slurm.requeue": False,
+                              "backend.slurm.node_check": {"command": '[ "$SLURMD_NODENAME" != n1 ] || '
+                                                                     '{ echo "ib0 flapping"; exit 1; }'}})
+    s = render_slurm(spec, plan, str(tmp_path / "run")).files["train.sbatch"]
+    (tmp_path / "run" / "logs").mkdir(parents=True)
+    out, calls = run_script(s, tmp_path)
+    assert out.returncode == 3
+    assert "launch4d: node check: n1 left out: site check: ib0 flapping" in out.stdout
+    assert "launch4d: step finished with exit code 3" in out.stdout
+    assert not any("requeue" in c or "update" in c for c in calls)
+
+
+def test_no_check_step_when_there_is_nothing_to_check(tmp_path):
+    spec, plan = spec_plan()                      # CPU plan, no NICs, no site command
+    s = render_slurm(spec, plan, str(tmp_path)).files["train.sbatch"]
+    assert "launch4d_nodecheck" not in s
+    spec, plan = spec_plan(**{"backend.slurm.node_check": {"enabled": False, "gpus": True}})
+    assert "launch4d_nodecheck" not in render_slurm(spec, plan, str(tmp_path)).files["train.sbatch"]
