@@ -77,6 +77,8 @@ def run_benchmark(spec, plans: list, base: Path, job_text: str | None, as_json: 
     from launcher.commands import progress
     from launcher.commands.run_cmd import _start, check_devices
 
+    if spec.backend.kind == "slurm":
+        return run_benchmark_slurm(spec, plans, base, job_text, timeout_s)
     backend = get_backend(spec.backend.kind)
     if not hasattr(backend, "wait"):
         raise UserError(f"backend.kind: {spec.backend.kind!r} cannot wait for a job here; "
@@ -100,6 +102,45 @@ def run_benchmark(spec, plans: list, base: Path, job_text: str | None, as_json: 
         code = status.exit_code if status.exit_code is not None else 1
         out.append(Measured(i, name, handle.run_dir, plan.estimate["step_time_s"], step_s, tps, mem, code, n))
         progress(f"launch: benchmark {name}: {status.state} after {time.time() - t0:.1f} s"
+                 + (f", {step_s:.4f} s/step measured vs {plan.estimate['step_time_s']:.4f} s predicted"
+                    if step_s is not None else ""))
+    return out
+
+
+def run_benchmark_slurm(spec, plans: list, base: Path, job_text: str | None,
+                        timeout_s: float | None = None) -> list[Measured]:
+    """All the plans as one Slurm job array (one submission; Slurm runs the tasks as nodes free up),
+    task i in <base>/<i>-<layout>, then measured as above. The tasks are recorded, so
+    `launch status|logs <job>_<i>` follow each one."""
+    from launcher.backends import wait
+    from launcher.backends.slurm import SlurmBackend
+    from launcher.commands import progress
+    from launcher.jobstate import JobRecord, record
+
+    if spec.backend.slurm.login_host:
+        raise UserError("--benchmark with backend.slurm.login_host: the runs' metrics would stay on the "
+                        "cluster's filesystem; run `launch plan --benchmark` on the login node")
+    backend = SlurmBackend()
+    names = [f"{i}-{describe(p)}" for i, p in enumerate(plans)]
+    handles = backend.submit_array(spec, plans, base, names, job_text=job_text)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    for h in handles:
+        record(JobRecord(id=h.id, backend="slurm", name=h.name, run_dir=h.run_dir, log_dir=h.extra["log_dir"],
+                         submitted_at=stamp, extra=dict(h.extra)))
+    progress(f"launch: benchmark: Slurm job array {handles[0].extra['array_job']}, {len(plans)} tasks "
+             f"({', '.join(h.id for h in handles)}), run dirs under {base}")
+    out = []
+    for i, (plan, h) in enumerate(zip(plans, handles)):
+        t0 = time.time()
+        status = wait(backend, h, timeout_s, cap=15.0)
+        if not status.done:
+            backend.cancel(h)
+            status = wait(backend, h, cap=15.0)
+        step_s, tps, mem, n = measure(Path(h.run_dir))
+        code = 0 if status.state == "SUCCEEDED" else (status.exit_code or 1)
+        out.append(Measured(i, names[i].split("-", 1)[1], h.run_dir, plan.estimate["step_time_s"], step_s, tps, mem,
+                            code, n))
+        progress(f"launch: benchmark {h.id} {names[i]}: {status.state} after {time.time() - t0:.1f} s"
                  + (f", {step_s:.4f} s/step measured vs {plan.estimate['step_time_s']:.4f} s predicted"
                     if step_s is not None else ""))
     return out

@@ -370,6 +370,30 @@ def render_slurm(spec: JobSpec, plan: Plan, run_dir: str, templates: str | Path 
                     {"train.sbatch": script, "plan.json": plan.to_json() + "\n"})
 
 
+def render_slurm_array(spec: JobSpec, plans: list[Plan], base: str, task_dirs: list[str],
+                       templates: str | Path | None = None, exclude: list[str] | None = None,
+                       node_order: list[str] | None = None) -> tuple[str, list[Rendered]]:
+    """One `--array` job of several plans of the same job (`launch plan --benchmark`): each task's
+    own batch script and plan.json in its run dir, and the array script that runs task i's. The
+    tasks must ask Slurm for the same resources (the array has one set of #SBATCH options)."""
+    tasks = [render_slurm(spec, plan, d, templates, exclude, None, node_order) for plan, d in zip(plans, task_dirs)]
+    keep = ("--chdir=", "--output=", "--error=")
+
+    def directives(script: str) -> list[str]:
+        return [ln for ln in script.splitlines() if ln.startswith("#SBATCH ") and not ln[8:].startswith(keep)]
+
+    first = directives(tasks[0].files["train.sbatch"])
+    for i, t in enumerate(tasks[1:], 1):
+        if directives(t.files["train.sbatch"]) != first:
+            raise UserError(f"plan {i} of the array asks Slurm for other resources than plan 0 "
+                            "(nodes, GPUs per node); an array needs one shape")
+    script = render_template("slurm/array.sbatch.j2", {"name": spec.name, "directives": first, "base": base,
+                                                       "scripts": [f"{d}/train.sbatch" for d in task_dirs]},
+                             templates)
+    bash_syntax_check(script, "sbatch array script")
+    return script, tasks
+
+
 # --- Kubernetes -------------------------------------------------------------------------------
 def k8s_log_dir(spec: JobSpec) -> str:
     """backend.log_dir inside the pods: a relative one is taken under /workspace."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -32,6 +33,12 @@ def _state(tmp_path, monkeypatch):
     monkeypatch.setenv("LAUNCH4D_STATE", str(tmp_path / "state"))
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def write_job(tmp_path: Path, name: str, steps: int, checkpoint_every: int = 0, **slurm) -> Path:
     d = yaml.safe_load((EXAMPLES / "tiny-slurm.yaml").read_text())
     d["name"] = name
@@ -41,6 +48,9 @@ def write_job(tmp_path: Path, name: str, steps: int, checkpoint_every: int = 0, 
     d["backend"]["slurm"]["python"] = sys.executable
     d["backend"]["slurm"]["signal_seconds"] = 180      # grace for the checkpoint signal on a loaded machine
     d["diagnostics"]["init_timeout_s"] = 300
+    # Other test sessions may run their own Slurm on this machine, whose job ids (and so the
+    # default MASTER_PORT, 20000 + id) start at 1 too: a free port of our own instead.
+    d["backend"]["slurm"]["master_port"] = free_port()
     d["backend"]["slurm"].update(slurm)
     p = tmp_path / f"{name}.yaml"
     p.write_text(yaml.safe_dump(d))
@@ -84,14 +94,22 @@ def wait_for(predicate, timeout: float, what: str, run_dir: str | None = None, j
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}{tail}")
 
 
-def release(cluster, jid: str) -> None:
+def release(cluster, jid: str, run_dir: str | None = None) -> None:
     """Slurm holds a requeued job ~2 minutes (BeginTime); once it is pending again, let it start now."""
+    seen: list[str | None] = []
+
     def started() -> bool:
         state = cluster.job_state(jid)
+        seen.append(state)
         if state == "PENDING":
             cluster.run("scontrol", "update", f"jobid={jid}", "StartTime=now", check=False)
         return state in ("RUNNING", "COMPLETED")
-    wait_for(started, 300, f"requeued job {jid} to start again")
+    try:
+        wait_for(started, 300, f"requeued job {jid} to start again", run_dir, jid)
+    except AssertionError as exc:
+        job = cluster.run("scontrol", "show", "job", jid, check=False).stdout
+        nodes = cluster.run("sinfo", "-N", "-h", "-o", "%N %T %E", check=False).stdout
+        raise AssertionError(f"{exc}\nstates seen: {seen[-5:]}\n{job}\n{nodes}") from None
 
 
 def test_submit_runs_to_completion_with_the_plans_rank_placement(slurm_cluster, tmp_path):  # noqa: F811
@@ -195,7 +213,7 @@ def test_preemption_and_requeue_resume_from_checkpoint(slurm_cluster, tmp_path):
     first = int(ck[-1])
     st = wait_for(lambda: (s := status(jid))["restarts"] == 1 and s, 180, "restart count 1", run_dir, jid)
     assert st["state"] in ("PENDING", "RUNNING") and not st["done"]
-    release(slurm_cluster, jid)
+    release(slurm_cluster, jid, run_dir)
     wait_for(lambda: f"resumed from step {first}" in log_text(run_dir, jid, "err"), 300, "resume after USR2",
              run_dir, jid)
     wait_for(lambda: f"step {first + 2}/14" in log_text(run_dir, jid), 300, "training to continue", run_dir, jid)
@@ -203,7 +221,7 @@ def test_preemption_and_requeue_resume_from_checkpoint(slurm_cluster, tmp_path):
     # 2. A hard requeue (an admin, or preemption with PreemptMode=REQUEUE): SIGTERM to the step.
     slurm_cluster.run("scontrol", "requeue", jid)
     wait_for(lambda: status(jid)["restarts"] == 2, 180, "restart count 2", run_dir, jid)
-    release(slurm_cluster, jid)
+    release(slurm_cluster, jid, run_dir)
     res = launch("status", jid, "--wait", "--timeout", "600", "--interval", "1", "--max-interval", "5", "--json")
     assert json.loads(res.output)["slurm_state"] == "COMPLETED", log_text(run_dir, jid)[-3000:]
 
@@ -388,3 +406,31 @@ def test_status_wait_and_logs_follow_ride_out_a_controller_restart(slurm_cluster
             if p.poll() is None:
                 p.kill()
         slurm_cluster.start_controller()
+
+
+def test_plan_benchmark_runs_the_top_plans_as_one_job_array(slurm_cluster, tmp_path):  # noqa: F811
+    """`launch plan --benchmark 2` with kind slurm: one `--array=0-1` job, each task its own plan in
+    its own run dir, measured and re-ranked; `launch status|logs <job>_<i>` follow each task."""
+    d = yaml.safe_load(write_job(tmp_path, "e2e-bench", steps=50).read_text())
+    d["parallel"] = "auto"
+    job = tmp_path / "bench.yaml"
+    job.write_text(yaml.safe_dump(d))
+    bench = tmp_path / "bench"
+    res = launch("plan", job, "--benchmark", "2", "--benchmark-steps", "3", "--benchmark-dir", bench, "--json",
+                 ok=False)
+    assert res.exit_code == 0, res.output[-3000:]
+    payload = json.loads(res.stdout)
+    runs = payload["benchmark"]
+    assert [r["index"] for r in runs] == [0, 1]
+    assert all(r["exit_code"] == 0 and r["steps"] == 3 and r["measured_step_s"] > 0 for r in runs), runs
+    script = (bench / "array.sbatch").read_text()
+    assert "#SBATCH --array=0-1\n" in script and f"#SBATCH --output={bench}/logs/slurm-%A_%a.out\n" in script
+    array_id = next(p.name for p in (bench / "logs").iterdir()).split("-")[1].split("_")[0]
+    for r in runs:
+        task = f"{array_id}_{r['index']}"
+        st = status(task)
+        assert (st["state"], st["run_dir"]) == ("SUCCEEDED", r["run_dir"])
+        assert r["run_dir"] == str(bench / f"{r['index']}-{r['layout']}")
+        lines = json.loads(launch("logs", task, "--rank", "0", "--json").output)["lines"]
+        assert [ln.split(" |")[0] for ln in lines if ln.startswith("step ")] == ["step 1/3", "step 2/3", "step 3/3"]
+        assert json.loads((Path(r["run_dir"]) / "plan.json").read_text())["train"]["steps"] == 3

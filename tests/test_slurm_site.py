@@ -54,7 +54,7 @@ exec "$@"
 
 
 def run_script(script: str, tmp_path: Path, nodes: str = "n1:0 n2:1", bad: str = "", exc: str = "(null)",
-               ) -> tuple[subprocess.CompletedProcess, list[str]]:
+               env_extra: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, list[str]]:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     for name, text in (("srun", SRUN), ("scontrol", SCONTROL), ("nvidia-smi", NVIDIA_SMI),
@@ -64,7 +64,8 @@ def run_script(script: str, tmp_path: Path, nodes: str = "n1:0 n2:1", bad: str =
     script = script.replace(shlex.quote("python3") + " -m", str(bin_dir / "fakepython") + " -m")
     calls = tmp_path / "calls"
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242",
-           "SLURM_JOB_NODELIST": "n[1-2]", "NODES": nodes, "BAD_NODE": bad, "EXC": exc, "CALLS": str(calls)}
+           "SLURM_JOB_NODELIST": "n[1-2]", "NODES": nodes, "BAD_NODE": bad, "EXC": exc, "CALLS": str(calls),
+           **(env_extra or {})}
     out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
     return out, calls.read_text().splitlines() if calls.exists() else []
 
@@ -190,3 +191,32 @@ def test_no_check_step_when_there_is_nothing_to_check(tmp_path):
     assert "launch4d_nodecheck" not in s
     spec, plan = spec_plan(**{"backend.slurm.node_check": {"enabled": False, "gpus": True}})
     assert "launch4d_nodecheck" not in render_slurm(spec, plan, str(tmp_path)).files["train.sbatch"]
+
+
+# --- job arrays ---------------------------------------------------------------------------------
+def test_an_array_runs_each_tasks_own_plan_and_run_dir(tmp_path):
+    from launcher.planner import plan_job
+    from launcher.render import render_slurm_array
+
+    spec, _ = spec_plan(**{"parallel": "auto"})
+    result = plan_job(spec, top=3, ranks_for=2)
+    plans = [result.best, *result.alternatives][:2]
+    assert len(plans) == 2 and plans[0].degrees != plans[1].degrees
+    base = tmp_path / "bench"
+    dirs = [str(base / f"{i}-variant") for i in range(2)]
+    script, tasks = render_slurm_array(spec, plans, str(base), dirs)
+    for line in ("#SBATCH --array=0-1", f"#SBATCH --output={base}/logs/slurm-%A_%a.out",
+                 f"#SBATCH --chdir={base}", "#SBATCH --nodes=2", "#SBATCH --signal=B:USR2@60"):
+        assert line + "\n" in script, line
+    assert script.count("--output=") == 1
+    for d, t in zip(dirs, tasks):
+        (Path(d) / "logs").mkdir(parents=True)
+        (Path(d) / "train.sbatch").write_text(t.files["train.sbatch"].replace(
+            shlex.quote("python3") + " -m", str(tmp_path / "bin" / "fakepython") + " -m"))
+    out, _ = run_script(script, tmp_path, env_extra={"SLURM_ARRAY_TASK_ID": "1"})
+    assert out.returncode == 0, out.stderr
+    runs = [ln for ln in out.stdout.splitlines() if ln.startswith("RUN ")]
+    assert len(runs) == 2 and all(f"--plan {dirs[1]}/plan.json --run-dir {dirs[1]} " in ln for ln in runs)
+    spec1, plan1 = spec_plan(**{"cluster.nodes": 1, "cluster.gpus_per_node": 4})
+    with pytest.raises(UserError, match="other resources than plan 0"):
+        render_slurm_array(spec, [plans[0], plan1], str(base), dirs)

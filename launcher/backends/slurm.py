@@ -287,7 +287,6 @@ class SlurmBackend:
 
         target = ssh_target_from(spec.backend.slurm)
         runner = self.runner(target) if (target or not dry_run) else None
-        created = None
         try:
             rd = self._job_dir(spec, run_dir, target, runner)
             rendered = render_slurm(spec, plan, rd, templates, exclude, measured_env, node_order)
@@ -302,32 +301,76 @@ class SlurmBackend:
             request = f"{command}{' (on ' + target.host + ')' if target else ''}\n\n{files['train.sbatch']}"
             if dry_run:
                 return JobHandle(self.name, "dry-run", spec.name, rd, dry_run=True, request=request, extra=extra)
-            if not runner.which("sbatch"):
-                where = f"on login node {target.host}" if target else "on PATH"
-                hint = "" if target else " (install Slurm's client commands, or set backend.slurm.login_host)"
-                raise UserError(f"sbatch not found {where}{hint}")
-            if runner.exists(rd):
-                raise UserError(f"run dir {rd} already exists{' on ' + target.host if target else ''}; "
-                                "pick another --run-dir")
-            runner.makedirs(rd)
-            created = rd
-            for name, text in sorted(files.items()):
-                runner.write(f"{rd}/{name}", text, 0o755 if name.endswith(".sbatch") else 0o644)
-            rc, out, err = runner.run(["sbatch", "--parsable", "train.sbatch"], cwd=rd)
-            if rc != 0:
-                raise UserError(refusal(spec, err or out))
-            job_id = out.strip().splitlines()[-1].split(";")[0].strip() if out.strip() else ""
-            if not job_id.isdigit():
-                raise UserError(f"sbatch printed no job id (stdout {out.strip()!r}, stderr {err.strip()!r})")
-            created = None  # the job owns it now
+            job_id = self._sbatch(spec, runner, target, rd, files, "train.sbatch", [rd])
             extra["log_path"] = f"{rd}/logs/slurm-{job_id}.out"
             return JobHandle(self.name, job_id, spec.name, rd, log_path=extra["log_path"], request=request,
                              extra=extra)
         finally:
             if runner is not None:
-                if created:
-                    runner.remove_tree(created)
                 runner.close()
+
+    def submit_array(self, spec: JobSpec, plans: list[Plan], base: str | Path, names: list[str],
+                     dry_run: bool = False, templates: str | None = None, exclude: list[str] | None = None,
+                     node_order: list[str] | None = None, job_text: str | None = None) -> list[JobHandle]:
+        """Several plans of one job as one Slurm job array (`--array`): task i runs plan i in its own
+        run dir <base>/<names[i]>; its logs are <base>/logs/slurm-<job>_<i>.out. One handle per
+        task, id "<job>_<i>", which squeue, scancel, status and logs take as they are."""
+        from launcher.render import render_slurm_array
+
+        target = ssh_target_from(spec.backend.slurm)
+        runner = self.runner(target) if (target or not dry_run) else None
+        try:
+            rd = self._job_dir(spec, base, target, runner)
+            dirs = [f"{rd}/{n}" for n in names]
+            script, tasks = render_slurm_array(spec, plans, rd, dirs, templates, exclude, node_order)
+            files = {"array.sbatch": script}
+            for name, task in zip(names, tasks):
+                files.update({f"{name}/{f}": text for f, text in task.files.items()})
+                if job_text is not None:
+                    files[f"{name}/job.yaml"] = job_text
+            request = (f"cd {shlex.quote(rd)} && sbatch --parsable array.sbatch"
+                       f"{' (on ' + target.host + ')' if target else ''}\n\n{script}")
+            job_id = "dry-run" if dry_run else self._sbatch(spec, runner, target, rd, files, "array.sbatch",
+                                                            [rd, *dirs])
+            out = []
+            for i, (plan, d) in enumerate(zip(plans, dirs)):
+                extra = {"ssh": asdict(target) if target else None, "remote_dir": d if target else None,
+                         "host": target.host if target else None, "gpus_per_node": plan.gpus_per_node,
+                         "nodes": plan.nodes, "requeue": spec.backend.slurm.requeue, "log_dir": f"{rd}/logs",
+                         "array_job": job_id, "array_task": i, "log_path": f"{rd}/logs/slurm-{job_id}_{i}.out"}
+                out.append(JobHandle(self.name, f"{job_id}_{i}", f"{spec.name}[{i}]", d, log_path=extra["log_path"],
+                                     dry_run=dry_run, request=request, extra=extra))
+            return out
+        finally:
+            if runner is not None:
+                runner.close()
+
+    def _sbatch(self, spec: JobSpec, runner, target: SSHTarget | None, rd: str, files: dict[str, str],
+                script: str, dirs: list[str]) -> str:
+        """Write `files` under the new run dir `rd` (and its `dirs`, each with logs/), run sbatch on
+        `script` there, and return the job id; on any failure nothing of it is left behind."""
+        if not runner.which("sbatch"):
+            where = f"on login node {target.host}" if target else "on PATH"
+            hint = "" if target else " (install Slurm's client commands, or set backend.slurm.login_host)"
+            raise UserError(f"sbatch not found {where}{hint}")
+        if runner.exists(rd):
+            raise UserError(f"run dir {rd} already exists{' on ' + target.host if target else ''}; "
+                            "pick another --run-dir")
+        try:
+            for d in dirs:
+                runner.makedirs(d)
+            for name, text in sorted(files.items()):
+                runner.write(f"{rd}/{name}", text, 0o755 if name.endswith(".sbatch") else 0o644)
+            rc, out, err = runner.run(["sbatch", "--parsable", script], cwd=rd)
+            if rc != 0:
+                raise UserError(refusal(spec, err or out))
+            job_id = out.strip().splitlines()[-1].split(";")[0].strip() if out.strip() else ""
+            if not job_id.isdigit():
+                raise UserError(f"sbatch printed no job id (stdout {out.strip()!r}, stderr {err.strip()!r})")
+        except BaseException:
+            runner.remove_tree(rd)
+            raise
+        return job_id
 
     def _job_dir(self, spec: JobSpec, run_dir: str | Path, target: SSHTarget | None, runner) -> str:
         """Here: the run dir itself (absolute). Over SSH: <remote_dir>/<run dir's name> on the login
@@ -350,6 +393,12 @@ class SlurmBackend:
 
     describe = status
 
+    def wait(self, handle: JobHandle, timeout: float | None = None, **options: Any) -> JobStatus:
+        """Until the job has ended (or `timeout`): launcher.backends.wait's backoff and retries."""
+        from launcher.backends import wait as wait_for_job
+
+        return wait_for_job(self, handle, timeout, **options)
+
     def statuses(self, handles: list[JobHandle]) -> dict[str, SlurmJobStatus]:
         """Many jobs at once: one squeue per login host for all of them; sacct or the job log only
         for those squeue has forgotten. Raises TransientError when a controller does not answer."""
@@ -361,7 +410,7 @@ class SlurmBackend:
             runner = self.runner(ssh_target_from(group[0]))
             try:
                 ids = ",".join(h.id for h in group)
-                rc, text, err = runner.run(["squeue", "-h", "-t", "all", "-j", ids, "-o", SQUEUE_FORMAT])
+                rc, text, err = runner.run(["squeue", "-h", "-r", "-t", "all", "-j", ids, "-o", SQUEUE_FORMAT])
                 if rc != 0 and TRANSIENT.search(err or text):
                     raise TransientError(f"Slurm controller not answering ({sbatch_error(err or text)})")
                 rows = {ln.split("|")[0].strip(): ln.split("|") for ln in text.splitlines() if "|" in ln}
@@ -381,7 +430,7 @@ class SlurmBackend:
 
     def _status(self, runner, handle: JobHandle) -> SlurmJobStatus:
         requeue = bool(handle.extra.get("requeue", True))
-        rc, out, err = runner.run(["squeue", "-h", "-t", "all", "-j", handle.id, "-o", SQUEUE_FORMAT])
+        rc, out, err = runner.run(["squeue", "-h", "-r", "-t", "all", "-j", handle.id, "-o", SQUEUE_FORMAT])
         if rc != 0 and TRANSIENT.search(err or out):
             raise TransientError(f"Slurm controller not answering ({sbatch_error(err or out)})")
         line = next((ln for ln in out.splitlines() if ln.split("|")[0].strip() == handle.id), None)
@@ -439,7 +488,7 @@ class SlurmBackend:
 
     def _status_from_log(self, runner, handle: JobHandle, sacct_note: str, requeue: bool) -> SlurmJobStatus:
         """Neither squeue nor sacct knows the job: read the batch script's own last words."""
-        base = f"{handle.run_dir}/logs/slurm-{handle.id}"
+        base = f"{log_dir(handle)}/slurm-{handle.id}"
         out = (runner.read_from(base + ".out", 0) or b"").decode(errors="replace")
         err = (runner.read_from(base + ".err", 0) or b"").decode(errors="replace")
         note = f"not in squeue; {sacct_note}"
@@ -463,7 +512,7 @@ class SlurmBackend:
         only when the log is idle, every 2, 4, 8 ... 60 s (at once when the script writes its last
         words), tolerating a controller that is away for up to `budget_s`."""
         runner = self.runner(ssh_target_from(handle))
-        path = f"{handle.run_dir}/logs/slurm-{handle.id}.{stream}"
+        path = f"{log_dir(handle)}/slurm-{handle.id}.{stream}"
         offset, pending = 0, b""
         deadline = time.monotonic() + timeout_s if timeout_s else None
         delays = backoff()
@@ -552,6 +601,11 @@ def sacct_fields(runner) -> tuple[frozenset[str] | None, str]:
         else:
             _SACCT_FIELDS[key] = (None, sbatch_error(err or out))
     return _SACCT_FIELDS[key]
+
+
+def log_dir(handle: JobHandle) -> str:
+    """Where Slurm writes the job's output: <run dir>/logs, or an array's <base>/logs."""
+    return handle.extra.get("log_dir") or f"{handle.run_dir}/logs"
 
 
 def _optional(runner, argv: list[str]) -> tuple[int, str, str]:
