@@ -9,6 +9,7 @@ and 12), kept as a permanent, data-driven suite: a new command or input is one m
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -97,7 +98,7 @@ def assert_refused(world: World, args: list[str], expect: str) -> None:
     assert "Traceback" not in res.output + err
     errors = [ln for ln in err.splitlines() if ln.lower().startswith("error")]
     assert len(errors) == 1, f"expected one error line, got:\n{err}"
-    assert expect.lower() in errors[0].lower(), f"{expect!r} not in {errors[0]!r}"
+    assert re.search(expect, errors[0], re.I), f"{expect!r} not in {errors[0]!r}"
     assert snapshot(world.root) == before, f"{args} wrote something"
     assert device_kinds() == devices
 
@@ -196,6 +197,11 @@ OUTPUTS: dict[str, tuple[list[str], str]] = {
     "run-dir-under-a-file": (["run", str(CPU_JOB), "--run-dir", "{afile}/rd"], "afile"),
     "run-dir-unwritable": (["run", str(CPU_JOB), "--run-dir", "{ro}/rd"], "run dir"),
     "run-dir-another-job": (["run", str(CPU_JOB), "--run-dir", "{other}"], "different job"),
+    # Slurm here (sbatch on PATH or not): the run dir is refused before anything is submitted
+    "submit-run-dir-under-a-file": (["submit", str(SLURM_JOB), "--backend", "slurm", "--run-dir", "{afile}/rd"],
+                                    "afile|sbatch not found"),
+    "submit-run-dir-unwritable": (["submit", str(SLURM_JOB), "--backend", "slurm", "--run-dir", "{ro}/rd"],
+                                  "rd|sbatch not found"),
 }
 
 

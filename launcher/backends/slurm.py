@@ -136,13 +136,14 @@ class LocalRunner:
         return Path(path).exists()
 
     def makedirs(self, path: str) -> None:
-        Path(path, "logs").mkdir(parents=True, exist_ok=True)
+        from launcher.formats.files import make_dirs
+
+        make_dirs(Path(path, "logs"), "run directory")
 
     def write(self, path: str, data: str, mode: int = 0o644) -> None:
-        tmp = Path(path + ".tmp")
-        tmp.write_text(data)
-        tmp.chmod(mode)
-        tmp.replace(path)
+        from launcher.formats.files import atomic_write
+
+        atomic_write(path, data, "job file", mode)
 
     def read_from(self, path: str, offset: int) -> bytes | None:
         try:
