@@ -434,3 +434,35 @@ def test_plan_benchmark_runs_the_top_plans_as_one_job_array(slurm_cluster, tmp_p
         lines = json.loads(launch("logs", task, "--rank", "0", "--json").output)["lines"]
         assert [ln.split(" |")[0] for ln in lines if ln.startswith("step ")] == ["step 1/3", "step 2/3", "step 3/3"]
         assert json.loads((Path(r["run_dir"]) / "plan.json").read_text())["train"]["steps"] == 3
+
+
+def test_the_fields_status_asks_for_are_ones_this_slurm_has(slurm_cluster, tmp_path):  # noqa: F811
+    """The real squeue and sacct judge our field lists: squeue takes our format (an unknown one is
+    refused); sacct is probed once with --helpformat and, where accounting exists, takes exactly
+    the fields we would ask for. Here (no slurmdbd) sacct refuses everything, which status says."""
+    from launcher.backends import JobHandle
+    from launcher.backends.slurm import (
+        _SACCT_FIELDS,
+        SACCT_WANTED,
+        SQUEUE_FORMAT,
+        LocalRunner,
+        SlurmBackend,
+        sacct_fields,
+    )
+
+    ours = slurm_cluster.run("squeue", "-h", "-r", "-t", "all", "-o", SQUEUE_FORMAT, check=False)
+    assert ours.returncode == 0 and not ours.stderr.strip(), ours.stderr
+    bad = slurm_cluster.run("squeue", "-h", "-O", "JobID,NoSuchField", check=False)
+    assert "Invalid job format specification: NoSuchField" in bad.stderr   # squeue does judge them
+    _SACCT_FIELDS.clear()
+    fields, why = sacct_fields(LocalRunner())
+    if fields is None:
+        assert "accounting storage is disabled" in why or "database" in why, why
+        st = SlurmBackend().status(JobHandle("slurm", "999999", "gone", str(tmp_path), extra={}))
+        assert st.state == "UNKNOWN" and "no Slurm accounting here" in st.detail
+        assert "squeue/scontrol and the job log only" in st.detail
+    else:
+        cols = [f for f in SACCT_WANTED if f in fields]
+        assert {"JobID", "State", "ExitCode"} <= set(cols)
+        res = slurm_cluster.run("sacct", "-n", "-P", "-X", "-j", "1", "-o", ",".join(cols), check=False)
+        assert res.returncode == 0, res.stderr

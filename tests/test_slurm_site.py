@@ -220,3 +220,51 @@ def test_an_array_runs_each_tasks_own_plan_and_run_dir(tmp_path):
     spec1, plan1 = spec_plan(**{"cluster.nodes": 1, "cluster.gpus_per_node": 4})
     with pytest.raises(UserError, match="other resources than plan 0"):
         render_slurm_array(spec, [plans[0], plan1], str(base), dirs)
+
+
+DMESG = """#!/bin/bash
+cat "$DMESG_FILE" 2>/dev/null
+"""
+
+
+def test_a_new_xid_since_the_last_check_leaves_the_node_out(tmp_path):
+    """First check: the kernel log's last Xid is the baseline. A new Xid on n1 before the next
+    check (a real line from a captured dmesg) leaves n1 out."""
+    from tests.conftest import shared_file
+
+    xid = next(ln for ln in shared_file("xid", "akash-provider-gpu-xid79-fallen-off-bus-dmesg-T-crash-dump-multiline"
+                                                ".txt").read_text().splitlines() if "NVRM: Xid" in ln)
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    spec, plan = spec_plan(**{"backend.slurm.node_check": {"xid": True}})
+    s = render_slurm(spec, plan, str(run)).files["train.sbatch"]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "dmesg").write_text(DMESG)
+    (bin_dir / "dmesg").chmod(0o755)
+    old = tmp_path / "old.log"
+    old.write_text("[Fri Apr  5 21:00:00 2024] NVRM: Xid (PCI:0000:a1:00): 13, an old one\n")
+    out, _ = run_script(s, tmp_path, env_extra={"DMESG_FILE": str(old)})
+    assert "launch4d: node check passed on n1 n2" in out.stdout, out.stdout + out.stderr
+    new = tmp_path / "new.log"
+    new.write_text(old.read_text() + xid + "\n")
+    out, calls = run_script(s, tmp_path, env_extra={"DMESG_FILE": str(new)})
+    assert f"node check: n1 left out: new Xid since the last check: {xid}" in out.stdout
+    assert f"node check: n2 left out: new Xid since the last check: {xid}" in out.stdout   # same log here
+    assert "scontrol update jobid=4242 ExcNodeList=n1,n2" in calls
+
+
+@pytest.mark.parametrize("nic,left_out", [("lo", None), ("mlx5_9", "NIC mlx5_9 not found")])
+def test_the_plans_nics_must_be_up(tmp_path, nic, left_out):
+    """The NICs the plan expects (from the BandwidthMap): `lo` is there (operstate unknown, carrier
+    1); an HCA this machine lacks leaves the node out."""
+    spec, plan = spec_plan()
+    for r in plan.ranks:
+        r.nic = nic
+    s = render_slurm(spec, plan, str(tmp_path / "run")).files["train.sbatch"]
+    (tmp_path / "run" / "logs").mkdir(parents=True)
+    out, _ = run_script(s, tmp_path)
+    if left_out is None:
+        assert "launch4d: node check passed on n1 n2" in out.stdout, out.stdout
+    else:
+        assert f"node check: n1 left out: {left_out}" in out.stdout
