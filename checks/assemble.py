@@ -104,6 +104,12 @@ def _parse_nccl_run(res: CommandResult, collective: str) -> tuple[NcclTestResult
 
 def _node_data(host: str, probes: dict[str, CommandResult]) -> NodeData:
     nd = NodeData(host)
+    files = {p.name: p.file for p in PROBES}
+    for kind in PARSERS:
+        if kind not in probes:  # no output at all (an imported folder without that file): not measured,
+            check = PROBE_CHECK[kind]  # which is no fault of the node
+            nd.problems[check] = CheckResult(host, check, "warn", None, None,
+                                             f"not measured (no {files.get(kind, kind)} for this node)")
     for kind, res in probes.items():
         if kind not in PARSERS:
             continue

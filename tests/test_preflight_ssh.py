@@ -243,3 +243,14 @@ def test_saved_raw_outputs_import_to_the_same_map(cluster, dead_hosts, tmp_path)
     assert (again.intra_node_busbw_gbs, again.inter_node_busbw_gbs) == (live.intra_node_busbw_gbs,
                                                                        live.inter_node_busbw_gbs)
     assert sorted((p.a, p.b, p.busbw_gbs) for p in again.pairs) == sorted((p.a, p.b, p.busbw_gbs) for p in live.pairs)
+
+
+def test_flooding_command_is_stopped_at_the_output_limit(cluster):
+    """A node whose tool floods its output (`yes` here): reading stops at the limit, the result says why,
+    and the connection serves the next command."""
+    configure(cluster)
+    with runner(cluster, output_limit=1 << 20) as r:
+        res = r.run(NODES[0], "yes", 60)
+        after = r.run(NODES[0], "echo fine", 10)
+    assert not res.ok and "output larger than 1 MiB" in res.reason() and len(res.stdout) == 1 << 20
+    assert after.ok and after.stdout.strip() == "fine"

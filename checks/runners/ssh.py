@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from checks.results import CommandResult
+from checks.results import OUTPUT_LIMIT, CommandResult, over_limit
 from checks.runners import Runner
 
 
@@ -50,7 +50,8 @@ class SSHRunner(Runner):
 
     def __init__(self, *, user: str | None = None, port: int | None = None, identity_file: str | None = None,
                  known_hosts: str | None = None, accept_new_hosts: bool = False, jump: str | None = None,
-                 ssh_config: str | None = None, connect_timeout: float = 10.0, use_agent: bool = True):
+                 ssh_config: str | None = None, connect_timeout: float = 10.0, use_agent: bool = True,
+                 output_limit: int = OUTPUT_LIMIT):
         import logging
 
         import paramiko  # lazy: `launch --help` must not pay for it
@@ -66,6 +67,7 @@ class SSHRunner(Runner):
         self.jump = jump
         self.connect_timeout = connect_timeout
         self.use_agent = use_agent
+        self.output_limit = output_limit  # bytes kept of a command's stdout / stderr each
         default_known = Path.home() / ".ssh" / "known_hosts"
         self.known_hosts = Path(known_hosts) if known_hosts else default_known
         self._extra_known = [default_known] if known_hosts and default_known.exists() else []
@@ -221,23 +223,27 @@ class SSHRunner(Runner):
                                  seconds=time.monotonic() - start)
         out, err = bytearray(), bytearray()
         deadline = start + timeout
-        timed_out = False
-        while True:
-            while chan.recv_ready():
+        timed_out = flooded = False
+        while not flooded:
+            while chan.recv_ready() and not flooded:
                 out += chan.recv(65536)
-            while chan.recv_stderr_ready():
+                flooded = len(out) > self.output_limit
+            while chan.recv_stderr_ready() and not flooded:
                 err += chan.recv_stderr(65536)
-            if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                flooded = len(err) > self.output_limit
+            if flooded or (chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready()):
                 break
             left = deadline - time.monotonic()
             if left <= 0:
                 timed_out = True
                 break
             select.select([chan], [], [], min(left, 0.05))
-        rc = None if timed_out else chan.recv_exit_status()
-        chan.close()
-        res = CommandResult(host, command, out.decode(errors="replace"), err.decode(errors="replace"), rc,
-                            timed_out=timed_out, seconds=time.monotonic() - start)
+        rc = None if (timed_out or flooded) else chan.recv_exit_status()
+        chan.close()  # a flooding command ends with the channel (and the node-side `timeout` at the latest)
+        res = CommandResult(host, command, bytes(out[:self.output_limit]).decode(errors="replace"),
+                            bytes(err[:self.output_limit]).decode(errors="replace"), rc, timed_out=timed_out,
+                            error=over_limit(self.output_limit) if flooded else None,
+                            seconds=time.monotonic() - start)
         if rc == 124:  # the node-side `timeout` fired
             res.timed_out = True
         return res

@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from launcher.diagnose.failures import Failures
-from launcher.diagnose.findings import Finding, Report, fmt_ranks, rank_findings, stalled_from
+from launcher.diagnose.findings import WARNING, Finding, Report, fmt_ranks, rank_findings, stalled_from
 from launcher.diagnose.flight import Flight, load_dump
 from launcher.diagnose.heartbeat import Heartbeats, parse_beat
 from launcher.diagnose.nccl_init import NcclInit
@@ -45,6 +46,7 @@ class Sources:
     plan_paths: list[Path] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    unread: list[str] = field(default_factory=list)  # evidence that could not be read (also in skipped)
 
 
 def input_files(target: Path) -> tuple[Path, list[Path]]:
@@ -54,6 +56,9 @@ def input_files(target: Path) -> tuple[Path, list[Path]]:
         raise UserError(f"{target}: no such file or directory (give a log dir, a log file or a job id)")
     if target.is_file():
         return target.parent, [target]
+    if not target.is_dir():  # a FIFO would block, a device never end
+        raise UserError(f"{target}: not a regular file or a directory (give a log dir, a log file, - for "
+                        "stdin, or a job id)")
     roots = [target]
     root = target
     if target.name == "logs" and ((target.parent / "heartbeat").is_dir() or (target.parent / "plan.json").is_file()):
@@ -78,14 +83,18 @@ def read_sources(target: Path) -> Sources:
         try:
             _read_one(path, rel, src)
         except OSError as exc:
-            src.skipped.append(f"{rel} ({exc.strerror or exc})")
+            src.unread.append(f"{rel} ({exc.strerror or exc})")
+    src.skipped += src.unread
     return src
 
 
 def _read_one(path: Path, rel: str, src: Sources) -> None:
-    if not path.is_file():
+    st = path.stat()
+    if not stat.S_ISREG(st.st_mode):  # a FIFO would block the walk, a device never end
+        if not stat.S_ISDIR(st.st_mode):
+            src.unread.append(f"{rel} (not a regular file)")
         return
-    size = path.stat().st_size
+    size = st.st_size
     with open(path, "rb") as fh:
         head = fh.read(4096)
     if not head:
@@ -98,7 +107,7 @@ def _read_one(path: Path, rel: str, src: Sources) -> None:
             src.skipped.append(f"{rel} (binary)")
             return
     if size > MAX_TEXT_BYTES:
-        src.skipped.append(f"{rel} (larger than {MAX_TEXT_BYTES >> 20} MiB)")
+        src.unread.append(f"{rel} (larger than {MAX_TEXT_BYTES >> 20} MiB)")
         return
     src.files.append(rel)
     init, failures, flight, stacks = src.init, src.failures, src.flight, src.stacks
@@ -170,6 +179,11 @@ def build_report(src: Sources, plan: Any = None, bwmap: Any = None) -> Report:
     findings += src.beats.findings(world, hosts, role)
     findings += src.stacks.findings(world, hosts, src.beats.beats)
     findings += straggler_findings(src.beats.beats, hosts)
+    if src.unread:
+        n = len(src.unread)
+        findings.append(Finding("unreadable", WARNING, f"could not read {n} file(s): {', '.join(src.unread[:5])}"
+                                + (f" (+{n - 5} more)" if n > 5 else "") + "; the answer may be in them",
+                                [u.split(" (")[0] for u in src.unread[:8]]))
     findings = rank_findings(findings)
     stalled = stalled_from(findings)
     stalled_hosts = {r: hosts[r] for r in stalled if r in hosts}

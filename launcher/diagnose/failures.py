@@ -66,6 +66,16 @@ IBV_WC_STATUS = {
 }
 
 
+#: Bounds on what a huge or looping log can make us keep: evidence per message, distinct messages.
+MAX_EVIDENCE = 8
+MAX_ITEMS = 2000
+
+
+def _push(items: list, item: object, cap: int = MAX_EVIDENCE) -> None:
+    if len(items) < cap:
+        items.append(item)
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in re.findall(r"\d+", text)]
 
@@ -112,6 +122,8 @@ class Failures:
     exits: dict[int, dict[str, str]] = field(default_factory=dict)
     hosts: dict[int, str] = field(default_factory=dict)
     fr_disabled: str | None = None
+    warn_counts: dict[str, int] = field(default_factory=dict)
+    _ib_seen: set[tuple] = field(default_factory=set)
     _pending_ib: IbError | None = None
     _pending_nccl: tuple[str, str, int | None] | None = None
     _block: dict[str, str] | None = None
@@ -173,17 +185,17 @@ class Failures:
         if "Timed out waiting" in line:
             g = GLOO_TIMEOUT_RE.search(line)
             if g:
-                self.gloo_timeouts.setdefault(rank, []).append(evidence)
+                _push(self.gloo_timeouts.setdefault(rank, []), evidence)
                 self.gloo_timeout_ms = int(g["ms"])
         if "monitoredBarrier" in line:
             mb = MONITORED_RE.search(line)
             if mb:
-                self.monitored.append((_ints(mb["ranks"]), int(mb["ms"]), evidence))
+                _push(self.monitored, (_ints(mb["ranks"]), int(mb["ms"]), evidence), MAX_ITEMS)
             return
         if "by peer" in line:
             pc = PEER_CLOSED_RE.search(line)
             if pc:
-                self.peer_closed.setdefault(rank, []).append(evidence)
+                _push(self.peer_closed.setdefault(rank, []), evidence)
 
     # ---- pieces ----------------------------------------------------------------------
     @staticmethod
@@ -201,6 +213,10 @@ class Failures:
             err = IbError(host=m["host"], dev=int(m["dev"]), peer=ib["peer"], status=int(ib["status"]),
                           vendor_err=int(ib["verr"]) if ib["verr"] else None, direction=ib["dir"],
                           hca=ib.groupdict().get("hca"), evidence=evidence)
+            key = (err.host, err.dev, err.peer, err.status, err.hca)
+            if key in self._ib_seen or len(self.ib_errors) >= MAX_ITEMS:
+                return  # the same error again (a log repeats it per retry): once is evidence enough
+            self._ib_seen.add(key)
             self.ib_errors.append(err)
             if err.vendor_err is None:
                 self._pending_ib = err
@@ -208,11 +224,18 @@ class Failures:
         if "libibverbs" in msg:
             return  # reported with the transport (socket fallback), not as a failure
         key = re.sub(r"<\d+>", "<port>", msg)
-        self.warns.setdefault(key, []).append(evidence)
-        self.warn_hosts.setdefault(key, set()).add(m["host"])
+        if key not in self.warns and len(self.warns) >= MAX_ITEMS:
+            return
+        _push(self.warns.setdefault(key, []), evidence)
+        self.warn_counts[key] = self.warn_counts.get(key, 0) + 1
+        hosts = self.warn_hosts.setdefault(key, set())
+        if len(hosts) < MAX_ITEMS:
+            hosts.add(m["host"])
 
     def _add_nccl_error(self, text: str, evidence: str, rank: int | None) -> None:
-        self.nccl_errors.setdefault(text, []).append(evidence)
+        if text not in self.nccl_errors and len(self.nccl_errors) >= MAX_ITEMS:
+            return
+        _push(self.nccl_errors.setdefault(text, []), evidence)
         if rank is not None:
             self.nccl_error_ranks.setdefault(text, set()).add(rank)
 
@@ -223,15 +246,15 @@ class Failures:
             return
         j = DESYNC_JOINED_RE.search(line)
         if j:
-            self.desync.append(("joined_not_finished", _ints(j["ranks"]), int(j["seq"]), evidence))
+            _push(self.desync, ("joined_not_finished", _ints(j["ranks"]), int(j["seq"]), evidence), MAX_ITEMS)
             return
         lag = DESYNC_LAG_RE.search(line)
         if lag:
-            self.desync.append(("not_joined", _ints(lag["ranks"]), int(lag["next"]), evidence))
+            _push(self.desync, ("not_joined", _ints(lag["ranks"]), int(lag["next"]), evidence), MAX_ITEMS)
             return
         n = DESYNC_NEVER_RE.search(line)
         if n:
-            self.desync.append(("never_joined", _ints(n["ranks"]), 0, evidence))
+            _push(self.desync, ("never_joined", _ints(n["ranks"]), 0, evidence), MAX_ITEMS)
 
     def _summary(self, line: str, evidence: str) -> None:
         """torchrun's ChildFailedError table: rank -> host, exit code, signal."""
@@ -273,7 +296,8 @@ class Failures:
             out.append(Finding("nccl_error", ERROR, f"NCCL error{who}: {text}", ev[:5], ranks=ranks))
         for msg, ev in self.warns.items():
             hs = sorted(self.warn_hosts.get(msg, ()))
-            out.append(Finding("nccl_warn", WARNING, f"NCCL WARN on {', '.join(hs)} ({len(ev)}x): {msg}",
+            out.append(Finding("nccl_warn", WARNING, f"NCCL WARN on {', '.join(hs)} "
+                               f"({self.warn_counts.get(msg, len(ev))}x): {msg}",
                                ev[:5], hosts=hs))
         for r, b in sorted(self.exits.items()):
             code = b.get("exitcode", "?")

@@ -27,6 +27,7 @@ KIND_WEIGHT = {
     "straggler": 58,
     "process_exit": 55,
     "tp_across_nodes": 50,
+    "unreadable": 48,
     "socket_fallback": 45,
     "nic_not_nearest": 40,
     "socket_transport": 12,

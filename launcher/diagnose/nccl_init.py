@@ -42,6 +42,15 @@ USING_NET_RE = re.compile(r"^Using network (?P<net>.+?)\s*$")
 IB_DEVS_RE = re.compile(r"^NET/IB ?: Using (?P<list>.*)$")
 IB_DEV_ITEM_RE = re.compile(r"\[(\d+)\]([\w.\-]+):(\d+)/(\w+)")
 MAX_NICS = 1024
+#: Channels kept per communicator (distinct ones; all are counted): a long or looping log stays bounded.
+MAX_CHANNELS = 8192
+MAX_PENDING = 65536
+MAX_EVIDENCE = 8
+
+
+def _push(items: list, item: Any, cap: int = MAX_EVIDENCE) -> None:
+    if len(items) < cap:
+        items.append(item)
 
 
 @dataclass
@@ -95,11 +104,11 @@ class Comm:
     complete: set[int] = field(default_factory=set)
     started: set[int] = field(default_factory=set)
 
+    counts: dict[str, int] = field(default_factory=dict)  # every channel line, by transport label
+    seen: set[tuple] = field(default_factory=set)
+
     def transports(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for c in self.channels:
-            out[c.label] = out.get(c.label, 0) + 1
-        return out
+        return dict(self.counts)
 
 
 @dataclass
@@ -113,6 +122,8 @@ class NcclInit:
     # parse state
     _current: dict[tuple[str, int], str] = field(default_factory=dict)
     _pending: dict[tuple[str, int, int], list[tuple[str, Any]]] = field(default_factory=dict)
+    _pending_n: int = 0
+    _pending_seen: dict[tuple[str, int, int], set[tuple]] = field(default_factory=dict)
     _ptr: dict[tuple[str, int, str], str] = field(default_factory=dict)
     _ordinal: dict[tuple[str, int, int], int] = field(default_factory=dict)
 
@@ -125,13 +136,13 @@ class NcclInit:
         if not m:
             v = VERSION_RE.search(line)
             if v:  # NCCL 2.7 prints a bare "NCCL version 2.7.8+cuda10.1"
-                self.versions.setdefault(v.group(1), []).append(evidence)
+                _push(self.versions.setdefault(v.group(1), []), evidence)
             return
         host, pid, tid = m["host"], int(m["pid"]), int(m["tid"])
         msg, level = m["msg"], m["level"]
         if level == "WARN":
             if "libibverbs" in msg or "NET/IB : No device found" in msg:
-                self.ib_unavailable.append((host, evidence))
+                _push(self.ib_unavailable, (host, evidence), 64)
             return
         if level != "INFO":
             return
@@ -139,7 +150,7 @@ class NcclInit:
         if msg.startswith("NCCL version"):
             v = VERSION_RE.search(msg)
             if v:
-                self.versions.setdefault(v.group(1), []).append(evidence)
+                _push(self.versions.setdefault(v.group(1), []), evidence)
         elif msg.startswith("Channel "):
             c = CHANNEL_RE.match(msg)
             if c:
@@ -157,7 +168,7 @@ class NcclInit:
             if u:
                 self.networks[proc] = (u["net"], evidence)
         elif msg.startswith("NET/IB") and "No device found" in msg:
-            self.ib_unavailable.append((host, evidence))
+            _push(self.ib_unavailable, (host, evidence), 64)
         elif msg.startswith("NET/IB"):
             d = IB_DEVS_RE.match(msg)
             if d:
@@ -169,7 +180,7 @@ class NcclInit:
                     self.ib_devices[proc] = names
                     self.ib_devices_ev.setdefault(host, evidence)
         elif msg.startswith("NCCL_IB_DISABLE set by environment to 1"):
-            self.ib_unavailable.append((host, evidence))
+            _push(self.ib_unavailable, (host, evidence), 64)
 
     def _init_line(self, msg: str, host: str, pid: int, tid: int, evidence: str) -> None:
         proc = (host, pid)
@@ -210,7 +221,10 @@ class NcclInit:
         keys = [(host, pid, tid)] if (host, pid, tid) in self._pending else [
             k for k in self._pending if k[:2] == proc]
         for k in keys:
-            for item in self._pending.pop(k):
+            items = self._pending.pop(k)
+            self._pending_n -= len(items)
+            self._pending_seen.pop(k, None)
+            for item in items:
                 self._attach(comm, rank, item)
         if self._current.get(proc) == key:
             del self._current[proc]
@@ -221,14 +235,28 @@ class NcclInit:
             comm = self.comms[key]
             rank = next((r for r, i in comm.members.items() if (i.host, i.pid) == proc), -1)
             self._attach(comm, rank, item)
-        else:
-            self._pending.setdefault((proc[0], proc[1], tid), []).append(item)
+        elif self._pending_n < MAX_PENDING:  # lines waiting for their Init COMPLETE; a log with none stays bounded
+            what, data = item
+            if what == "channel":
+                seen = self._pending_seen.setdefault((proc[0], proc[1], tid), set())
+                ident = (data.channel, data.src, data.dst, data.direction, data.via)
+                if ident in seen:
+                    return  # the same channel line again (no COMPLETE between): nothing new
+                seen.add(ident)
+            pending = self._pending.setdefault((proc[0], proc[1], tid), [])
+            if len(pending) < MAX_CHANNELS:
+                pending.append(item)
+                self._pending_n += 1
 
     @staticmethod
     def _attach(comm: Comm, rank: int, item: tuple[str, Any]) -> None:
         what, data = item
         if what == "channel":
-            comm.channels.append(data)
+            comm.counts[data.label] = comm.counts.get(data.label, 0) + 1
+            key = (data.channel, data.src, data.dst, data.direction, data.via)
+            if key not in comm.seen and len(comm.channels) < MAX_CHANNELS:  # a repeated init adds no fact
+                comm.seen.add(key)
+                comm.channels.append(data)
         elif what == "ring":
             comm.rings.setdefault(data[0], data[1])
         elif what == "trees" and rank >= 0:

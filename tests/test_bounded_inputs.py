@@ -1,0 +1,121 @@
+"""Reads of remote or user data are bounded and never block, and missing data is "not measured":
+a flooding command is stopped at the output limit (its whole session ends), `preflight parse` refuses
+devices and does not wait on a FIFO, diagnose keeps a bounded amount whatever the log's size, refuses a
+FIFO given as its target and reports files it could not read (exit 1, not "no problem found"), and
+`preflight import` of a folder without one probe's output excludes nobody for it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tracemalloc
+from pathlib import Path
+
+from launcher.backends import procs
+from launcher.diagnose import diagnose
+from launcher.diagnose.collect import read_sources
+from tests.test_local_procs import wait_until
+
+LAUNCH = str(Path(sys.executable).with_name("launch"))
+
+
+def launch(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([LAUNCH, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_local_runner_stops_a_flooding_command_and_its_children():
+    from checks.probe import run_local
+
+    r = run_local("yes | cat", 60, env={**os.environ, procs.MARKER: "flood"}, limit=1 << 20)
+    assert not r.ok and "output larger than 1 MiB" in r.reason() and len(r.stdout) == 1 << 20
+    assert wait_until(lambda: not procs.marked((procs.MARKER, "flood")), 10)  # yes and cat are gone too
+    ok = run_local("echo out; echo err >&2; exit 3", 10)
+    assert (ok.stdout, ok.stderr, ok.rc, ok.error) == ("out\n", "err\n", 3, None)
+
+
+def test_preflight_parse_refuses_devices_and_never_waits_on_a_fifo(tmp_path):
+    r = launch("preflight", "parse", "topo", "/dev/zero")
+    assert r.returncode == 2 and r.stderr.startswith("error: /dev/zero: cannot read") \
+        and "character device" in r.stderr and len(r.stderr.splitlines()) == 1
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    r = launch("preflight", "parse", "topo", str(fifo))  # no writer: empty, not a hang
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
+
+
+def test_diagnose_refuses_a_fifo_and_reports_what_it_could_not_read(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    r = launch("diagnose", str(fifo))
+    assert r.returncode == 2 and r.stderr.startswith(f"error: {fifo}: not a regular file or a directory")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "rank0.log").write_text("[rank0]: step 1/8 | loss 5.0\n")
+    os.mkfifo(logs / "rank1.log")                     # would block a reader forever
+    (logs / "a").symlink_to("b")
+    (logs / "b").symlink_to("a")                      # unreadable for root too: ELOOP
+    if os.geteuid() != 0:
+        (logs / "rank2.log").write_text("secret")
+        (logs / "rank2.log").chmod(0)
+    r = launch("diagnose", str(logs), "--json", timeout=120)
+    assert r.returncode == 1, r.stderr
+    out = json.loads(r.stdout)
+    assert out["verdict"].startswith("could not read ") and "rank1.log (not a regular file)" in out["verdict"]
+    assert "a (Too many levels of symbolic links)" in out["verdict"]
+    assert out["files"] == ["rank0.log"]
+
+
+def _flood_log(path: Path, lines: int) -> None:
+    with open(path, "w") as f:
+        for i in range(lines):
+            r = i % 64
+            k = i % 4
+            if k == 0:
+                f.write(f"node{r % 8}:{1000 + r}:{2000 + r} [{r % 8}] NCCL INFO Channel {i % 32:02d}/0 : {r}[{r % 8}] "
+                        f"-> {(r + 1) % 64}[{(r + 1) % 8}] via P2P/IPC\n")
+            elif k == 1:
+                f.write(f"node{r % 8}:{1000 + r}:{2000 + r} [{r % 8}] NCCL WARN NET/IB : Got completion from peer "
+                        f"10.0.0.{r}<{40000 + i % 1000}> with status=12 opcode=0 len=0 vendor err 129 (Recv) "
+                        f"hca mlx5_{r % 8}\n")
+            elif k == 2:
+                f.write(f"node{r % 8}:{1000 + r}:{2000 + r} [{r % 8}] NCCL WARN Call to connect returned Connection "
+                        f"refused, retrying\n")
+            else:
+                f.write(f"[rank{r}]: step {i} | loss 5.{i % 1000:03d}\n")
+
+
+def test_diagnose_memory_stays_bounded_as_the_log_grows(tmp_path):
+    """What the parsers keep does not grow with the number of lines: 4x the log, about the same memory."""
+    kept = []
+    for n in (40_000, 160_000):
+        log = tmp_path / f"big{n}.log"
+        _flood_log(log, n)
+        tracemalloc.start()
+        src = read_sources(log)
+        current, _ = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        kept.append(current)
+        assert len(src.failures.ib_errors) <= 64 * 8  # one per (host, GPU, peer, status, HCA)
+        assert all(len(ev) <= 8 for ev in src.failures.warns.values())
+        del src
+    assert kept[1] < 1.5 * kept[0] + (1 << 20), kept
+    report = diagnose(tmp_path / "big160000.log")
+    warn = next(f for f in report.findings if "Connection refused" in f.message)
+    assert "(40000x)" in warn.message  # every line still counted
+
+
+def test_import_without_an_nvlink_file_excludes_nobody(tmp_path):
+    from checks.assemble import assemble, load_dir
+    from tests.test_preflight_judges import HOSTS, make_dir
+
+    d = make_dir(tmp_path, HOSTS)
+    for h in HOSTS:
+        (d / h / "nvlink.txt").unlink()
+    bw = assemble(load_dir(d))
+    assert bw.exclude == []
+    nv = [c for c in bw.checks if c.check == "nvlink"]
+    assert len(nv) == len(HOSTS) and all(c.status == "warn" and c.message.startswith("not measured") for c in nv)
+    r = launch("preflight", "import", str(d), "--json")
+    assert json.loads(r.stdout)["exclude"] == [], r.stderr
