@@ -118,7 +118,9 @@ class LocalRunner:
 
     def run(self, argv: list[str], cwd: str | None = None, timeout: float = 60) -> tuple[int, str, str]:
         try:
-            p = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+            # errors=replace: a job name or reason in another encoding is shown, never a traceback
+            p = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, errors="replace",
+                               timeout=timeout)
         except FileNotFoundError:
             raise UserError(f"{argv[0]} not found on PATH: install Slurm's client commands here, or set "
                             "backend.slurm.login_host to submit over SSH") from None
