@@ -23,6 +23,7 @@ COMMANDS = {
     "jobs": ("launcher.commands.launch_cmds:jobs", "List submitted jobs and their state."),
     "run": ("launcher.commands.run_cmd:run", "Plan and run a job on this machine with torchrun."),
     "diagnose": ("launcher.commands.diagnose_cmd:diagnose", "Explain a hang or failure from NCCL and trainer logs."),
+    "schema": ("launcher.commands.schema_cmd:schema", "Print the JSON Schema of the job file or plan.json."),
 }
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
+from launcher.plan import Layout
+
 GB = 1e9
 GIB = 2**30
 
@@ -185,29 +187,6 @@ def tp_bytes_per_step(s: int, b: int, h: int, layers: int, tp: int, dtype_bytes:
 def bubble_ratio(stages: int, micro_batches: int, virtual_stages: int = 1) -> float:
     """Pipeline bubble as a fraction of useful time: (p-1)/(m·v)."""
     return (stages - 1) / (micro_batches * virtual_stages)
-
-
-# --- the full ledger ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Layout:
-    """The choices the ledger and time model need (a candidate plan, before rank placement)."""
-
-    tp: int
-    cp: int
-    pp: int
-    dp: int
-    ep: int
-    zero: int
-    recompute: str
-    micro_batch: int
-    grad_accum: int
-    schedule: str
-    virtual_stages: int
-
-    @property
-    def world(self) -> int:
-        return self.tp * self.cp * self.pp * self.dp
 
 
 # --- what the bundled trainer allocates ------------------------------------------------------------

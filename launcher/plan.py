@@ -1,8 +1,11 @@
 """Plan: the one contract between planner, renderer and trainer, serialized as plan.json.
 
-Everything the trainer needs to build its DeviceMesh and model travels in it (model shape,
-training settings, degrees, rank map), together with the memory ledger and time estimate the
-layout was chosen on, so a plan can be reviewed long after it was made.
+Everything the trainer needs to build its DeviceMesh and model travels in it, as the same typed
+sections the job file is checked with (ModelSpec, TrainSpec, GpuSpec, DiagnosticsSpec) and one
+Layout (the degrees and choices the ledger, the time model and the trainer all read), together
+with the memory ledger and time estimate the layout was chosen on, so a plan can be reviewed
+long after it was made. plan.json is loaded back through the same typed loader, so a hand-edited
+or stale plan fails with one line naming the field.
 """
 
 from __future__ import annotations
@@ -13,9 +16,40 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.errors import UserError
+from launcher.capabilities import ZERO_REFUSED, PlanSchedule, Recompute, ZeroStage
+from launcher.errors import SpecError, UserError
+from launcher.schema import bounded, json_schema, load_dataclass
+from launcher.spec import GpuSpec, ModelSpec, TrainSpec
+from launcher.spec_backend import DiagnosticsSpec
 
-PLAN_VERSION = 1
+#: 2: typed sections, `layout` replaces degrees/zero_stage/recompute/... at the top level.
+PLAN_VERSION = 2
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The degrees and choices of one layout: what the ledger and time model price, and what the
+    trainer builds (its DeviceMesh adds only the rank order, `Plan.mesh_order`)."""
+
+    tp: int = bounded(lo=1, doc="tensor-parallel degree")
+    cp: int = bounded(lo=1, doc="context-parallel degree")
+    pp: int = bounded(lo=1, doc="pipeline stages")
+    dp: int = bounded(lo=1, doc="data-parallel degree")
+    ep: int = bounded(lo=1, doc="expert-parallel degree (splits dp·cp; not a mesh dimension)")
+    zero: ZeroStage = bounded(doc="ZeRO stage", why_not=ZERO_REFUSED)
+    recompute: Recompute = bounded(doc="activation recomputation")
+    micro_batch: int = bounded(lo=1, doc="sequences per micro-batch")
+    grad_accum: int = bounded(lo=1, doc="micro-batches per optimizer step")
+    schedule: PlanSchedule = bounded(doc="pipeline schedule ('none' when pp = 1)")
+    virtual_stages: int = bounded(lo=1, doc="model chunks per pipeline rank")
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def degrees(self) -> dict[str, int]:
+        return {"tp": self.tp, "cp": self.cp, "pp": self.pp, "dp": self.dp, "ep": self.ep}
 
 
 @dataclass
@@ -23,62 +57,89 @@ class RankPlacement:
     """Where one global rank runs: node index, local rank on it, physical GPU index, and (when a
     BandwidthMap says) the NIC nearest that GPU."""
 
-    rank: int
-    node: int
-    local_rank: int
-    gpu: int
+    rank: int = bounded(lo=0)
+    node: int = bounded(lo=0)
+    local_rank: int = bounded(lo=0)
+    gpu: int = bounded(lo=0)
     coords: dict[str, int] = field(default_factory=dict)
     nic: str | None = None
 
 
 @dataclass
 class Plan:
-    name: str
-    world_size: int
-    nodes: int
-    gpus_per_node: int
-    degrees: dict[str, int]
-    zero_stage: int
-    recompute: str
-    micro_batch: int
-    grad_accum: int
-    schedule: str
-    virtual_stages: int
-    mesh_order: list[str]
-    ranks: list[RankPlacement]
-    stage_layers: list[int]
-    fits: bool
-    memory: dict[str, Any]
-    estimate: dict[str, Any]
-    bandwidth: dict[str, Any]
-    warnings: list[str]
-    model: dict[str, Any]
-    train: dict[str, Any]
-    gpu: dict[str, Any]
-    diagnostics: dict[str, Any] = field(default_factory=dict)
-    hosts: list[str] | None = None
-    gpu_order: list[int] | None = None
-    tp_node_local: bool = True
-    forced: bool = False
-    memory_traced: bool = False     # set by `launch verify` once the real trainer was traced
-    version: int = PLAN_VERSION
+    name: str = bounded(doc="the job's name")
+    world_size: int = bounded(lo=1, doc="ranks: tp·cp·pp·dp")
+    nodes: int = bounded(lo=1, doc="nodes")
+    gpus_per_node: int = bounded(lo=1, doc="ranks per node")
+    layout: Layout = bounded(doc="degrees and choices")
+    mesh_order: list[str] = bounded(doc="mesh dimensions outer→inner")
+    ranks: list[RankPlacement] = bounded(doc="rank → node, local rank, GPU, mesh coordinates")
+    stage_layers: list[int] = bounded(doc="layers per pipeline stage (pp·virtual_stages entries)")
+    fits: bool = bounded(doc="the memory ledger fits the GPU")
+    memory: dict[str, Any] = bounded(doc="the memory ledger, GB per GPU")
+    estimate: dict[str, Any] = bounded(doc="the time estimate")
+    bandwidth: dict[str, Any] = bounded(doc="the bandwidth figures used, and their source")
+    warnings: list[str] = bounded(doc="what the planner warns about this layout")
+    model: ModelSpec = bounded(doc="the job file's model, resolved")
+    train: TrainSpec = bounded(doc="the job file's train section")
+    gpu: GpuSpec = bounded(doc="the GPU's figures, resolved")
+    diagnostics: DiagnosticsSpec = dataclasses.field(default_factory=DiagnosticsSpec,
+                                                     metadata={"doc": "the job file's diagnostics section"})
+    hosts: list[str] | None = bounded(None, doc="node names, when a bandwidth map gave them")
+    gpu_order: list[int] | None = bounded(None, doc="physical GPU order on each node (NVLink islands)")
+    tp_node_local: bool = bounded(True, doc="every TP group sits on one node")
+    forced: bool = bounded(False, doc="a TP group spans nodes because the job file allowed it")
+    memory_traced: bool = bounded(False, doc="set by `launch verify` once the real trainer was traced")
+    version: int = bounded(PLAN_VERSION, doc="plan.json format version")
 
-    # --- derived views -------------------------------------------------------------------
+    # --- views of the layout (read-only; the layout is the one copy) ------------------------
+    @property
+    def degrees(self) -> dict[str, int]:
+        return self.layout.degrees
+
     @property
     def tp(self) -> int:
-        return self.degrees["tp"]
+        return self.layout.tp
 
     @property
     def cp(self) -> int:
-        return self.degrees["cp"]
+        return self.layout.cp
 
     @property
     def pp(self) -> int:
-        return self.degrees["pp"]
+        return self.layout.pp
 
     @property
     def dp(self) -> int:
-        return self.degrees["dp"]
+        return self.layout.dp
+
+    @property
+    def ep(self) -> int:
+        return self.layout.ep
+
+    @property
+    def zero_stage(self) -> int:
+        return self.layout.zero
+
+    @property
+    def recompute(self) -> str:
+        return self.layout.recompute
+
+    @property
+    def micro_batch(self) -> int:
+        return self.layout.micro_batch
+
+    @property
+    def grad_accum(self) -> int:
+        return self.layout.grad_accum
+
+    @property
+    def schedule(self) -> str:
+        return self.layout.schedule
+
+    @property
+    def virtual_stages(self) -> int:
+        return self.layout.virtual_stages
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:
@@ -100,15 +161,15 @@ class Plan:
         atomic_write(p, self.to_json() + "\n", "plan")
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Plan:
+    def from_dict(cls, data: Any) -> Plan:
+        """Through the job file's typed loader: SpecError naming `plan.<field>` when anything is off."""
         if not isinstance(data, dict):
-            raise UserError(f"a plan is a JSON object, not {type(data).__name__}")
-        if data.get("version") != PLAN_VERSION:
-            raise UserError(f"plan version {data.get('version')!r} is not supported (expected {PLAN_VERSION})")
-        names = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: v for k, v in data.items() if k in names}
-        kwargs["ranks"] = [RankPlacement(**r) for r in data["ranks"]]
-        return cls(**kwargs)
+            raise SpecError("plan", f"a plan is a JSON object, not {type(data).__name__}")
+        version = data.get("version")
+        if version != PLAN_VERSION:
+            raise SpecError("plan.version", f"{version!r} is not supported (expected {PLAN_VERSION}); "
+                                            "re-run `launch plan`")
+        return load_dataclass(cls, data, "plan")
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
@@ -122,7 +183,16 @@ class Plan:
             raise UserError(f"{path}: not a plan.json (nested too deeply)") from None
         try:
             return cls.from_dict(data)
-        except UserError as exc:
+        except SpecError as exc:
             raise UserError(f"{path}: {exc}") from None
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise UserError(f"{path}: malformed plan ({exc})") from None
+
+
+def plan_schema() -> dict[str, Any]:
+    """JSON Schema of plan.json (format PLAN_VERSION), from the dataclasses that load it."""
+    defs: dict[str, Any] = {}
+    json_schema(Plan, defs)
+    root = defs.pop("Plan")
+    root["properties"]["version"] = {"const": PLAN_VERSION, "description": "plan.json format version"}
+    root["required"].append("version")
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "launch4d plan.json",
+            **root, "$defs": defs}

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checks.bwmap import BandwidthMap, BandwidthMapError
+from launcher import capabilities
 from launcher import layout as lay_mod
 from launcher.costs import Bandwidth, Estimate, advertised_bandwidth, estimate, train_budget
 from launcher.errors import UserError
@@ -193,10 +194,9 @@ class Search:
             return [self.par.tp]
         out = []
         for tp in divisors(self.world):
-            if self.model.heads % tp or self.model.kv_heads % tp:
-                self.reject("tp does not divide heads/kv_heads")
-            elif self.model.is_moe and tp > 1:
-                self.reject("tp > 1 with MoE (the bundled trainer runs experts without TP)")
+            why = capabilities.tp_problem(self.model, tp)
+            if why:
+                self.reject(f"tp {why.split(':')[0]}")
             elif self.cluster.gpus_per_node % tp:
                 self.reject("tp does not fit inside a node")
             else:
@@ -230,7 +230,7 @@ class Search:
         for tp in self.tp_choices():
             rest = self.world // tp
             for cp in ([p.cp] if p.cp is not None else divisors(rest)):
-                if t.seq_len % (tp * (2 * cp if cp > 1 else 1)):
+                if capabilities.cp_problem(t.seq_len, cp, tp):
                     self.reject("seq_len not divisible by 2·cp·tp")
                     continue
                 for pp in ([p.pp] if p.pp is not None else divisors(rest // cp)):
@@ -263,7 +263,7 @@ class Search:
     def layouts(self, tp: int, cp: int, pp: int, dp: int, ep: int) -> None:
         p, t = self.par, self.train
         mbs = [p.micro_batch] if p.micro_batch is not None else divisors(t.global_batch // dp)
-        zeros = [p.zero] if p.zero is not None else ([0, 1, 2, 3] if dp * cp > 1 else [0])
+        zeros = [p.zero] if p.zero is not None else (list(capabilities.ZERO_STAGES) if dp * cp > 1 else [0])
         recomputes = [p.recompute] if p.recompute else list(RECOMPUTE_ORDER)
         per_mb = len(zeros) * len(recomputes)
         for sched, v in self.schedule_choices(pp):
@@ -377,7 +377,7 @@ def warnings_for(spec: JobSpec, cand: Candidate, cluster: Cluster, tp_local: boo
 
 def to_plan(spec: JobSpec, cand: Candidate, cluster: Cluster, with_ranks: bool = True) -> Plan:
     lay = cand.layout
-    degrees = {"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "dp": lay.dp, "ep": lay.ep}
+    degrees = lay.degrees
     order = list(spec.parallel.mesh_order)
     ranks = lay_mod.placements(degrees, order, cluster.gpus_per_node, cluster.gpu_order) if with_ranks else []
     if cluster.hosts and cluster.gpu_nic:
@@ -390,13 +390,10 @@ def to_plan(spec: JobSpec, cand: Candidate, cluster: Cluster, with_ranks: bool =
         bandwidth["excluded_nodes"] = list(cluster.excluded)
     return Plan(
         name=spec.name, world_size=lay.world, nodes=cluster.nodes, gpus_per_node=cluster.gpus_per_node,
-        degrees=degrees, zero_stage=lay.zero, recompute=lay.recompute, micro_batch=lay.micro_batch,
-        grad_accum=lay.grad_accum, schedule=lay.schedule, virtual_stages=lay.virtual_stages,
-        mesh_order=order, ranks=ranks, stage_layers=stage_layers(spec.model.layers, lay.pp * lay.virtual_stages),
+        layout=lay, mesh_order=order, ranks=ranks, stage_layers=stage_layers(spec.model.layers, lay.pp * lay.virtual_stages),
         fits=cand.ledger.fits, memory=cand.ledger.to_dict(), estimate=cand.estimate.to_dict(),
         bandwidth=bandwidth, warnings=warnings_for(spec, cand, cluster, tp_local),
-        model=dataclasses.asdict(spec.model), train=dataclasses.asdict(spec.train),
-        gpu=dataclasses.asdict(spec.gpu), diagnostics=dataclasses.asdict(spec.diagnostics),
+        model=spec.model, train=spec.train, gpu=spec.gpu, diagnostics=spec.diagnostics,
         hosts=cluster.hosts, gpu_order=cluster.gpu_order, tp_node_local=tp_local,
         forced=spec.parallel.allow_cross_node_tp and not tp_local,
     )

@@ -8,35 +8,36 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from launcher import presets
+from launcher import capabilities, presets
+from launcher.capabilities import Mlp, Optimizer, Precision, Recompute, Schedule, ZeroStage
 from launcher.errors import SpecError, UserError
-from launcher.schema import bounded, did_you_mean, load_dataclass
+from launcher.schema import bounded, did_you_mean, json_schema, key_name, load_dataclass, show
 from launcher.spec_backend import BackendSpec, DiagnosticsSpec
 
-Recompute = Literal["none", "selective", "full"]
-Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 MESH_DIMS = ("pp", "dp", "cp", "tp")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     """Decoder shape. `preset` names where it came from (or 'custom')."""
 
-    layers: int = bounded(None, 1)
-    hidden: int = bounded(None, 1)
-    heads: int = bounded(None, 1)
-    kv_heads: int | None = bounded(None, 1)
-    ffn_hidden: int | None = bounded(None, 1)
-    vocab: int = bounded(None, 1)
-    mlp: Literal["gelu", "swiglu"] = "swiglu"
-    tied_embeddings: bool = False
-    experts: int = bounded(1, 1)
-    experts_per_token: int = bounded(1, 1)
-    preset: str = "custom"
+    layers: int = bounded(lo=1, hi=10_000, doc="transformer blocks")
+    hidden: int = bounded(lo=1, hi=1 << 20, doc="model width")
+    heads: int = bounded(lo=1, hi=1 << 14, doc="attention heads")
+    vocab: int = bounded(lo=1, hi=1 << 24, doc="vocabulary size")
+    kv_heads: int | None = bounded(None, 1, 1 << 14, doc="key/value heads (GQA); default: heads")
+    ffn_hidden: int | None = bounded(None, 1, 1 << 22, doc="MLP width; default: 4·hidden")
+    mlp: Mlp = bounded("swiglu", doc="MLP kind")
+    tied_embeddings: bool = bounded(False, doc="output head shares the embedding weights")
+    experts: int = bounded(1, 1, 4096, doc="> 1: every MLP is a mixture of this many experts")
+    experts_per_token: int = bounded(1, 1, 4096, doc="experts each token is routed to (top-k)")
+    preset: str = bounded("custom", doc="the preset this shape came from")
 
     def __post_init__(self) -> None:
         if self.kv_heads is None:
@@ -55,21 +56,25 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class TrainSpec:
-    seq_len: int = bounded(None, 1)
-    global_batch: int = bounded(None, 1)
-    steps: int = bounded(100, 1)
-    tokens: int | None = bounded(None, 1)    # a token budget: steps = ceil(tokens / (global_batch·seq_len))
-    optimizer: Literal["adam", "sgd", "adam8bit"] = "adam"
-    precision: Literal["bf16", "fp16", "fp32"] = "bf16"
-    grad_dtype: Literal["bf16", "fp32"] = "bf16"
-    lr: float = bounded(3e-4, 0.0)
-    warmup_steps: int = bounded(0, 0)
-    weight_decay: float = bounded(0.0, 0.0)
-    grad_clip: float = bounded(1.0, 0.0)
-    seed: int = bounded(1234, 0)
-    data: str = "synthetic"
-    loss_chunk: int = bounded(1024, 1)
-    checkpoint_every: int = bounded(0, 0)
+    seq_len: int = bounded(lo=1, hi=1 << 24, doc="tokens per sequence")
+    global_batch: int = bounded(lo=1, hi=1 << 30, doc="sequences per optimizer step")
+    steps: int = bounded(100, 1, 1 << 40, doc="optimizer steps")
+    tokens: int | None = bounded(None, 1, 1 << 62, doc="a token budget instead of steps: "
+                                                        "steps = ⌈tokens / (global_batch·seq_len)⌉ (not both)")
+    optimizer: Optimizer = bounded("adam", doc="adam (AdamW), adam8bit (block-wise 8-bit AdamW) or sgd")
+    precision: Precision = bounded("bf16", why_not=capabilities.PRECISION_REFUSED, doc="compute precision")
+    lr: float = bounded(3e-4, 0.0, 10.0, doc="peak learning rate")
+    warmup_steps: int = bounded(0, 0, 1 << 40, doc="linear warm-up steps")
+    weight_decay: float = bounded(0.0, 0.0, 10.0, doc="decoupled weight decay")
+    grad_clip: float = bounded(1.0, 0.0, 1e6, doc="global gradient-norm clip (0: off)")
+    seed: int = bounded(1234, 0, 2**63 - 1, doc="seed of initialisation and synthetic data")
+    data: str = bounded("synthetic", doc="'synthetic' or a token file (launch tokenize)")
+    loss_chunk: int = bounded(1024, 1, 1 << 24, doc="tokens per chunk of the output-head loss")
+    checkpoint_every: int = bounded(0, 0, 1 << 40, doc="steps between checkpoints (0: only on preemption)")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
 
     def __post_init__(self) -> None:
         if self.tokens is not None:
@@ -78,23 +83,25 @@ class TrainSpec:
 
 @dataclass(frozen=True)
 class GpuSpec:
-    memory_gb: float = bounded(None, 0.001)
-    peak_tflops: float = bounded(None, 0.001)
-    nvlink_gbs: float = bounded(None, 0.001)
-    network_gbs_per_gpu: float | None = bounded(None, 0.001)
-    name: str = "custom"
+    memory_gb: float = bounded(lo=0.001, hi=1e5, doc="HBM per GPU, GB")
+    peak_tflops: float = bounded(lo=0.001, hi=1e6, doc="dense peak TFLOP/s in the training precision")
+    nvlink_gbs: float = bounded(lo=0.001, hi=1e6, doc="NVLink bandwidth per GPU, GB/s")
+    network_gbs_per_gpu: float | None = bounded(None, 0.001, 1e6, doc="NIC bandwidth per GPU, GB/s one way")
+    name: str = bounded("custom", doc="the preset this GPU came from")
 
 
 @dataclass(frozen=True)
 class ClusterSpec:
-    nodes: int = bounded(1, 1)
-    gpus_per_node: int = bounded(8, 1)
-    gpu: Any = "h100-sxm"
-    network_gbs_per_gpu: float | None = bounded(None, 0.001)
-    bwmap: str | None = None
-    compute_efficiency: float | None = bounded(None, 0.01, 1.0)
-    price_per_gpu_hour: float | None = bounded(None, 0.0)    # for the plan's cost figure
-    memory_headroom: float = bounded(0.1, 0.0, 0.9)   # fraction of HBM no plan may use
+    nodes: int = bounded(1, 1, 1 << 20, doc="nodes")
+    gpus_per_node: int = bounded(8, 1, 1024, doc="GPUs per node")
+    gpu: Any = bounded("h100-sxm", doc="a GPU preset name or a mapping of memory_gb, peak_tflops, nvlink_gbs")
+    network_gbs_per_gpu: float | None = bounded(None, 0.001, 1e6, doc="overrides the GPU's network figure")
+    bwmap: str | None = bounded(None, doc="a bandwidth map from `launch preflight`")
+    compute_efficiency: float | None = bounded(None, 0.01, 1.0, doc="ceiling of achieved/peak FLOPs (default: calibrated for "
+                                                        "the bundled eager trainer); set it only from your own "
+                                                        "measurements (launch plan --benchmark)")
+    price_per_gpu_hour: float | None = bounded(None, 0.0, 1e6, doc="price of one GPU-hour, for the plan's cost")
+    memory_headroom: float = bounded(0.1, 0.0, 0.9, doc="fraction of each GPU's memory no plan may use")
 
     @property
     def world_size(self) -> int:
@@ -105,18 +112,19 @@ class ClusterSpec:
 class ParallelSpec:
     """Fixed degrees and choices; None means 'search it'."""
 
-    tp: int | None = bounded(None, 1)
-    cp: int | None = bounded(None, 1)
-    pp: int | None = bounded(None, 1)
-    dp: int | None = bounded(None, 1)
-    ep: int | None = bounded(None, 1)
-    zero: int | None = bounded(None, 0, 3)
-    recompute: Recompute | None = None
-    micro_batch: int | None = bounded(None, 1)
-    schedule: Schedule | None = None
-    virtual_stages: int | None = bounded(None, 1)
-    mesh_order: list[str] = field(default_factory=lambda: list(MESH_DIMS))
-    allow_cross_node_tp: bool = False
+    tp: int | None = bounded(None, 1, 1 << 20, doc="tensor-parallel degree")
+    cp: int | None = bounded(None, 1, 1 << 20, doc="context-parallel degree")
+    pp: int | None = bounded(None, 1, 1 << 20, doc="pipeline stages")
+    dp: int | None = bounded(None, 1, 1 << 20, doc="data-parallel degree")
+    ep: int | None = bounded(None, 1, 1 << 20, doc="expert-parallel degree (splits dp·cp)")
+    zero: ZeroStage | None = bounded(None, why_not=capabilities.ZERO_REFUSED, doc="ZeRO stage")
+    recompute: Recompute | None = bounded(None, doc="activation recomputation")
+    micro_batch: int | None = bounded(None, 1, 1 << 30, doc="sequences per micro-batch")
+    schedule: Schedule | None = bounded(None, doc="pipeline schedule")
+    virtual_stages: int | None = bounded(None, 1, 1024, doc="model chunks per pipeline rank (interleaved)")
+    mesh_order: list[str] = dataclasses.field(default_factory=lambda: list(MESH_DIMS),
+                                              metadata={"doc": "rank order outer→inner"})
+    allow_cross_node_tp: bool = bounded(False, doc="let a TP group span nodes")
 
     @property
     def fully_fixed(self) -> bool:
@@ -145,12 +153,12 @@ SECTIONS = ("name", "model", "train", "cluster", "parallel", "backend", "diagnos
 def _preset(kind: str, table: dict[str, dict], value: Any, path: str) -> dict:
     if isinstance(value, str):
         if value not in table:
-            raise SpecError(path, f"unknown {kind} preset {value!r}{did_you_mean(value, table)}; "
+            raise SpecError(path, f"unknown {kind} preset {show(value)}{did_you_mean(value, table)}; "
                                   f"presets: {', '.join(table)}")
         return {**table[value], "name" if kind == "GPU" else "preset": value}
     if isinstance(value, dict):
         return value
-    raise SpecError(path, f"{value!r} is neither a {kind} preset name nor a mapping")
+    raise SpecError(path, f"{show(value)} is neither a {kind} preset name nor a mapping")
 
 
 def resolve_model(value: Any, path: str = "model") -> ModelSpec:
@@ -162,27 +170,20 @@ def resolve_gpu(value: Any, path: str = "cluster.gpu") -> GpuSpec:
 
 
 def _check_model(m: ModelSpec) -> None:
-    if m.hidden % m.heads:
-        raise SpecError("model.hidden", f"{m.hidden} is not divisible by heads={m.heads}")
-    if m.heads % m.kv_heads:
-        raise SpecError("model.kv_heads", f"{m.kv_heads} does not divide heads={m.heads}")
-    if m.experts_per_token > m.experts:
-        raise SpecError("model.experts_per_token", f"{m.experts_per_token} exceeds experts={m.experts}")
+    bad = capabilities.model_problem(m)
+    if bad:
+        raise SpecError(f"model.{bad[0]}", bad[1])
 
 
 def _check_parallel(p: ParallelSpec, m: ModelSpec, t: TrainSpec, c: ClusterSpec) -> None:
     """Reject fixed degrees that can never work, with the reason in the message."""
     world = c.world_size
     if sorted(p.mesh_order) != sorted(MESH_DIMS):
-        raise SpecError("parallel.mesh_order", f"{p.mesh_order} must order exactly {', '.join(MESH_DIMS)}")
+        raise SpecError("parallel.mesh_order", f"{show(p.mesh_order)} must order exactly {', '.join(MESH_DIMS)}")
     if p.tp is not None:
-        if m.is_moe and p.tp > 1:
-            raise SpecError("parallel.tp", f"{p.tp}: the bundled trainer runs mixture-of-experts layers without "
-                                           "tensor parallelism; use tp: 1 with ep (expert parallelism) instead")
-        if m.heads % p.tp:
-            raise SpecError("parallel.tp", f"{p.tp} does not divide heads={m.heads}")
-        if m.kv_heads % p.tp:
-            raise SpecError("parallel.tp", f"{p.tp} does not divide kv_heads={m.kv_heads}")
+        why = capabilities.tp_problem(m, p.tp)
+        if why:
+            raise SpecError("parallel.tp", f"{p.tp} {why}")
         if c.gpus_per_node % p.tp and not p.allow_cross_node_tp:
             raise SpecError("parallel.tp", f"{p.tp} does not divide gpus_per_node={c.gpus_per_node} "
                                            "(set parallel.allow_cross_node_tp: true to force it)")
@@ -192,10 +193,14 @@ def _check_parallel(p: ParallelSpec, m: ModelSpec, t: TrainSpec, c: ClusterSpec)
             raise SpecError(f"parallel.{name}", f"{v} does not divide the world size {world}")
     if p.pp is not None and p.pp > m.layers:
         raise SpecError("parallel.pp", f"{p.pp} exceeds layers={m.layers}")
-    if p.cp is not None and t.seq_len % (2 * p.cp * (p.tp or 1)):
-        raise SpecError("parallel.cp", f"seq_len={t.seq_len} is not divisible by 2·cp·tp={2 * p.cp * (p.tp or 1)}")
-    if p.ep is not None and p.ep > 1 and m.experts % p.ep:
-        raise SpecError("parallel.ep", f"{p.ep} does not divide experts={m.experts}")
+    if p.cp is not None:
+        why = capabilities.cp_problem(t.seq_len, p.cp, p.tp or 1)
+        if why:
+            raise SpecError("parallel.cp", f"{p.cp} {why}")
+    if p.ep is not None and p.ep > 1:
+        why = capabilities.ep_problem(m, p.ep, 1, p.ep)      # dp·cp is searched: only the model's side here
+        if why:
+            raise SpecError("parallel.ep", f"{p.ep} {why}")
     fixed = [getattr(p, k) for k in ("tp", "cp", "pp", "dp")]
     if None not in fixed and fixed[0] * fixed[1] * fixed[2] * fixed[3] != world:
         raise SpecError("parallel", f"tp·cp·pp·dp = {fixed[0] * fixed[1] * fixed[2] * fixed[3]} "
@@ -210,18 +215,30 @@ def _check_parallel(p: ParallelSpec, m: ModelSpec, t: TrainSpec, c: ClusterSpec)
         raise SpecError("parallel.micro_batch", f"{p.micro_batch} does not divide train.global_batch={t.global_batch}")
 
 
+def check_name(name: Any, derived_from: str | None = None) -> str:
+    """A job name becomes a directory, a Slurm job name and a Kubernetes label: short, plain, no
+    path separators."""
+    if isinstance(name, str) and NAME.fullmatch(name) and ".." not in name:
+        return name
+    where = f" (taken from the file name {show(derived_from)}; set `name:` in the job file)" if derived_from else ""
+    raise SpecError("name", f"{show(name)} is not a valid job name{where}: use 1-63 letters, digits, '.', '_' "
+                            "or '-', starting with a letter or digit, without '..'")
+
+
 def spec_from_dict(data: Any, source: str | None = None) -> JobSpec:
     if not isinstance(data, dict):
         raise SpecError("", f"{source or 'job file'}: expected a mapping with sections {', '.join(SECTIONS)}")
     for key in data:
         if key not in SECTIONS:
-            raise SpecError(str(key), f"unknown section{did_you_mean(str(key), SECTIONS)}; sections: {', '.join(SECTIONS)}")
+            raise SpecError(key_name(key), f"unknown section{did_you_mean(str(key), SECTIONS)}; "
+                                           f"sections: {', '.join(SECTIONS)}")
     for key in ("model", "train"):
         if key not in data:
             raise SpecError(key, "is required")
-    name = data.get("name", Path(source).stem if source else "job")
-    if not isinstance(name, str) or not name:
-        raise SpecError("name", f"{name!r} is not a non-empty string")
+    if "name" in data:
+        name = check_name(data["name"])
+    else:
+        name = check_name(Path(source).stem if source else "job", derived_from=Path(source).name if source else None)
     model = resolve_model(data["model"])
     _check_model(model)
     if isinstance(data["train"], dict) and {"steps", "tokens"} <= set(data["train"]):
@@ -235,7 +252,7 @@ def spec_from_dict(data: Any, source: str | None = None) -> JobSpec:
     if raw_parallel == "auto" or raw_parallel is None:
         raw_parallel = {}
     elif not isinstance(raw_parallel, dict):
-        raise SpecError("parallel", f"{raw_parallel!r} is neither 'auto' nor a mapping")
+        raise SpecError("parallel", f"{show(raw_parallel)} is neither 'auto' nor a mapping")
     parallel = load_dataclass(ParallelSpec, raw_parallel, "parallel")
     _check_parallel(parallel, model, train, cluster)
     backend = load_dataclass(BackendSpec, data.get("backend"), "backend")
@@ -245,7 +262,7 @@ def spec_from_dict(data: Any, source: str | None = None) -> JobSpec:
 
 
 def load_spec(path: str | Path) -> JobSpec:
-    """Read and validate a job file (YAML or JSON)."""
+    """Read and validate a job file (YAML or JSON): bounded in size, nesting and alias expansion."""
     return load_spec_text(path)[0]
 
 
@@ -259,6 +276,11 @@ def load_spec_text(path: str | Path) -> tuple[JobSpec, str]:
 
 
 def spec_from_text(text: str, source: str) -> JobSpec:
+    return spec_from_dict(parse_yaml(text, source), source=source)
+
+
+def parse_yaml(text: str, name: str) -> Any:
+    """yaml.safe_load with a one-line error for bad YAML and for structures nested too deep."""
     import yaml
 
     try:
@@ -266,10 +288,62 @@ def spec_from_text(text: str, source: str) -> JobSpec:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
-        raise UserError(f"{source}:{where} is not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        raise UserError(f"{name}:{where} is not valid YAML ({show(getattr(exc, 'problem', exc))})") from None
     except RecursionError:
-        raise UserError(f"{source}: YAML nested too deeply to be a job file") from None
-    return spec_from_dict(data, source=source)
+        raise UserError(f"{name}: YAML nested too deeply to be a job file") from None
+    if _depth(data) > MAX_DEPTH:
+        raise UserError(f"{name}: YAML nested too deeply to be a job file (more than {MAX_DEPTH} levels)")
+    return data
+
+
+MAX_DEPTH = 32
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth, cut off past MAX_DEPTH. YAML aliases make a DAG: each node is walked again
+    only when reached at a shallower level, so an alias bomb costs no more than its text."""
+    best: dict[int, int] = {}
+    stack = [(value, 0)]
+    deepest = 0
+    while stack:
+        v, level = stack.pop()
+        deepest = max(deepest, level)
+        if level > MAX_DEPTH:
+            break
+        if not isinstance(v, (dict, list)) or best.get(id(v), MAX_DEPTH + 1) <= level:
+            continue
+        best[id(v)] = level
+        stack.extend((c, level + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def job_schema() -> dict[str, Any]:
+    """JSON Schema of the job file, from the same dataclasses, type hints and bounds that load it.
+
+    Value-level rules the schema cannot say (tp divides heads, degrees multiply to the world size,
+    ...) are checked by `spec_from_dict` and named in its one-line errors."""
+    defs: dict[str, Any] = {}
+    section = {name: json_schema(cls, defs) for name, cls in
+               (("train", TrainSpec), ("backend", BackendSpec), ("diagnostics", DiagnosticsSpec))}
+    model = {"anyOf": [{"enum": list(presets.MODELS)}, json_schema(ModelSpec, defs)],
+             "description": "a model preset name or the decoder's shape"}
+    gpu = {"anyOf": [{"enum": list(presets.GPUS)}, json_schema(GpuSpec, defs)],
+           "description": "a GPU preset name or the GPU's figures", "default": "h100-sxm"}
+    json_schema(ClusterSpec, defs)
+    defs["ClusterSpec"]["properties"]["gpu"] = gpu
+    parallel = {"anyOf": [{"const": "auto"}, {"type": "null"}, json_schema(ParallelSpec, defs)],
+                "description": "'auto' (search everything) or the degrees and choices to fix", "default": "auto"}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "launch4d job file",
+        "type": "object", "additionalProperties": False, "required": ["model", "train"],
+        "properties": {
+            "name": {"type": "string", "pattern": "^" + NAME.pattern + "$", "not": {"pattern": "\\.\\."},
+                     "description": "job name (default: the file's stem)"},
+            "model": model, "train": section["train"], "cluster": {"$ref": "#/$defs/ClusterSpec"},
+            "parallel": parallel, "backend": section["backend"], "diagnostics": section["diagnostics"]},
+        "$defs": defs,
+    }
 
 
 def spec_to_json(spec: JobSpec) -> str:

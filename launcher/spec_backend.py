@@ -121,4 +121,3 @@ class DiagnosticsSpec:
     stall_dump_s: int = bounded(0, 0)  # no progress this long: stacks into the run dir (0: half the above)
     socket_ifname: str | None = None
     ib_hca: str | None = None
-    heartbeat: bool = True

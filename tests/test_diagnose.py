@@ -8,6 +8,7 @@ logs themselves are never edited or invented.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -15,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from checks.bwmap import BandwidthMap, NodeReport
-from launcher import layout, presets
 from launcher.diagnose import diagnose
 from launcher.diagnose.collect import build_report, read_sources
 from launcher.plan import Plan
 from tests.conftest import shared_file
+from tests.trainer_helpers import make_plan as trainer_plan
 
 LOGS = "nccl-logs"
 F_SOCKET = "2node-8rank-nccl2.7.8-init-INFO-net-socket-fallback-p2p-shm-old-format.txt"
@@ -34,15 +35,10 @@ F_DESYNC = "pytorch-watchdog-timeout-desync-debug-2rank-8s.txt"
 def make_plan(tp: int = 1, dp: int = 1, pp: int = 1, cp: int = 1, gpus_per_node: int = 8,
               hosts: list[str] | None = None) -> Plan:
     """The Plan a fully fixed `parallel` section gives (only the fields diagnose reads matter)."""
-    degrees = {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": 1}
-    order = ["pp", "dp", "cp", "tp"]
-    world = tp * cp * pp * dp
-    gpn = min(gpus_per_node, world)
-    return Plan(name="t", world_size=world, nodes=max(1, world // gpn), gpus_per_node=gpn, degrees=degrees,
-                zero_stage=1, recompute="none", micro_batch=1, grad_accum=1, schedule="none", virtual_stages=1,
-                mesh_order=order, ranks=layout.placements(degrees, order, gpn), stage_layers=[32], fits=True,
-                memory={}, estimate={}, bandwidth={}, warnings=[], model=dict(presets.MODELS["tiny"]), train={},
-                gpu={}, hosts=hosts, tp_node_local=tp <= gpn, forced=tp > gpn)
+    gpn = min(gpus_per_node, tp * cp * pp * dp)
+    plan = trainer_plan(tp=tp, cp=cp, pp=pp, dp=dp, zero=0, global_batch=dp, gpus_per_node=gpus_per_node,
+                        forced=tp > gpn)
+    return dataclasses.replace(plan, hosts=hosts, tp_node_local=tp <= gpn)
 
 
 def save_plan(tmp_path: Path, plan: Plan) -> Path:

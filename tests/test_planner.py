@@ -95,8 +95,8 @@ def test_moe_plans_use_expert_parallelism_without_tp():
     result = plan_job(load_spec(EXAMPLES / "mixtral-8x7b.yaml"), top=5)
     for p in [result.best] + result.alternatives:
         assert p.tp == 1 and 8 % p.degrees["ep"] == 0 and (p.dp * p.cp) % p.degrees["ep"] == 0
-    assert result.rejected["tp > 1 with MoE (the bundled trainer runs experts without TP)"] > 0
-    with pytest.raises(Exception, match="parallel.tp: 2: the bundled trainer runs mixture-of-experts"):
+    assert result.rejected["tp with a mixture-of-experts model"] > 0
+    with pytest.raises(Exception, match="parallel.tp: 2 with a mixture-of-experts model: the bundled trainer runs experts"):
         job("mixtral-8x7b", nodes=2, parallel={"tp": 2})
 
 
@@ -203,10 +203,11 @@ def test_plan_json_schema_and_output_file(tmp_path):
     d = json.loads(r.output)
     assert set(d) >= {"best", "alternatives", "searched", "rejected"}
     best = d["best"]
-    for key in ["world_size", "degrees", "zero_stage", "recompute", "micro_batch", "grad_accum", "schedule",
-                "virtual_stages", "mesh_order", "ranks", "fits", "memory", "estimate", "warnings"]:
+    for key in ["version", "world_size", "layout", "mesh_order", "ranks", "fits", "memory", "estimate", "warnings",
+                "model", "train", "gpu"]:
         assert key in best
-    assert set(best["degrees"]) == {"tp", "cp", "pp", "dp", "ep"}
+    assert set(best["layout"]) == {"tp", "cp", "pp", "dp", "ep", "zero", "recompute", "micro_batch", "grad_accum",
+                                   "schedule", "virtual_stages"}
     assert set(best["ranks"][0]) >= {"rank", "node", "local_rank", "gpu"}
     assert "per_gpu_gb" in best["memory"]
     assert set(best["estimate"]) >= {"step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu"}

@@ -234,7 +234,7 @@ def test_token_file_job_and_pipeline_resume_from_checkpoint(tmp_path, env):
     a = launch("run", job, "--nproc", 2, "--run-dir", tmp_path / "a", "--json", env=env)
     assert a.returncode == 0, a.stderr[-3000:]
     plan = json.loads((tmp_path / "a" / "plan.json").read_text())
-    assert plan["degrees"]["pp"] == 2 and plan["virtual_stages"] == 2
+    assert plan["layout"]["pp"] == 2 and plan["layout"]["virtual_stages"] == 2
     ref = losses(tmp_path / "a")
     assert ref[4] < ref[1]  # real text is learnable
     b = tmp_path / "b"
@@ -279,7 +279,7 @@ def test_resume_into_another_layout(full_run, tmp_path, env):
                ref_dir / "checkpoints" / "step-4", "--json", env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     plan = json.loads((tmp_path / "wide" / "plan.json").read_text())
-    assert plan["degrees"]["dp"] == 2 and plan["degrees"]["tp"] == 2
+    assert plan["layout"]["dp"] == 2 and plan["layout"]["tp"] == 2
     got, want = losses(tmp_path / "wide"), losses(ref_dir)
     assert sorted(got) == [5, 6, 7, 8]
     for step in got:

@@ -63,12 +63,14 @@ def test_explicit_gpu():
 
 def test_parallel_auto_and_mapping():
     assert spec_from_dict(with_("parallel", "auto")).parallel.tp is None
-    assert spec_from_dict(with_("parallel", {"tp": 8, "zero": 1})).parallel.tp == 8
+    assert spec_from_dict(with_("parallel", {"tp": 8, "zero": 2})).parallel.tp == 8
 
 
 @pytest.mark.parametrize("path, value, expected", [
     ("parallel.tp", 3, "parallel.tp: 3 does not divide"),
-    ("parallel.zero", 4, "parallel.zero: 4 is above the maximum 3"),
+    ("parallel.zero", 4, "parallel.zero: 4 is not valid; choose one of 0, 2, 3"),
+    ("parallel.zero", 1, "parallel.zero: 1 is not run by the bundled trainer yet"),
+    ("train.precision", "fp16", "train.precision: 'fp16' is not run by the bundled trainer"),
     ("parallel.recompute", "some", "parallel.recompute: 'some' is not valid; choose one of 'none', 'selective', 'full'"),
     ("parallel.schedul", "1f1b", "parallel.schedul: unknown key (did you mean 'schedule'?)"),
     ("train.seq_lne", 1, "train.seq_lne: unknown key (did you mean 'seq_len'?)"),
@@ -86,7 +88,7 @@ def test_bad_values_name_the_path(path, value, expected):
 
 
 def test_tp_larger_than_a_node_needs_force():
-    data = with_("model", {"layers": 4, "hidden": 512, "heads": 16, "vocab": 100})
+    data = with_("model", {"layers": 4, "hidden": 512, "heads": 16, "vocab": 128})
     data["cluster"]["nodes"] = 2
     data["parallel"] = {"tp": 16}
     assert "parallel.tp: 16 does not divide gpus_per_node=8 (set parallel.allow_cross_node_tp" in error_of(data)
@@ -107,7 +109,7 @@ def test_seq_len_divisible_by_cp_tp():
     data = with_("parallel", {"tp": 8, "cp": 2})
     data["train"]["seq_len"] = 4100
     data["cluster"]["nodes"] = 2
-    assert "parallel.cp: seq_len=4100 is not divisible by 2·cp·tp=32" in error_of(data)
+    assert "parallel.cp: 2 needs train.seq_len=4100 divisible by 2·cp·tp=32" in error_of(data)
 
 
 def test_cli_bad_job_exit_2_one_line(tmp_path):
@@ -115,7 +117,7 @@ def test_cli_bad_job_exit_2_one_line(tmp_path):
     job.write_text(yaml.safe_dump(with_("parallel.tp", 3)))
     r = CliRunner().invoke(cli, ["plan", str(job)])
     assert r.exit_code == 2
-    assert r.output.strip().splitlines() == ["error: parallel.tp: 3 does not divide heads=32"]
+    assert r.output.strip().splitlines() == ["error: parallel.tp: 3 does not divide model.heads=32"]
 
 
 def test_cli_missing_file_and_bad_yaml(tmp_path):

@@ -12,26 +12,17 @@ import pytest
 import torch
 
 from launcher.errors import UserError
-from launcher.layout import placements
 from launcher.plan import Plan
-from launcher.presets import MODELS
 from launcher.trainer.data import TokenSource
 from launcher.trainer.tokenize import decode, tokenize_file
+from tests.trainer_helpers import make_plan as trainer_plan
 
 
 def make_plan(dp: int = 1, micro_batch: int = 2, grad_accum: int = 1, seq_len: int = 16,
               data: str = "synthetic", seed: int = 7, vocab: int = 256, **degrees: int) -> Plan:
-    deg = {"tp": 1, "cp": 1, "pp": 1, "dp": dp, "ep": 1, **degrees}
-    world = deg["tp"] * deg["cp"] * deg["pp"] * deg["dp"]
-    order = ["pp", "dp", "cp", "tp"]
-    return Plan(name="t", world_size=world, nodes=1, gpus_per_node=world, degrees=deg, zero_stage=3,
-                recompute="none", micro_batch=micro_batch, grad_accum=grad_accum, schedule="1f1b",
-                virtual_stages=1, mesh_order=order, ranks=placements(deg, order, world), stage_layers=[4],
-                fits=True, memory={}, estimate={}, bandwidth={}, warnings=[],
-                model={**MODELS["tiny"], "vocab": vocab, "preset": "tiny", "experts": 1, "experts_per_token": 1},
-                train={"seq_len": seq_len, "global_batch": micro_batch * grad_accum * dp, "steps": 5,
-                       "seed": seed, "data": data},
-                gpu={"name": "cpu", "peak_tflops": 1.0, "memory_gb": 16})
+    return trainer_plan(dp=dp, micro_batch=micro_batch, grad_accum=grad_accum, seq_len=seq_len, data=data,
+                        seed=seed, global_batch=micro_batch * grad_accum * dp, model_over={"vocab": vocab},
+                        **degrees)
 
 
 def global_batch(plan: Plan, dp: int, steps: int = 3) -> list[torch.Tensor]:

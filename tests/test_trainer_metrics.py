@@ -11,7 +11,6 @@ import threading
 import pytest
 
 from launcher.costs import model_flops_per_token
-from launcher.spec import ModelSpec
 from launcher.trainer.metrics import Heartbeat, MetricsLogger, read_heartbeats, read_metrics
 from tests.test_trainer_data import make_plan
 
@@ -21,7 +20,7 @@ def test_metrics_line_figures(tmp_path):
     out = io.StringIO()
     log = MetricsLogger(tmp_path, 0, plan, stream=out)
     rec = log.log_step(1, loss=5.5, grad_norm=2.0, step_time_s=0.5, tokens=8 * 16, lr=1e-3)
-    fpt = model_flops_per_token(ModelSpec(**plan.model), 16)
+    fpt = model_flops_per_token(plan.model, 16)
     assert rec["tokens_per_s"] == pytest.approx(256)
     assert rec["tflops_per_gpu"] == pytest.approx(fpt * 256 / 4 / 1e12, rel=1e-3)
     assert rec["mfu"] == pytest.approx(100 * rec["tflops_per_gpu"] / 1.0, rel=1e-3)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from launcher.errors import UserError
-from launcher.trainer.config import config_from_plan, model_args
+from launcher.trainer.config import config_from_plan
 from tests.trainer_helpers import make_plan
 
 MOE = {"experts": 4, "experts_per_token": 2}
@@ -19,7 +19,7 @@ MOE = {"experts": 4, "experts_per_token": 2}
 def _moe_model(**over):
     from launcher.trainer.model import Transformer
 
-    args = model_args(make_plan(model_over={**MOE, **over}).model)
+    args = make_plan(model_over={**MOE, **over}).model
     m = Transformer(args, seq_len=8)
     m.init_weights(5)
     return m
@@ -61,12 +61,11 @@ def test_moe_runs_under_bf16_autocast():
 
 
 def test_expert_sharded_init_equals_full_layer():
-    from launcher.trainer.config import model_args
     from launcher.trainer.model import Transformer
     from launcher.trainer.moe import EPGroups, apply_ep
 
     full = _moe_model()
-    part = Transformer(model_args(make_plan(model_over=MOE).model), seq_len=8)
+    part = Transformer(make_plan(model_over=MOE).model, seq_len=8)
     apply_ep(part, EPGroups(ep=2, ep_rank=1, ep_group=None, replica_group=None, replica_size=2))
     part.init_weights(5)
     names = [n for n, _ in part.named_parameters() if ".experts." in n]
@@ -90,16 +89,16 @@ def test_ep_layout_groups_split_dp_cp_only():
 
 
 def test_config_accepts_moe_and_refuses_what_it_cannot_run():
-    cfg = config_from_plan(make_plan(dp=4, ep=2, zero=1, model_over=MOE))
+    cfg = config_from_plan(make_plan(dp=4, ep=2, zero=0, model_over=MOE))
     assert cfg.model.experts == 4 and cfg.model.experts_per_token == 2 and cfg.parallel.ep == 2
     config_from_plan(make_plan(dp=2, zero=3, model_over=MOE))          # ep=1: experts sharded by FSDP
     config_from_plan(make_plan(dp=4, ep=2, zero=3, model_over=MOE))    # experts: FSDP over dp·cp/ep
     cases = [
-        (dict(tp=2, dp=2, model_over=MOE), r"plan.degrees.tp=2 with model.experts=4: .* use tp=1"),
-        (dict(dp=4, ep=2, zero=1), r"plan.degrees.ep=2 needs a mixture-of-experts model"),
-        (dict(dp=6, ep=3, zero=1, global_batch=6, model_over=MOE), r"plan.degrees.ep=3 must divide model.experts=4"),
-        (dict(dp=2, ep=4, zero=1, model_over=MOE), r"plan.degrees.ep=4 must divide dp·cp=2"),
-        (dict(model_over={"experts": 4, "experts_per_token": 5}), r"plan.model.experts_per_token=5"),
+        (dict(tp=2, dp=2, model_over=MOE), r"plan.layout.tp=2 with a mixture-of-experts model: .* use tp 1"),
+        (dict(dp=4, ep=2, zero=0), r"plan.layout.ep=2 needs a mixture-of-experts model"),
+        (dict(dp=6, ep=3, zero=0, global_batch=6, model_over=MOE), r"plan.layout.ep=3 does not divide model.experts=4"),
+        (dict(dp=2, ep=4, zero=0, model_over=MOE), r"plan.layout.ep=4 does not divide dp·cp=2"),
+        (dict(model_over={"experts": 4, "experts_per_token": 5}), r"plan.model.experts_per_token: 5 exceeds experts=4"),
     ]
     for kw, msg in cases:
         with pytest.raises(UserError, match=msg):

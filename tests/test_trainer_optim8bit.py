@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from launcher.trainer.config import config_from_plan, model_args
+from launcher.trainer.config import config_from_plan
 from launcher.trainer.model import Transformer
 from launcher.trainer.optim8bit import (
     BLOCK,
@@ -79,7 +79,7 @@ def test_unsigned_quantisation_error_bound():
 
 def _train_tiny(opt_cls, steps: int = 20):
     torch.manual_seed(0)
-    args = model_args(make_plan().model)
+    args = make_plan().model
     data = torch.randint(0, args.vocab, (8, 33), generator=torch.Generator().manual_seed(0))
     m = Transformer(args, seq_len=32)
     m.init_weights(1)

@@ -30,7 +30,7 @@ LAYOUTS = {
     "ref": dict(),
     "dp8_zero3": dict(dp=8, zero=3),
     "tp2_dp4_zero2": dict(tp=2, dp=4, zero=2),
-    "pp2_1f1b_tp2_dp2_uneven_zero1": dict(pp=2, tp=2, dp=2, schedule="1f1b", stage_layers=[1, 3], zero=1),
+    "pp2_1f1b_tp2_dp2_uneven_zero0": dict(pp=2, tp=2, dp=2, schedule="1f1b", stage_layers=[1, 3], zero=0),
     "cp2_tp2_dp2": dict(cp=2, tp=2, dp=2),
     "pp2_interleaved_v2_cp2_tp2": dict(pp=2, cp=2, tp=2, schedule="interleaved-1f1b", virtual_stages=2),
     "dp2_ga2_zero0": dict(dp=2, micro_batch=2, grad_accum=2, zero=0),
@@ -47,7 +47,7 @@ MOE_LAYOUTS = {
     "moe_ref": dict(MOE),
     "moe_dp4_ep2_zero3": dict(MOE, dp=4, ep=2, zero=3),          # experts: fully_shard over dp·cp/ep = 2
     "moe_dp4_ep4_zero0": dict(MOE, dp=4, ep=4, zero=0),          # one expert per rank, no replicas
-    "moe_pp2_1f1b_dp2_ep2_zero1": dict(MOE, pp=2, dp=2, ep=2, zero=1),
+    "moe_pp2_1f1b_dp2_ep2_zero0": dict(MOE, pp=2, dp=2, ep=2, zero=0),
     "moe_cp2_dp2_ep2_zero2_recompute_full": dict(MOE, cp=2, dp=2, ep=2, zero=2, recompute="full"),
     "moe_dp2_zero3_ep1": dict(MOE, dp=2, zero=3),
 }
@@ -60,7 +60,7 @@ OTHER_MODEL = {
     # The 1F1B run also checkpoints at step 3 for the resume jobs below.
     "gelu_tied_pp2_1f1b_tp2_dp2": dict(GELU_TIED, pp=2, tp=2, dp=2, schedule="1f1b", zero=3, checkpoint_every=3),
     "gelu_tied_pp2_interleaved_v2_dp2": dict(GELU_TIED, pp=2, dp=2, schedule="interleaved-1f1b",
-                                             virtual_stages=2, zero=1),
+                                             virtual_stages=2, zero=0),
 }
 TIED_PP = ("gelu_tied_pp2_1f1b_tp2_dp2", "gelu_tied_pp2_interleaved_v2_dp2")
 TIED_CKPT_PP2 = "gelu_tied_pp2_1f1b_tp2_dp2/checkpoints/step-3"
@@ -71,7 +71,7 @@ TIED_RESUME = {
     "gelu_tied_pp2_resumed": (dict(GELU_TIED, pp=2, tp=2, dp=2, schedule="1f1b", zero=3), TIED_CKPT_PP2),
     "gelu_tied_pp1_resumed_from_pp2": (dict(GELU_TIED), TIED_CKPT_PP2),
     "gelu_tied_pp2_interleaved_resumed_from_pp1": (dict(GELU_TIED, pp=2, dp=2, schedule="interleaved-1f1b",
-                                                        virtual_stages=2, zero=1), TIED_CKPT_PP1),
+                                                        virtual_stages=2, zero=0), TIED_CKPT_PP1),
 }
 
 
@@ -190,9 +190,9 @@ def test_config_rejects_too_few_microbatches_for_1f1b():
 def test_config_names_the_bad_field():
     with pytest.raises(UserError, match=r"plan.stage_layers sums to 5"):
         config_from_plan(make_plan(pp=2, stage_layers=[2, 3]))
-    with pytest.raises(UserError, match=r"plan.degrees.tp=4 must divide model.heads=4 and kv_heads=2"):
+    with pytest.raises(UserError, match=r"plan.layout.tp=4 does not divide model.kv_heads=2"):
         config_from_plan(make_plan(tp=4, dp=2))
-    with pytest.raises(UserError, match=r"seq_len=36 must be divisible by 2·cp·tp=8"):
+    with pytest.raises(UserError, match=r"plan.layout.cp=2 needs train.seq_len=36 divisible by 2·cp·tp=8"):
         config_from_plan(make_plan(cp=2, tp=2, dp=2, seq_len=36))
 
 
@@ -202,10 +202,9 @@ def test_config_accepts_tied_embeddings_with_pp():
 
 
 def test_tied_head_copy_starts_identical_to_the_embedding():
-    from launcher.trainer.config import model_args
     from launcher.trainer.model import Transformer
 
-    args = model_args(make_plan(model_over={"tied_embeddings": True}).model)
+    args = make_plan(model_over={"tied_embeddings": True}).model
     first, last = Transformer(args, seq_len=8), Transformer(args, seq_len=8)
     first.keep_only(0, 2, has_embedding=True, has_head=False)
     last.keep_only(2, 4, has_embedding=False, has_head=True)
@@ -249,10 +248,9 @@ def test_chunked_loss_equals_full_cross_entropy():
 
 
 def test_seeded_init_is_layout_independent():
-    from launcher.trainer.config import model_args
     from launcher.trainer.model import Transformer
 
-    args = model_args(make_plan().model)
+    args = make_plan().model
     full = Transformer(args, seq_len=8)
     full.init_weights(7)
     stage = Transformer(args, seq_len=8)
@@ -300,7 +298,7 @@ def test_cli_bad_plan_is_one_line_exit_2(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1].startswith("error: plan.grad_accum=1")
     assert "Traceback" not in r.stderr
-    assert json.loads((tmp_path / "plan.json").read_text())["degrees"]["pp"] == 2
+    assert json.loads((tmp_path / "plan.json").read_text())["layout"]["pp"] == 2
 
 
 def _torchrun(plan, tmp_path, *extra: str, nproc: int = 2, timeout: int = 240) -> subprocess.CompletedProcess:
@@ -362,7 +360,6 @@ def test_chunked_loss_never_saves_full_logits():
 
 
 def test_recompute_modes_recompute_what_they_say():
-    from launcher.trainer.config import model_args
     from launcher.trainer.model import Attention, Block, Transformer
     from launcher.trainer.recompute import apply_recompute
 
@@ -377,7 +374,7 @@ def test_recompute_modes_recompute_what_they_say():
         counts["body"] += 1
         return orig_body(self, *a)
 
-    args = model_args(make_plan().model)
+    args = make_plan().model
     x = torch.randint(0, args.vocab, (2, 8))
     want = {"none": (4, 4), "selective": (8, 4), "full": (8, 8)}       # 4 layers; (core, body) calls
     for mode, expected in want.items():
@@ -398,7 +395,6 @@ def test_fsdp_wraps_every_block_then_root(tmp_path):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule
 
-    from launcher.trainer.config import model_args
     from launcher.trainer.fsdp import apply_fsdp, describe
     from launcher.trainer.model import Transformer
 
@@ -406,7 +402,7 @@ def test_fsdp_wraps_every_block_then_root(tmp_path):
     try:
         mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp_cp",))
         for zero in (3, 2):
-            m = Transformer(model_args(make_plan().model), seq_len=8)
+            m = Transformer(make_plan().model, seq_len=8)
             m.init_weights(1)
             apply_fsdp(m, mesh, zero=zero, bf16=False)
             assert isinstance(m, FSDPModule)

@@ -14,7 +14,10 @@ from datetime import timedelta
 from pathlib import Path
 
 from launcher import layout, presets
-from launcher.plan import Plan
+from launcher.plan import Layout, Plan
+from launcher.schema import load_dataclass
+from launcher.spec import TrainSpec, resolve_gpu, resolve_model
+from launcher.spec_backend import DiagnosticsSpec
 
 
 def make_plan(tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, *, ep: int = 1, zero: int = 3, recompute: str = "none",
@@ -33,17 +36,19 @@ def make_plan(tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, *, ep: int = 1
         base, extra = divmod(m["layers"], n_stages)
         stage_layers = [base + (1 if i < extra else 0) for i in range(n_stages)]
     train = dict(seq_len=seq_len, global_batch=global_batch, steps=steps, optimizer="adam", precision="fp32",
-                 grad_dtype="fp32", lr=3e-3, warmup_steps=2, weight_decay=0.01, grad_clip=1.0, seed=1234,
+                 lr=3e-3, warmup_steps=2, weight_decay=0.01, grad_clip=1.0, seed=1234,
                  data="synthetic", loss_chunk=16, checkpoint_every=0)
     train.update(train_over)
     gpn = min(gpus_per_node, world)
-    return Plan(name="t", world_size=world, nodes=max(1, world // gpn), gpus_per_node=gpn, degrees=degrees,
-                zero_stage=zero, recompute=recompute, micro_batch=micro_batch, grad_accum=grad_accum,
-                schedule=schedule or ("none" if pp == 1 else "1f1b"), virtual_stages=virtual_stages,
+    lay = Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, zero=zero, recompute=recompute, micro_batch=micro_batch,
+                 grad_accum=grad_accum, schedule=schedule or ("none" if pp == 1 else "1f1b"),
+                 virtual_stages=virtual_stages)
+    return Plan(name="t", world_size=world, nodes=max(1, world // gpn), gpus_per_node=gpn, layout=lay,
                 mesh_order=list(mesh_order), ranks=layout.placements(degrees, mesh_order, gpn),
                 stage_layers=stage_layers, fits=True, memory={}, estimate={}, bandwidth={}, warnings=[],
-                model=m, train=train, gpu=dict(presets.GPUS["cpu"], name="cpu"),
-                diagnostics={"init_timeout_s": 120, "collective_timeout_s": 120}, forced=forced)
+                model=resolve_model(m), train=load_dataclass(TrainSpec, train, "train"),
+                gpu=resolve_gpu("cpu"),
+                diagnostics=DiagnosticsSpec(init_timeout_s=120, collective_timeout_s=120), forced=forced)
 
 
 def run_layouts(rank: int, nprocs: int, jobs: list[dict], workdir: str, port: int) -> None:

@@ -122,7 +122,7 @@ class LocalBackend:
         env = trainer_env(spec, run_dir)
         env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = LOG_PREFIX
         env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
-        if (plan.gpu or {}).get("name") == "cpu":
+        if plan.gpu.name == "cpu":
             # A CPU job stays on CPU (gloo) even on a machine with GPUs.
             env["LAUNCH4D_DEVICE"] = "cpu"
             env["CUDA_VISIBLE_DEVICES"] = ""

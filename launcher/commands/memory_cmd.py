@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import click
 
 from launcher.commands import emit, json_option
+from launcher.errors import UserError
 from launcher.ledger import (
     GIB,
     act_gb,
@@ -146,8 +150,7 @@ def memory(job, params, world, zero, optimizer, precision, grad_dtype, seq, batc
             emit({"fits": False, "memory": None}, as_json, lambda: "no layout fits")
             raise click.exceptions.Exit(1)
         p = result.best
-        payload = {"plan": {"degrees": p.degrees, "zero_stage": p.zero_stage, "recompute": p.recompute,
-                            "micro_batch": p.micro_batch}, "memory": p.memory, "fits": p.fits}
+        payload = {"plan": {"layout": dataclasses.asdict(p.layout)}, "memory": p.memory, "fits": p.fits}
 
         def human() -> str:
             from launcher.commands.plan_cmd import plan_line
@@ -163,6 +166,8 @@ def memory(job, params, world, zero, optimizer, precision, grad_dtype, seq, batc
             raise click.exceptions.Exit(1)
         return
     if params is not None:
+        if not (math.isfinite(params) and params > 0):
+            raise UserError(f"--params: {params} is not a finite number > 0 (e.g. 7e9)")
         d = adhoc(params, world, zero, optimizer, precision, grad_dtype, seq, batch, hidden, heads, layers, recompute, tp, cp)
         emit(d, as_json, lambda: render_adhoc(d))
         return

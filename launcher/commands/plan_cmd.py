@@ -104,9 +104,9 @@ def previous_plan_warnings(previous: Plan, best: Plan) -> list[str]:
     old_gb = previous.micro_batch * previous.grad_accum * previous.dp
     new_gb = best.micro_batch * best.grad_accum * best.dp
     out = []
-    if old_gb != new_gb or previous.train.get("seq_len") != best.train.get("seq_len"):
-        out.append(f"global batch changed from {old_gb} × {previous.train.get('seq_len')} to {new_gb} × "
-                   f"{best.train.get('seq_len')} tokens against {previous.name}'s plan: a hyperparameter change — "
+    if old_gb != new_gb or previous.train.seq_len != best.train.seq_len:
+        out.append(f"global batch changed from {old_gb} × {previous.train.seq_len} to {new_gb} × "
+                   f"{best.train.seq_len} tokens against {previous.name}'s plan: a hyperparameter change — "
                    "re-tune the learning rate")
     if previous.degrees != best.degrees:
         out.append(f"degrees changed from {previous.degrees} to {best.degrees}: run a short job and check the loss "

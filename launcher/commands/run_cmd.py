@@ -71,15 +71,15 @@ def check_devices(plan, as_json: bool) -> str:
     """'cuda' or 'cpu'; a clear error when the plan wants more GPUs than this machine has."""
     import torch
 
-    if torch.cuda.is_available() and (plan.gpu or {}).get("name") != "cpu":
+    if torch.cuda.is_available() and plan.gpu.name != "cpu":
         have = torch.cuda.device_count()
         if plan.world_size > have:
             raise UserError(f"cluster.gpus_per_node: the plan needs {plan.world_size} GPUs but this machine has "
                             f"{have}; set cluster.gpus_per_node or pass --nproc {have}")
         return "cuda"
-    if (plan.gpu or {}).get("name") != "cpu":
+    if plan.gpu.name != "cpu":
         progress(f"launch: no GPU here; running {plan.world_size} CPU processes with gloo "
-                 f"(MFU is reported against {plan.gpu.get('name')}'s peak)")
+                 f"(MFU is reported against {plan.gpu.name}'s peak)")
     return "cpu"
 
 

@@ -20,19 +20,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from launcher.errors import UserError
+from launcher.plan import Plan
 
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 MAX_SYNTHETIC_STRIDE = 16
-
-
-def _get(obj: Any, key: str) -> Any:
-    return obj[key] if isinstance(obj, dict) else getattr(obj, key)
 
 
 def sidecar_path(path: str | Path) -> Path:
@@ -97,20 +93,19 @@ def synthetic_row(seed: int, step: int, row: int, seq_len: int, vocab: int) -> t
 class TokenSource:
     """This dp rank's share of each step's global batch, in step order, resumable.
 
-    `plan` is a launcher.plan.Plan (or anything with `.train`, `.model`, `.micro_batch`,
-    `.grad_accum`); train/model may be dicts as in plan.json.
+    `plan` is the launcher.plan.Plan the trainer runs.
     """
 
-    def __init__(self, plan: Any, dp_rank: int, dp_size: int):
-        train, model = plan.train, plan.model
-        self.seq_len = int(_get(train, "seq_len"))
-        self.global_batch = int(_get(train, "global_batch"))
-        self.seed = int(_get(train, "seed"))
-        self.vocab = int(_get(model, "vocab"))
-        self.data = str(_get(train, "data") or "synthetic")
+    def __init__(self, plan: Plan, dp_rank: int, dp_size: int):
+        train = plan.train
+        self.seq_len = train.seq_len
+        self.global_batch = train.global_batch
+        self.seed = train.seed
+        self.vocab = plan.model.vocab
+        self.data = train.data
         if not 0 <= dp_rank < dp_size:
             raise ValueError(f"dp_rank {dp_rank} outside dp_size {dp_size}")
-        self.rows = int(plan.micro_batch) * int(plan.grad_accum)
+        self.rows = plan.micro_batch * plan.grad_accum
         if self.rows * dp_size != self.global_batch:
             raise UserError(f"train.global_batch: {self.global_batch} sequences per step, but micro_batch "
                             f"{plan.micro_batch} × grad_accum {plan.grad_accum} × dp {dp_size} = "

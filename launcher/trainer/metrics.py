@@ -20,17 +20,13 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
+from launcher.plan import Plan
+from launcher.spec import ModelSpec
+
 PHASES = ("init", "forward", "backward", "optimizer", "checkpoint", "done", "error")
-
-
-def _get(obj: Any, key: str, default: Any = None) -> Any:
-    if isinstance(obj, dict):
-        return obj.get(key, default)
-    return getattr(obj, key, default)
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -43,13 +39,11 @@ def _sig(x: float, digits: int = 6) -> float:
     return float(f"{x:.{digits}g}")
 
 
-def flops_per_token(model: Any, seq_len: int) -> float:
+def flops_per_token(model: ModelSpec, seq_len: int) -> float:
     """Training FLOPs per token (forward + backward) of the plan's model at this sequence length."""
     from launcher.costs import model_flops_per_token
-    from launcher.spec import ModelSpec
 
-    spec = ModelSpec(**model) if isinstance(model, dict) else model
-    return float(model_flops_per_token(spec, seq_len))
+    return float(model_flops_per_token(model, seq_len))
 
 
 def peak_memory_gb() -> tuple[float, str]:
@@ -62,13 +56,13 @@ def peak_memory_gb() -> tuple[float, str]:
 class MetricsLogger:
     """Rank 0 appends one JSON line per optimizer step to <run_dir>/metrics.jsonl; others do nothing."""
 
-    def __init__(self, run_dir: str | Path, rank: int, plan: Any, stream=None):
+    def __init__(self, run_dir: str | Path, rank: int, plan: Plan, stream=None):
         self.rank = rank
         self.path = Path(run_dir) / "metrics.jsonl"
-        self.steps = int(_get(plan.train, "steps", 0))
-        self.world = int(plan.world_size)
-        self.peak_tflops = float(_get(plan.gpu, "peak_tflops", 0.0) or 0.0)
-        self.flops_per_token = flops_per_token(plan.model, int(_get(plan.train, "seq_len")))
+        self.steps = plan.train.steps
+        self.world = plan.world_size
+        self.peak_tflops = plan.gpu.peak_tflops
+        self.flops_per_token = flops_per_token(plan.model, plan.train.seq_len)
         self.stream = stream or sys.stdout
         self._trimmed = False
         if rank == 0:

@@ -14,32 +14,16 @@ from __future__ import annotations
 
 import math
 import zlib
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from launcher.spec import ModelSpec
 
-@dataclass(frozen=True)
-class ModelArgs:
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    ffn_hidden: int
-    vocab: int
-    mlp: str = "swiglu"
-    tied_embeddings: bool = False
-    experts: int = 1               # > 1: every block's MLP is a mixture of experts (moe.py)
-    experts_per_token: int = 1
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+NORM_EPS = 1e-5
+ROPE_THETA = 10000.0
 
 
 class RMSNorm(nn.Module):
@@ -72,7 +56,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
-    def __init__(self, a: ModelArgs):
+    def __init__(self, a: ModelSpec):
         super().__init__()
         self.head_dim = a.head_dim
         self.wq = nn.Linear(a.hidden, a.heads * a.head_dim, bias=False)
@@ -106,7 +90,7 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, a: ModelArgs):
+    def __init__(self, a: ModelSpec):
         super().__init__()
         self.gated = a.mlp == "swiglu"
         self.w1 = nn.Linear(a.hidden, a.ffn_hidden, bias=False)
@@ -121,11 +105,11 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, a: ModelArgs):
+    def __init__(self, a: ModelSpec):
         super().__init__()
-        self.attention_norm = RMSNorm(a.hidden, a.norm_eps)
+        self.attention_norm = RMSNorm(a.hidden, NORM_EPS)
         self.attention = Attention(a)
-        self.ffn_norm = RMSNorm(a.hidden, a.norm_eps)
+        self.ffn_norm = RMSNorm(a.hidden, NORM_EPS)
         if a.experts > 1:
             from launcher.trainer.moe import MoE
 
@@ -151,12 +135,12 @@ class Transformer(nn.Module):
     output projection is applied inside the chunked loss, so full logits never exist.
     """
 
-    def __init__(self, a: ModelArgs, seq_len: int):
+    def __init__(self, a: ModelSpec, seq_len: int):
         super().__init__()
         self.args = a
         self.tok_embeddings: nn.Module | None = nn.Embedding(a.vocab, a.hidden)
         self.layers = nn.ModuleDict({str(i): Block(a) for i in range(a.layers)})
-        self.norm: nn.Module | None = RMSNorm(a.hidden, a.norm_eps)
+        self.norm: nn.Module | None = RMSNorm(a.hidden, NORM_EPS)
         self.output: nn.Module | None = None if a.tied_embeddings else nn.Linear(a.hidden, a.vocab, bias=False)
         self.register_buffer("rope_cos", torch.empty(seq_len, a.head_dim), persistent=False)
         self.register_buffer("rope_sin", torch.empty(seq_len, a.head_dim), persistent=False)
@@ -194,7 +178,7 @@ class Transformer(nn.Module):
 
     def set_positions(self, positions: torch.Tensor) -> None:
         self.positions = positions
-        cos, sin = rope_tables(positions, self.args.head_dim, self.args.rope_theta)
+        cos, sin = rope_tables(positions, self.args.head_dim, ROPE_THETA)
         self.rope_cos = cos.to(self.rope_cos.device)
         self.rope_sin = sin.to(self.rope_sin.device)
 

@@ -14,7 +14,8 @@ import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 from launcher import layout
-from launcher.trainer.config import ParallelConfig, check_microbatches
+from launcher.capabilities import check_microbatches
+from launcher.plan import Plan
 from launcher.trainer.fsdp import local_grads
 
 
@@ -28,7 +29,7 @@ def stage_range(stage_layers: tuple[int, ...], stage_id: int) -> tuple[int, int]
     return first, first + stage_layers[stage_id]
 
 
-def build_schedule(p: ParallelConfig, modules: list[torch.nn.Module], stage_ids: list[int],
+def build_schedule(p: Plan, modules: list[torch.nn.Module], stage_ids: list[int],
                    device: torch.device, group, loss_fn):
     """PipelineStages for this rank's modules and the planned schedule over them."""
     n_stages = p.pp * p.virtual_stages
@@ -45,7 +46,7 @@ def build_schedule(p: ParallelConfig, modules: list[torch.nn.Module], stage_ids:
     return cls(stages[0], n_microbatches=n_micro, loss_fn=loss_fn, scale_grads=False)
 
 
-def embedding_group(p: ParallelConfig, rank: int):
+def embedding_group(p: Plan, rank: int):
     """Tied embeddings with pp > 1: the group {first-stage rank, last-stage rank} with this rank's
     dp/cp/tp coordinates (Megatron's embedding group), or None when this rank is in none.
 

@@ -1,0 +1,170 @@
+"""What the bundled trainer runs, in one torch-free table, and the checks that follow from it.
+
+Why one place: the job-file schema, the spec checker, the planner's search and the trainer's own
+start-up check all read this module, so nothing is accepted or planned that the nodes would
+refuse after the allocation. Flip an entry only together with the trainer code that runs it
+and a test that proves it.
+
+The check functions return None or the reason a value is refused (a phrase that follows the
+value); each caller prefixes its own path (`parallel.tp` in a job file, `plan.degrees.tp` in a
+plan.json).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from launcher.errors import UserError
+
+if TYPE_CHECKING:
+    from launcher.plan import Plan
+    from launcher.spec import ModelSpec
+
+#: ZeRO stages the trainer runs as the ledger counts them: 0 replicated, 1 optimizer state sharded
+#: over dp·cp (zero1.py), 2 and 3 FSDP2 (fsdp.py). A stage the trainer cannot run goes into
+#: ZERO_REFUSED with the reason, and out of ZERO_STAGES: the job file and the planner follow.
+ZERO_STAGES = (0, 1, 2, 3)
+ZERO_REFUSED: dict[int, str] = {}
+#: Compute precisions (engine.py: bf16 autocast/FSDP mixed precision, or fp32). fp16 would need
+#: loss scaling, which the trainer does not do.
+PRECISIONS = ("bf16", "fp32")
+PRECISION_REFUSED = {"fp16": "is not run by the bundled trainer (no loss scaling); choose bf16 or fp32"}
+OPTIMIZERS = ("adam", "sgd", "adam8bit")
+RECOMPUTE = ("none", "selective", "full")
+#: Pipeline schedules (pipeline.py, torch.distributed.pipelining); "none" when pp = 1.
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+MLPS = ("swiglu", "gelu")
+#: Mixture-of-experts layers run without tensor parallelism (moe.py); experts split over dp·cp (ep).
+MOE_WITH_TP = False
+#: Context parallelism: keys and values all-gathered over the cp group, exact causal attention
+#: over a load-balanced head+tail split of the sequence into 2·cp chunks (context_parallel.py).
+CP_ATTENTION = "all-gather"
+
+ZeroStage = Literal[ZERO_STAGES]            # type: ignore[valid-type]
+Precision = Literal[PRECISIONS]             # type: ignore[valid-type]
+Optimizer = Literal[OPTIMIZERS]             # type: ignore[valid-type]
+Recompute = Literal[RECOMPUTE]              # type: ignore[valid-type]
+Schedule = Literal[SCHEDULES]               # type: ignore[valid-type]
+PlanSchedule = Literal[("none", *SCHEDULES)]  # type: ignore[valid-type]
+Mlp = Literal[MLPS]                         # type: ignore[valid-type]
+
+
+def table() -> dict:
+    """The table as data (for `launch schema`, docs and --json)."""
+    return {"zero_stages": list(ZERO_STAGES), "precisions": list(PRECISIONS), "optimizers": list(OPTIMIZERS),
+            "recompute": list(RECOMPUTE), "schedules": list(SCHEDULES), "mlp": list(MLPS),
+            "moe_with_tp": MOE_WITH_TP, "cp_attention": CP_ATTENTION}
+
+
+# --- checks shared by the job file, the planner and the trainer --------------------------------
+
+def model_problem(m: ModelSpec) -> tuple[str, str] | None:
+    """(field, reason) where the model shape cannot be built."""
+    if m.hidden % m.heads:
+        return "hidden", f"{m.hidden} is not divisible by heads={m.heads}"
+    if m.heads % m.kv_heads:
+        return "kv_heads", f"{m.kv_heads} does not divide heads={m.heads}"
+    if (m.hidden // m.heads) % 2:
+        return "heads", f"{m.heads} gives head_dim {m.hidden // m.heads}; rotary embeddings need an even head_dim"
+    if m.experts_per_token > m.experts:
+        return "experts_per_token", f"{m.experts_per_token} exceeds experts={m.experts}"
+    return None
+
+
+def tp_problem(m: ModelSpec, tp: int) -> str | None:
+    """Why the trainer cannot shard this model over `tp` ranks (Megatron-style TP, vocab-parallel loss)."""
+    if m.experts > 1 and tp > 1 and not MOE_WITH_TP:
+        return ("with a mixture-of-experts model: the bundled trainer runs experts without tensor "
+                "parallelism; use tp 1 with ep (expert parallelism) instead")
+    for name in ("heads", "kv_heads", "ffn_hidden", "vocab"):
+        if getattr(m, name) % tp:
+            return f"does not divide model.{name}={getattr(m, name)}"
+    return None
+
+
+def cp_problem(seq_len: int, cp: int, tp: int) -> str | None:
+    """CP cuts the sequence into 2·cp chunks (head + tail per rank), and sequence-parallel TP splits
+    each again by tp."""
+    split = 2 * cp * tp if cp > 1 else tp
+    if seq_len % split:
+        return f"needs train.seq_len={seq_len} divisible by {'2·cp·tp' if cp > 1 else 'tp'}={split}"
+    return None
+
+
+def ep_problem(m: ModelSpec, ep: int, dp: int, cp: int) -> str | None:
+    if ep == 1:
+        return None
+    if m.experts <= 1:
+        return "needs a mixture-of-experts model (model.experts > 1)"
+    if m.experts % ep:
+        return f"does not divide model.experts={m.experts}"
+    if (dp * cp) % ep:
+        return f"does not divide dp·cp={dp * cp}"
+    return None
+
+
+def schedule_problem(schedule: str, n_micro: int, pp: int) -> str | None:
+    """Where the pipeline schedule cannot run with this many micro-batches (grad_accum)."""
+    if pp == 1:
+        return None
+    if schedule == "none":
+        return f"is 'none' but pp={pp}; choose gpipe, 1f1b or interleaved-1f1b"
+    if schedule in ("1f1b", "interleaved-1f1b") and n_micro < pp:
+        return (f"{schedule} needs at least pp={pp} micro-batches (gradient-accumulation steps), "
+                f"got {n_micro}; raise grad_accum to >= {pp}" + (" or use gpipe" if schedule == "1f1b" else ""))
+    if schedule == "interleaved-1f1b":
+        rounds = max(1, n_micro // pp)
+        if n_micro % rounds:
+            return (f"interleaved-1f1b needs a multiple of {rounds} micro-batches with pp={pp}, got {n_micro}; "
+                    f"use {rounds * pp} or {(rounds + 1) * pp}")
+    return None
+
+
+def check_microbatches(schedule: str, n_micro: int, pp: int) -> None:
+    """The trainer's last word before it builds a pipeline schedule."""
+    why = schedule_problem(schedule, n_micro, pp)
+    if why:
+        raise UserError(f"plan.grad_accum={n_micro}: schedule {why}")
+
+
+def check_plan(plan: Plan) -> None:
+    """Every check the trainer needs before a process group exists: one UserError naming the plan
+    field, so 8 ranks do not each print a traceback. (plan.json's typed loader enforces the value
+    sets too; a Plan built in memory, e.g. by a test or `launch verify`, meets them here.)"""
+    m, t, lay = plan.model, plan.train, plan.layout
+
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            raise UserError(msg)
+
+    need(lay.zero in ZERO_STAGES, f"plan.layout.zero={lay.zero} {ZERO_REFUSED.get(lay.zero, 'is not a ZeRO stage')}")
+    need(t.precision in PRECISIONS, f"plan.train.precision={t.precision!r} "
+                                    f"{PRECISION_REFUSED.get(t.precision, 'is not a precision')}")
+    bad = model_problem(m)
+    need(bad is None, f"plan.model.{bad[0]}: {bad[1]}" if bad else "")
+    need(sorted(plan.mesh_order) == sorted(("pp", "dp", "cp", "tp")),
+         f"plan.mesh_order={list(plan.mesh_order)} must order exactly pp, dp, cp, tp")
+    need(lay.world == plan.world_size,
+         f"plan.layout: tp·cp·pp·dp = {lay.world} but plan.world_size is {plan.world_size}")
+    why = tp_problem(m, lay.tp)
+    need(why is None, f"plan.layout.tp={lay.tp} {why}")
+    why = cp_problem(t.seq_len, lay.cp, lay.tp)
+    need(why is None, f"plan.layout.cp={lay.cp} {why}")
+    why = ep_problem(m, lay.ep, lay.dp, lay.cp)
+    need(why is None, f"plan.layout.ep={lay.ep} {why}")
+    need(lay.micro_batch * lay.grad_accum * lay.dp == t.global_batch,
+         f"plan.layout: micro_batch {lay.micro_batch} × grad_accum {lay.grad_accum} × dp {lay.dp} = "
+         f"{lay.micro_batch * lay.grad_accum * lay.dp}, but train.global_batch is {t.global_batch}")
+    n_stages = lay.pp * lay.virtual_stages
+    need(len(plan.stage_layers) == n_stages,
+         f"plan.stage_layers has {len(plan.stage_layers)} entries, expected pp·virtual_stages = {n_stages}")
+    need(sum(plan.stage_layers) == m.layers,
+         f"plan.stage_layers sums to {sum(plan.stage_layers)}, but model.layers is {m.layers}")
+    need(all(x >= 0 for x in plan.stage_layers), "plan.stage_layers entries must be >= 0")
+    if lay.pp == 1:
+        need(lay.virtual_stages == 1, "plan.layout.virtual_stages > 1 needs pp > 1")
+    elif lay.virtual_stages > 1:
+        need(lay.schedule == "interleaved-1f1b",
+             f"plan.layout.virtual_stages={lay.virtual_stages} needs schedule interleaved-1f1b, not {lay.schedule}")
+    why = schedule_problem(lay.schedule, lay.grad_accum, lay.pp)
+    need(why is None, f"plan.layout.schedule: {why}")

@@ -1,0 +1,233 @@
+"""One typed model of the job and the plan: required fields, the trainer's capability table, the
+exported JSON Schemas, the generated doc reference, and hostile job files.
+
+Every hostile input goes through the real CLI (`launch plan JOB -o ...`): exit 2, one line that
+names the field or file, nothing written, and a bounded message.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from launcher import capabilities
+from launcher.cli import cli
+from launcher.errors import UserError
+from launcher.plan import Plan, plan_schema
+from launcher.planner import plan_job
+from launcher.schema_doc import DOC, render_reference, updated
+from launcher.spec import job_schema, load_spec, spec_from_dict
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+BASE = {"model": "tiny", "train": {"seq_len": 32, "global_batch": 8},
+        "cluster": {"nodes": 1, "gpus_per_node": 2, "gpu": "cpu"}}
+
+
+def with_(path: str, value) -> dict:
+    d = copy.deepcopy(BASE)
+    *parents, last = path.split(".")
+    node = d
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[last] = value
+    return d
+
+
+def without(path: str, base: dict | None = None) -> dict:
+    d = copy.deepcopy(base or BASE)
+    *parents, last = path.split(".")
+    node = d
+    for p in parents:
+        node = node[p]
+    del node[last]
+    return d
+
+
+def alias_bomb(levels: int = 9) -> str:
+    """A YAML flow list whose expansion has 9**levels leaves (the text stays a few hundred bytes)."""
+    parts = ['&l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for i in range(1, levels):
+        parts.append(f"&l{i} [" + ", ".join([f"*l{i - 1}"] * 9) + "]")
+    return "[" + ", ".join(parts) + "]"
+
+
+CUSTOM_MODEL = {"layers": 2, "hidden": 64, "heads": 4, "vocab": 256}
+GPU = {"memory_gb": 16, "peak_tflops": 1, "nvlink_gbs": 10}
+
+# (id, job-file text or dict, the start of the one error line after "error: ")
+HOSTILE = [
+    ("train-without-seq_len", with_("train", {"global_batch": 8}), "train.seq_len: is required"),
+    ("model-without-layers", with_("model", without("layers", CUSTOM_MODEL)), "model.layers: is required"),
+    ("gpu-without-peak", with_("cluster.gpu", without("peak_tflops", GPU)), "cluster.gpu.peak_tflops: is required"),
+    ("fp16", with_("train.precision", "fp16"), "train.precision: 'fp16' is not run by the bundled trainer"),
+    ("zero1", with_("parallel", {"zero": 1}), "parallel.zero: 1 is not run by the bundled trainer yet"),
+    ("zero7", with_("parallel", {"zero": 7}), "parallel.zero: 7 is not valid; choose one of 0, 2, 3"),
+    ("lr-nan", "model: tiny\ntrain: {seq_len: 32, global_batch: 8, lr: .nan}\n", "train.lr: nan is not a finite"),
+    ("lr-negative", with_("train.lr", -1.0), "train.lr: -1.0 is below the minimum 0"),
+    ("efficiency-nan", "model: tiny\ntrain: {seq_len: 32, global_batch: 8}\ncluster: {compute_efficiency: .nan}\n",
+     "cluster.compute_efficiency: nan is not a finite"),
+    ("memory-inf", "model: tiny\ntrain: {seq_len: 32, global_batch: 8}\n"
+                   "cluster: {gpu: {memory_gb: .inf, peak_tflops: 1, nvlink_gbs: 1}}\n",
+     "cluster.gpu.memory_gb: inf is not a finite"),
+    ("seq_len-inf", "model: tiny\ntrain: {seq_len: .inf, global_batch: 8}\n", "train.seq_len: inf is not an integer"),
+    ("layers-huge", with_("model", {**CUSTOM_MODEL, "layers": 10**30}), "model.layers: "),
+    ("env-key-newline", with_("backend", {"env": {"FOO\n": "bar"}}), "backend.env.'FOO\\n': "),
+    ("env-value-newline", with_("backend", {"env": {"FOO": "bar\nrm -rf /"}}), "backend.env.FOO: "),
+    ("partition-newline", with_("backend", {"slurm": {"partition": "gpu\n"}}), "backend.slurm.partition: "),
+    ("name-300", with_("name", "x" * 300), "name: "),
+    ("name-dotdot", with_("name", "../../../../tmp/x"), "name: "),
+    ("name-slash", with_("name", "a/b"), "name: "),
+    ("name-newline", with_("name", "job\ntouch pwned\n#"), "name: "),
+    ("name-int", with_("name", 12), "name: 12 is not a valid job name"),
+    ("heartbeat-gone", with_("diagnostics", {"heartbeat": True}), "diagnostics.heartbeat: unknown key"),
+    ("grad_dtype-gone", with_("train.grad_dtype", "fp32"), "train.grad_dtype: unknown key"),
+    ("alias-bomb-in-data", "model: tiny\ntrain: {seq_len: 32, global_batch: 8, data: " + alias_bomb() + "}\n",
+     "train.data: "),
+    ("alias-bomb-as-gpu", "model: tiny\ntrain: {seq_len: 32, global_batch: 8}\ncluster: {gpu: " + alias_bomb() + "}\n",
+     "cluster.gpu: "),
+    ("alias-bomb-as-name", "name: " + alias_bomb() + "\nmodel: tiny\ntrain: {seq_len: 32, global_batch: 8}\n",
+     "name: "),
+    ("nested-1000", "model: tiny\ntrain: {seq_len: 32, global_batch: 8, data: " + "[" * 1000 + "]" * 1000 + "}\n",
+     "{file}: YAML nested too deeply"),
+    ("nested-1000-maps", "model: tiny\ntrain: " + "{a: " * 1000 + "1" + "}" * 1000 + "\n", "{file}: YAML nested too deeply"),
+    ("not-utf8", b"model: tiny\ntrain: {seq_len: 32, global_batch: 8}\nname: \xff\xfe\n", "{file}: not UTF-8"),
+    ("not-a-mapping", "- 1\n- 2\n", "{file}: expected a mapping"),
+    ("bad-yaml", "model: [tiny\n", "{file}: line"),
+]
+
+
+@pytest.mark.parametrize("case, content, expected", HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_hostile_job_file_is_one_line_exit_2_nothing_written(case, content, expected, tmp_path):
+    job = tmp_path / "job.yaml"
+    if isinstance(content, dict):
+        job.write_text(yaml.safe_dump(content))
+    elif isinstance(content, bytes):
+        job.write_bytes(content)
+    else:
+        job.write_text(content)
+    out = tmp_path / "out" / "plan.json"
+    r = CliRunner().invoke(cli, ["plan", str(job), "-o", str(out)])
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2, r.output[:2000]
+    assert len(lines) == 1 and len(lines[0]) < 400, lines[:3]
+    assert lines[0].startswith("error: " + expected.format(file=job)), lines[0]
+    assert not out.exists() and not out.parent.exists()
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+
+
+@pytest.mark.parametrize("value", ["nan", "-1", "inf", "0", "-inf"])
+def test_memory_params_must_be_finite_and_positive(value):
+    r = CliRunner().invoke(cli, ["memory", "--params", value])
+    assert r.exit_code == 2
+    assert r.output.strip().splitlines() == [f"error: --params: {float(value)} is not a finite number > 0 (e.g. 7e9)"]
+
+
+def test_file_name_with_newline_cannot_become_the_job_name(tmp_path):
+    job = tmp_path / "job\ntouch pwned\n#.yaml"
+    job.write_text(yaml.safe_dump(BASE))
+    with pytest.raises(UserError, match=r"^name: .* \(taken from the file name"):
+        load_spec(job)
+
+
+# --- the trainer's capabilities, one table -------------------------------------------------------
+
+def test_planner_never_proposes_what_the_trainer_cannot_run():
+    for example in sorted(EXAMPLES.glob("*.yaml")):
+        result = plan_job(load_spec(example), top=10)
+        for p in [result.best] + result.alternatives:
+            assert p.layout.zero in capabilities.ZERO_STAGES, (example.name, p.layout)
+            assert p.train.precision in capabilities.PRECISIONS
+            capabilities.check_plan(p)      # the trainer's own start-up check accepts it
+
+
+def test_trainer_refuses_a_plan_outside_the_table():
+    from tests.trainer_helpers import make_plan
+
+    with pytest.raises(UserError, match=r"^plan.layout.zero=1 is not run by the bundled trainer yet"):
+        capabilities.check_plan(make_plan(dp=2, zero=1))
+    plan = make_plan()
+    fp16 = dataclasses.replace(plan, train=dataclasses.replace(plan.train, precision="fp16"))
+    with pytest.raises(UserError, match=r"^plan.train.precision='fp16' is not run by the bundled trainer"):
+        capabilities.check_plan(fp16)
+
+
+def test_zero_1_refusal_follows_the_table(monkeypatch):
+    """Flipping the table entry is all it takes for the job file and the planner to accept ZeRO 1."""
+    assert 1 not in capabilities.ZERO_STAGES
+    with pytest.raises(UserError, match="parallel.zero: 1"):
+        spec_from_dict(with_("parallel", {"zero": 1}))
+
+
+# --- plan.json: version, typed sections, one line for a bad plan -----------------------------------
+
+def test_plan_json_round_trips_through_the_typed_model(tmp_path):
+    best = plan_job(load_spec(EXAMPLES / "tiny-cpu.yaml"), top=0).best
+    path = tmp_path / "plan.json"
+    best.save(path)
+    data = json.loads(path.read_text())
+    assert data["version"] == 2 and data["model"]["layers"] == 4 and "grad_dtype" not in data["train"]
+    jsonschema.validate(data, plan_schema())
+    loaded = Plan.load(path)
+    assert loaded == best and loaded.train == load_spec(EXAMPLES / "tiny-cpu.yaml").train
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda d: d.update(version=1), "plan.version: 1 is not supported (expected 2)"),
+    (lambda d: d["train"].pop("seq_len"), "plan.train.seq_len: is required"),
+    (lambda d: d["layout"].update(zero=1), "plan.layout.zero: 1 is not run by the bundled trainer yet"),
+    (lambda d: d["train"].update(lr=float("nan")), "plan.train.lr: nan is not a finite number"),
+    (lambda d: d["model"].update(heads="many"), "plan.model.heads: 'many' is not an integer"),
+    (lambda d: d.update(extra=1), "plan.extra: unknown key"),
+])
+def test_bad_plan_json_is_one_line(edit, expected, tmp_path):
+    best = plan_job(load_spec(EXAMPLES / "tiny-cpu.yaml"), top=0).best
+    data = best.to_dict()
+    edit(data)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(UserError) as exc:
+        Plan.load(path)
+    assert str(exc.value) == f"{path}: {expected}" or str(exc.value).startswith(f"{path}: {expected}")
+
+
+def test_binary_and_deep_plan_json_are_one_line(tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(UserError, match="not UTF-8"):
+        Plan.load(path)
+    path.write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(UserError, match="not a plan.json"):
+        Plan.load(path)
+
+
+# --- exported schemas and the generated doc -----------------------------------------------------
+
+def test_job_schema_accepts_every_example_and_rejects_what_the_loader_rejects():
+    schema = job_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    for example in sorted(EXAMPLES.glob("*.yaml")):
+        jsonschema.validate(yaml.safe_load(example.read_text()), schema)
+    v = jsonschema.Draft202012Validator(schema)
+    for _, content, _ in HOSTILE[:12]:
+        if isinstance(content, dict) and not (set(content) - {"model", "train", "cluster", "parallel"}):
+            assert not v.is_valid(content), content
+
+
+def test_cli_schema_json():
+    for which, title in (("job", "launch4d job file"), ("plan", "launch4d plan.json")):
+        r = CliRunner().invoke(cli, ["schema", which, "--json"])
+        assert r.exit_code == 0 and json.loads(r.output)["title"] == title
+
+
+def test_doc_reference_is_generated_and_current():
+    text = DOC.read_text()
+    assert updated(text, render_reference()) == text, "docs/job-file.md is stale: run python -m launcher.schema_doc"
+    assert "| `seq_len` | integer 1 … 16777216 | **required** |" in text
