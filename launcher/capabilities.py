@@ -124,7 +124,7 @@ def check_microbatches(schedule: str, n_micro: int, pp: int) -> None:
     """The trainer's last word before it builds a pipeline schedule."""
     why = schedule_problem(schedule, n_micro, pp)
     if why:
-        raise UserError(f"plan.grad_accum={n_micro}: schedule {why}")
+        raise UserError(f"plan.layout.grad_accum={n_micro}: schedule {why}")
 
 
 def check_plan(plan: Plan) -> None:
@@ -167,4 +167,4 @@ def check_plan(plan: Plan) -> None:
         need(lay.schedule == "interleaved-1f1b",
              f"plan.layout.virtual_stages={lay.virtual_stages} needs schedule interleaved-1f1b, not {lay.schedule}")
     why = schedule_problem(lay.schedule, lay.grad_accum, lay.pp)
-    need(why is None, f"plan.layout.schedule: {why}")
+    need(why is None, f"plan.layout.grad_accum={lay.grad_accum}: schedule {why}")

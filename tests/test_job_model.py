@@ -98,7 +98,7 @@ HOSTILE = [
     ("nested-1000", "model: tiny\ntrain: {seq_len: 32, global_batch: 8, data: " + "[" * 1000 + "]" * 1000 + "}\n",
      "{file}: YAML nested too deeply"),
     ("nested-1000-maps", "model: tiny\ntrain: " + "{a: " * 1000 + "1" + "}" * 1000 + "\n", "{file}: YAML nested too deeply"),
-    ("not-utf8", b"model: tiny\ntrain: {seq_len: 32, global_batch: 8}\nname: \xff\xfe\n", "{file}: not UTF-8"),
+    ("not-utf8", b"model: tiny\ntrain: {seq_len: 32, global_batch: 8}\nname: \xff\xfe\n", "{file}: job file is not UTF-8"),
     ("not-a-mapping", "- 1\n- 2\n", "{file}: expected a mapping"),
     ("bad-yaml", "model: [tiny\n", "{file}: line"),
 ]

@@ -182,7 +182,7 @@ def test_tp_group_across_hosts_forced_runs(parity_results):
 
 def test_config_rejects_too_few_microbatches_for_1f1b():
     plan = make_plan(pp=2, dp=4, micro_batch=2, grad_accum=1, schedule="1f1b")
-    with pytest.raises(UserError, match=r"grad_accum=1: schedule 1f1b needs at least pp=2 micro-batches"):
+    with pytest.raises(UserError, match=r"plan.layout.grad_accum=1: schedule 1f1b needs at least pp=2 micro-batches"):
         config_from_plan(plan)
     config_from_plan(make_plan(pp=2, dp=4, micro_batch=2, grad_accum=1, schedule="gpipe"))
 
@@ -296,7 +296,7 @@ def test_cli_bad_plan_is_one_line_exit_2(tmp_path):
     r = subprocess.run([sys.executable, "-m", "launcher.trainer", "--plan", str(tmp_path / "plan.json"),
                         "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines()[-1].startswith("error: plan.grad_accum=1")
+    assert r.stderr.strip().splitlines()[-1].startswith("error: plan.layout.grad_accum=1: schedule 1f1b")
     assert "Traceback" not in r.stderr
     assert json.loads((tmp_path / "plan.json").read_text())["layout"]["pp"] == 2
 
