@@ -251,7 +251,7 @@ def test_token_file_job_and_pipeline_resume_from_checkpoint(tmp_path, env):
 
 def test_local_env_pins_cpu_jobs_and_follows_the_plans_gpu_order(tmp_path, monkeypatch):
     from launcher.layout import placements
-    from launcher.spec import load_spec
+    from launcher.spec import load_spec, resolve_gpu
     from tests.test_trainer_data import make_plan
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -261,7 +261,7 @@ def test_local_env_pins_cpu_jobs_and_follows_the_plans_gpu_order(tmp_path, monke
     assert cpu["CUDA_VISIBLE_DEVICES"] == "" and cpu["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[rank${rank}]: "
     assert cpu["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "logs" / "flight" / "rank_")
     gpu_plan = make_plan(dp=4)
-    gpu_plan.gpu = {"name": "h100-pcie", "peak_tflops": 756}
+    gpu_plan.gpu = resolve_gpu("h100-pcie")
     gpu_plan.ranks = placements(gpu_plan.degrees, gpu_plan.mesh_order, 4, [0, 2, 1, 3])
     assert be.env(spec, gpu_plan, tmp_path)["CUDA_VISIBLE_DEVICES"] == "0,2,1,3"
     gpu_plan.ranks = placements(gpu_plan.degrees, gpu_plan.mesh_order, 4)
