@@ -29,9 +29,9 @@ LAUNCH = str(Path(sys.executable).with_name("launch"))
 CPU_LAYOUTS = [
     ("dp8 zero3", 8, dict(tp=1, cp=1, pp=1, dp=8, zero=3, micro_batch=1)),
     ("tp2 x dp4", 8, dict(tp=2, cp=1, pp=1, dp=4, zero=3, micro_batch=1)),
-    ("pp2(1f1b) x tp2 x dp2", 8, dict(tp=2, cp=1, pp=2, dp=2, zero=0, micro_batch=1, schedule="1f1b")),
+    ("pp2(1f1b) x tp2 x dp2", 8, dict(tp=2, cp=1, pp=2, dp=2, zero=1, micro_batch=1, schedule="1f1b")),
     ("cp2 x tp2 x dp2", 8, dict(tp=2, cp=2, pp=1, dp=2, zero=3, micro_batch=1)),
-    ("pp2(interleaved v2) x cp2 x tp2", 8, dict(tp=2, cp=2, pp=2, dp=1, zero=0, micro_batch=1,
+    ("pp2(interleaved v2) x cp2 x tp2", 8, dict(tp=2, cp=2, pp=2, dp=1, zero=1, micro_batch=1,
                                                 schedule="interleaved-1f1b", virtual_stages=2)),
     ("dp2 grad_accum2", 2, dict(tp=1, cp=1, pp=1, dp=2, zero=3, micro_batch=2)),
     ("dp4 grad_accum1", 4, dict(tp=1, cp=1, pp=1, dp=4, zero=3, micro_batch=2)),

@@ -160,7 +160,7 @@ def test_trainer_stalled_rank_is_named_with_its_host(tmp_path):
         "train": {"seq_len": 32, "global_batch": 4, "steps": 5, "lr": 3.0e-3, "warmup_steps": 1,
                   "precision": "fp32", "seed": 1, "data": "synthetic", "checkpoint_every": 0},
         "cluster": {"nodes": 1, "gpus_per_node": 2, "gpu": "cpu"},
-        "parallel": {"tp": 1, "cp": 1, "pp": 1, "zero": 0, "recompute": "none", "micro_batch": 2},
+        "parallel": {"tp": 1, "cp": 1, "pp": 1, "zero": 1, "recompute": "none", "micro_batch": 2},
         "diagnostics": {"init_timeout_s": 60, "collective_timeout_s": 60}})
     plan = plan_job(spec, top=0).best
     assert plan is not None and plan.world_size == 2 and plan.degrees["dp"] == 2

@@ -68,8 +68,7 @@ HOSTILE = [
     ("model-without-layers", with_("model", without("layers", CUSTOM_MODEL)), "model.layers: is required"),
     ("gpu-without-peak", with_("cluster.gpu", without("peak_tflops", GPU)), "cluster.gpu.peak_tflops: is required"),
     ("fp16", with_("train.precision", "fp16"), "train.precision: 'fp16' is not run by the bundled trainer"),
-    ("zero1", with_("parallel", {"zero": 1}), "parallel.zero: 1 is not run by the bundled trainer yet"),
-    ("zero7", with_("parallel", {"zero": 7}), "parallel.zero: 7 is not valid; choose one of 0, 2, 3"),
+    ("zero7", with_("parallel", {"zero": 7}), "parallel.zero: 7 is not valid; choose one of 0, 1, 2, 3"),
     ("lr-nan", "model: tiny\ntrain: {seq_len: 32, global_batch: 8, lr: .nan}\n", "train.lr: nan is not a finite"),
     ("lr-negative", with_("train.lr", -1.0), "train.lr: -1.0 is below the minimum 0"),
     ("efficiency-nan", "model: tiny\ntrain: {seq_len: 32, global_batch: 8}\ncluster: {compute_efficiency: .nan}\n",
@@ -151,19 +150,22 @@ def test_planner_never_proposes_what_the_trainer_cannot_run():
 def test_trainer_refuses_a_plan_outside_the_table():
     from tests.trainer_helpers import make_plan
 
-    with pytest.raises(UserError, match=r"^plan.layout.zero=1 is not run by the bundled trainer yet"):
-        capabilities.check_plan(make_plan(dp=2, zero=1))
+    with pytest.raises(UserError, match=r"^plan.layout.zero=5 is not a ZeRO stage"):
+        capabilities.check_plan(make_plan(dp=2, zero=5))
     plan = make_plan()
     fp16 = dataclasses.replace(plan, train=dataclasses.replace(plan.train, precision="fp16"))
     with pytest.raises(UserError, match=r"^plan.train.precision='fp16' is not run by the bundled trainer"):
         capabilities.check_plan(fp16)
 
 
-def test_zero_1_refusal_follows_the_table(monkeypatch):
-    """Flipping the table entry is all it takes for the job file and the planner to accept ZeRO 1."""
-    assert 1 not in capabilities.ZERO_STAGES
-    with pytest.raises(UserError, match="parallel.zero: 1"):
-        spec_from_dict(with_("parallel", {"zero": 1}))
+def test_zero_stages_follow_the_table():
+    """The job file, the planner and the trainer's check all read capabilities.ZERO_STAGES."""
+    for stage in capabilities.ZERO_STAGES:
+        spec = spec_from_dict(with_("parallel", {"tp": 1, "cp": 1, "pp": 1, "zero": stage, "recompute": "none",
+                                                 "micro_batch": 2}))
+        best = plan_job(spec, top=0).best
+        assert best.layout.zero == stage
+        capabilities.check_plan(best)
 
 
 # --- plan.json: version, typed sections, one line for a bad plan -----------------------------------
@@ -182,7 +184,7 @@ def test_plan_json_round_trips_through_the_typed_model(tmp_path):
 @pytest.mark.parametrize("edit, expected", [
     (lambda d: d.update(version=1), "plan.version: 1 is not supported (expected 2)"),
     (lambda d: d["train"].pop("seq_len"), "plan.train.seq_len: is required"),
-    (lambda d: d["layout"].update(zero=1), "plan.layout.zero: 1 is not run by the bundled trainer yet"),
+    (lambda d: d["layout"].update(zero=7), "plan.layout.zero: 7 is not valid; choose one of 0, 1, 2, 3"),
     (lambda d: d["train"].update(lr=float("nan")), "plan.train.lr: nan is not a finite number"),
     (lambda d: d["model"].update(heads="many"), "plan.model.heads: 'many' is not an integer"),
     (lambda d: d.update(extra=1), "plan.extra: unknown key"),

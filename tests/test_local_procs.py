@@ -107,7 +107,7 @@ def _tiny_plan(run_dir: Path) -> Path:
         "train": {"seq_len": 32, "global_batch": 4, "steps": 50, "lr": 3.0e-3, "warmup_steps": 1,
                   "precision": "fp32", "seed": 1, "data": "synthetic", "checkpoint_every": 0},
         "cluster": {"nodes": 1, "gpus_per_node": 2, "gpu": "cpu"},
-        "parallel": {"tp": 1, "cp": 1, "pp": 1, "zero": 0, "recompute": "none", "micro_batch": 2},
+        "parallel": {"tp": 1, "cp": 1, "pp": 1, "zero": 1, "recompute": "none", "micro_batch": 2},
         "diagnostics": {"init_timeout_s": 120, "collective_timeout_s": 120}})
     plan = plan_job(spec, top=0).best
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -63,13 +63,12 @@ def test_explicit_gpu():
 
 def test_parallel_auto_and_mapping():
     assert spec_from_dict(with_("parallel", "auto")).parallel.tp is None
-    assert spec_from_dict(with_("parallel", {"tp": 8, "zero": 2})).parallel.tp == 8
+    assert spec_from_dict(with_("parallel", {"tp": 8, "zero": 1})).parallel.tp == 8
 
 
 @pytest.mark.parametrize("path, value, expected", [
     ("parallel.tp", 3, "parallel.tp: 3 does not divide"),
-    ("parallel.zero", 4, "parallel.zero: 4 is not valid; choose one of 0, 2, 3"),
-    ("parallel.zero", 1, "parallel.zero: 1 is not run by the bundled trainer yet"),
+    ("parallel.zero", 4, "parallel.zero: 4 is not valid; choose one of 0, 1, 2, 3"),
     ("train.precision", "fp16", "train.precision: 'fp16' is not run by the bundled trainer"),
     ("parallel.recompute", "some", "parallel.recompute: 'some' is not valid; choose one of 'none', 'selective', 'full'"),
     ("parallel.schedul", "1f1b", "parallel.schedul: unknown key (did you mean 'schedule'?)"),

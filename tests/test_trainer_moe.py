@@ -89,15 +89,15 @@ def test_ep_layout_groups_split_dp_cp_only():
 
 
 def test_config_accepts_moe_and_refuses_what_it_cannot_run():
-    cfg = config_from_plan(make_plan(dp=4, ep=2, zero=0, model_over=MOE))
+    cfg = config_from_plan(make_plan(dp=4, ep=2, zero=1, model_over=MOE))
     assert cfg.model.experts == 4 and cfg.model.experts_per_token == 2 and cfg.parallel.ep == 2
     config_from_plan(make_plan(dp=2, zero=3, model_over=MOE))          # ep=1: experts sharded by FSDP
     config_from_plan(make_plan(dp=4, ep=2, zero=3, model_over=MOE))    # experts: FSDP over dp·cp/ep
     cases = [
         (dict(tp=2, dp=2, model_over=MOE), r"plan.layout.tp=2 with a mixture-of-experts model: .* use tp 1"),
-        (dict(dp=4, ep=2, zero=0), r"plan.layout.ep=2 needs a mixture-of-experts model"),
-        (dict(dp=6, ep=3, zero=0, global_batch=6, model_over=MOE), r"plan.layout.ep=3 does not divide model.experts=4"),
-        (dict(dp=2, ep=4, zero=0, model_over=MOE), r"plan.layout.ep=4 does not divide dp·cp=2"),
+        (dict(dp=4, ep=2, zero=1), r"plan.layout.ep=2 needs a mixture-of-experts model"),
+        (dict(dp=6, ep=3, zero=1, global_batch=6, model_over=MOE), r"plan.layout.ep=3 does not divide model.experts=4"),
+        (dict(dp=2, ep=4, zero=1, model_over=MOE), r"plan.layout.ep=4 does not divide dp·cp=2"),
         (dict(model_over={"experts": 4, "experts_per_token": 5}), r"plan.model.experts_per_token: 5 exceeds experts=4"),
     ]
     for kw, msg in cases:

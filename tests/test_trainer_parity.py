@@ -30,7 +30,7 @@ LAYOUTS = {
     "ref": dict(),
     "dp8_zero3": dict(dp=8, zero=3),
     "tp2_dp4_zero2": dict(tp=2, dp=4, zero=2),
-    "pp2_1f1b_tp2_dp2_uneven_zero0": dict(pp=2, tp=2, dp=2, schedule="1f1b", stage_layers=[1, 3], zero=0),
+    "pp2_1f1b_tp2_dp2_uneven_zero1": dict(pp=2, tp=2, dp=2, schedule="1f1b", stage_layers=[1, 3], zero=1),
     "cp2_tp2_dp2": dict(cp=2, tp=2, dp=2),
     "pp2_interleaved_v2_cp2_tp2": dict(pp=2, cp=2, tp=2, schedule="interleaved-1f1b", virtual_stages=2),
     "dp2_ga2_zero0": dict(dp=2, micro_batch=2, grad_accum=2, zero=0),
@@ -47,7 +47,7 @@ MOE_LAYOUTS = {
     "moe_ref": dict(MOE),
     "moe_dp4_ep2_zero3": dict(MOE, dp=4, ep=2, zero=3),          # experts: fully_shard over dp·cp/ep = 2
     "moe_dp4_ep4_zero0": dict(MOE, dp=4, ep=4, zero=0),          # one expert per rank, no replicas
-    "moe_pp2_1f1b_dp2_ep2_zero0": dict(MOE, pp=2, dp=2, ep=2, zero=0),
+    "moe_pp2_1f1b_dp2_ep2_zero1": dict(MOE, pp=2, dp=2, ep=2, zero=1),
     "moe_cp2_dp2_ep2_zero2_recompute_full": dict(MOE, cp=2, dp=2, ep=2, zero=2, recompute="full"),
     "moe_dp2_zero3_ep1": dict(MOE, dp=2, zero=3),
 }
@@ -60,7 +60,7 @@ OTHER_MODEL = {
     # The 1F1B run also checkpoints at step 3 for the resume jobs below.
     "gelu_tied_pp2_1f1b_tp2_dp2": dict(GELU_TIED, pp=2, tp=2, dp=2, schedule="1f1b", zero=3, checkpoint_every=3),
     "gelu_tied_pp2_interleaved_v2_dp2": dict(GELU_TIED, pp=2, dp=2, schedule="interleaved-1f1b",
-                                             virtual_stages=2, zero=0),
+                                             virtual_stages=2, zero=1),
 }
 TIED_PP = ("gelu_tied_pp2_1f1b_tp2_dp2", "gelu_tied_pp2_interleaved_v2_dp2")
 TIED_CKPT_PP2 = "gelu_tied_pp2_1f1b_tp2_dp2/checkpoints/step-3"
@@ -71,7 +71,7 @@ TIED_RESUME = {
     "gelu_tied_pp2_resumed": (dict(GELU_TIED, pp=2, tp=2, dp=2, schedule="1f1b", zero=3), TIED_CKPT_PP2),
     "gelu_tied_pp1_resumed_from_pp2": (dict(GELU_TIED), TIED_CKPT_PP2),
     "gelu_tied_pp2_interleaved_resumed_from_pp1": (dict(GELU_TIED, pp=2, dp=2, schedule="interleaved-1f1b",
-                                                        virtual_stages=2, zero=0), TIED_CKPT_PP1),
+                                                        virtual_stages=2, zero=1), TIED_CKPT_PP1),
 }
 
 
