@@ -38,6 +38,6 @@ def test_benchmark_runs_top_plans_and_picks_by_measurement(tmp_path):
     assert payload["chosen_by_measurement"] == fastest["index"]
     written = json.loads(out.read_text())
     plans = [payload["best"]] + payload["alternatives"]
-    assert written["degrees"] == plans[fastest["index"]]["degrees"]
+    assert written["layout"] == plans[fastest["index"]]["layout"]
     assert written["train"]["steps"] == 50             # the plan to run keeps the job's length
     assert "measured" in proc.stderr or "benchmark" in proc.stderr
