@@ -36,10 +36,11 @@ def saved_activation_bytes(shape: dict, layers: int, mode: str, numerics: str, s
     (parameters, and under autocast the cached bf16 weight casts, excluded)."""
     import torch
 
-    from launcher.trainer.model import ModelArgs, Transformer
+    from launcher.spec import ModelSpec
+    from launcher.trainer.model import Transformer
     from launcher.trainer.recompute import apply_recompute
 
-    m = Transformer(ModelArgs(layers=layers, **shape), seq_len=s)
+    m = Transformer(ModelSpec(layers=layers, **shape), seq_len=s)
     m.init_weights(0)
     apply_recompute(m, mode)
     if numerics == "fsdp-bf16":          # what MixedPrecisionPolicy(param_dtype=bf16) hands the forward
