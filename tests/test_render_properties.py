@@ -187,12 +187,18 @@ def test_slurm_script_runs_nothing_user_controlled(python, env, name, source, pa
         check_slurm(spec, plan, Path(tmp))
 
 
-@pytest.mark.parametrize("python", ["a=b", "x+=1", "$(touch pwned)", "py;pwned", "py\npwned", "`pwned`",
+@pytest.mark.parametrize("python", ["a=b", "x+=1", "$(touch pwned)", "py;pwned", "`pwned`",
                                     "py'\"pwned", "py #pwned"])
 def test_slurm_python_is_one_command_word(tmp_path, python):
     """The deterministic half of the property: these values are accepted and run as one word."""
     spec, plan = job_with("tiny-slurm.yaml", python=python)
     check_slurm(spec, plan, tmp_path)
+
+
+def test_slurm_python_with_a_control_character_is_refused():
+    """Free text never carries a control character (the job-file loader refuses it, naming the field)."""
+    with pytest.raises(UserError, match=r"^backend\.slurm\.python: .*control character"):
+        job_with("tiny-slurm.yaml", python="py\npwned")
 
 
 def test_job_file_name_with_a_newline_stays_in_its_comment(tmp_path):
@@ -252,10 +258,18 @@ def test_k8s_pod_command_runs_nothing_user_controlled(env, log_dir, name):
         check_k8s(spec, plan, Path(tmp))
 
 
-@pytest.mark.parametrize("log_dir", ["$(touch pwned)", "a;pwned", "runs\npwned", "`pwned`", "a=b", "'\"$HOME"])
+@pytest.mark.parametrize("log_dir", ["$(touch pwned)", "a;pwned", "`pwned`", "a=b", "'\"$HOME"])
 def test_k8s_run_dir_arrives_byte_for_byte(tmp_path, log_dir):
-    spec, plan = job_with("tiny-k8s.yaml", log_dir=log_dir, env={"X": "$(touch pwned)\n;pwned"})
+    spec, plan = job_with("tiny-k8s.yaml", log_dir=log_dir, env={"X": "$(touch pwned);pwned"})
     check_k8s(spec, plan, tmp_path)
+
+
+@pytest.mark.parametrize("field, over", [("backend.log_dir", {"log_dir": "runs\npwned"}),
+                                         ("backend.env.X", {"env": {"X": "$(touch pwned)\n;pwned"}})])
+def test_control_characters_are_refused_by_the_loader(field, over):
+    """Free text never carries a control character: one line naming the field, before any rendering."""
+    with pytest.raises(UserError, match=rf"^{re.escape(field)}: .*control character"):
+        job_with("tiny-k8s.yaml", **over)
 
 
 # --- the quoting function itself -----------------------------------------------------------------
