@@ -285,7 +285,7 @@ def node_check(spec: JobSpec, plan: Plan) -> dict[str, Any]:
     """backend.slurm.node_check with its automatic parts resolved: GPU and Xid checks where the
     plan runs on GPUs, the NIC check where the plan names NICs."""
     c = spec.backend.slurm.node_check
-    has_gpus = str(plan.gpu.get("name", "")) != "cpu"
+    has_gpus = plan.gpu.name != "cpu"
     gpus = has_gpus if c.gpus is None else c.gpus
     out = {"gpus": gpus, "xid": gpus if c.xid is None else c.xid, "nics": c.nics and bool(plan_nics(plan)),
            "command": c.command, "timeout_s": c.timeout_s}

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.ledger import Layout, rank_memory
-from launcher.spec import GpuSpec, ModelSpec, TrainSpec
+from launcher.ledger import rank_memory
+from launcher.plan import Plan
+from launcher.spec import GpuSpec
 from tests.trainer_helpers import make_plan, spawn_layouts
 
 SHAPE = dict(layers=4, hidden=128, heads=4, kv_heads=2, ffn_hidden=352, vocab=512)
@@ -30,12 +31,9 @@ LAYOUTS = {
 
 
 def ledger_bytes(plan: dict, role: str) -> float:
-    d = plan["degrees"]
-    lay = Layout(d["tp"], d["cp"], d["pp"], d["dp"], d["ep"], plan["zero_stage"], plan["recompute"],
-                 plan["micro_batch"], plan["grad_accum"], plan["schedule"], plan["virtual_stages"])
-    train = TrainSpec(**{k: v for k, v in plan["train"].items() if k in TrainSpec.__dataclass_fields__})
+    p = Plan.from_dict(plan)
     cpu = GpuSpec(memory_gb=16, peak_tflops=1, nvlink_gbs=10, name="cpu")
-    return rank_memory(ModelSpec(**plan["model"]), train, cpu, lay, role).total
+    return rank_memory(p.model, p.train, cpu, p.layout, role).total
 
 
 @pytest.fixture(scope="module")
@@ -57,5 +55,5 @@ def test_ledger_matches_a_real_run(runs, name):
     peaks = res["peak_bytes"]
     assert peaks[0] > 0
     assert ledger_bytes(plan, "first") == pytest.approx(peaks[0], rel=0.15)
-    if plan["degrees"]["pp"] > 1:
+    if plan["layout"]["pp"] > 1:
         assert ledger_bytes(plan, "last") == pytest.approx(peaks[-1], rel=0.15)
