@@ -103,14 +103,26 @@ def render(job_file: str, backend: str | None, out_dir: str | None, bwmap: str |
               help="Default: <backend.log_dir>/<name>-<timestamp> (over SSH: under backend.slurm.remote_dir).")
 @click.option("--templates", type=click.Path(file_okay=False), help="Directory whose templates override ours.")
 @click.option("--dry-run", is_flag=True, help="Print what would be submitted; submit nothing.")
+@click.option("--verify", "verify_", is_flag=True,
+              help="Trace the plan with the real trainer first (`launch verify`); submit nothing unless every role "
+                   "builds and fits.")
 @json_option
 def submit(job_file: str, backend: str | None, bwmap: str | None, run_dir: str | None, templates: str | None,
-           dry_run: bool, as_json: bool) -> None:
+           dry_run: bool, verify_: bool, as_json: bool) -> None:
     """Submit a job to Slurm (sbatch, here or over SSH) or Kubernetes (PyTorchJob)."""
     from launcher.formats.files import child_path
     from launcher.jobstate import JobRecord, check_state, record
 
     spec, plan, bw, kind, text = _load(job_file, backend, bwmap)
+    if verify_:
+        from launcher.commands.verify_cmd import verify_plan
+        from launcher.verify import render
+
+        rep = verify_plan(plan, as_json)
+        if not rep.fits:
+            emit({"submitted": False, "verify": rep.to_dict()}, as_json, lambda: render(rep) + "\nnot submitted")
+            raise click.exceptions.Exit(1)
+        progress(f"verify: every role builds and fits ({rep.seconds:.0f} s)")
     be = _backend(kind)
     rd = run_dir or str(child_path(Path(spec.backend.log_dir).expanduser(), f"{spec.name}-{_stamp()}", "name"))
     if not dry_run:

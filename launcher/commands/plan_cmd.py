@@ -127,9 +127,11 @@ def previous_plan_warnings(previous: Plan, best: Plan) -> list[str]:
               help="Optimizer steps per benchmarked plan (the first is not timed).")
 @click.option("--benchmark-dir", type=click.Path(file_okay=False),
               help="Where the benchmark runs go (default <backend.log_dir>/<name>-bench-<time>).")
+@click.option("--verify", "verify_", is_flag=True,
+              help="Also trace the chosen plan with the real trainer (`launch verify`); exit 1 if a role does not fit.")
 @json_option
 def plan(job: str, bwmap: str | None, top: int, output: str | None, previous: str | None, bench_k: int | None,
-         benchmark_steps: int, benchmark_dir: str | None, as_json: bool) -> None:
+         benchmark_steps: int, benchmark_dir: str | None, verify_: bool, as_json: bool) -> None:
     """Choose TP/CP/PP/DP (+EP), ZeRO stage, recompute and micro-batch for JOB.
 
     Exit 0 with a plan that fits; 1 when the (fixed) layout does not fit or nothing fits (or, with
@@ -157,8 +159,15 @@ def plan(job: str, bwmap: str | None, top: int, output: str | None, previous: st
         if chosen is None:
             raise UserError(f"{job}: no layout fits, so no plan was written to {output}")
         chosen.save(output)
+    rep = None
+    if verify_ and chosen is not None:
+        from launcher.commands.verify_cmd import verify_plan
+
+        rep = verify_plan(chosen, as_json)
     if as_json:
         payload = result.to_dict()
+        if rep is not None:
+            payload["verify"] = rep.to_dict()
         if measured is not None:
             from launcher.bench import by_measurement
 
@@ -171,7 +180,12 @@ def plan(job: str, bwmap: str | None, top: int, output: str | None, previous: st
             from launcher import bench
 
             click.echo("\n" + bench.render(measured))
-    if chosen is None or not chosen.fits or (measured is not None and not any(m.ok for m in measured)):
+        if rep is not None:
+            from launcher.verify import render
+
+            click.echo("\n" + render(rep))
+    if chosen is None or not chosen.fits or (measured is not None and not any(m.ok for m in measured)) \
+            or (rep is not None and not rep.fits):
         raise click.exceptions.Exit(1)
 
 

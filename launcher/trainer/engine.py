@@ -21,7 +21,7 @@ from launcher.errors import UserError
 from launcher.trainer import context_parallel as cpar
 from launcher.trainer import fsdp, moe, zero1
 from launcher.trainer.config import TrainerConfig
-from launcher.trainer.loss import ChunkedLoss, grad_norm_and_clip
+from launcher.trainer.loss import ChunkedLoss, clip_grad_norm
 from launcher.trainer.mesh import MeshInfo, build_mesh, check_hosts, hostname, log_startup, set_timeouts
 from launcher.trainer.model import Transformer
 from launcher.trainer.pipeline import (
@@ -91,13 +91,14 @@ class Engine:
 
     cfg: TrainerConfig
     mesh: MeshInfo
+    bf16: bool | None = None    # None: bf16 when the plan says so and the device is CUDA (launch verify forces it)
     parts: list[Transformer] = field(init=False)
     stage_ids: list[int] = field(init=False)
 
     def __post_init__(self) -> None:
         cfg, mesh, p = self.cfg, self.mesh, self.cfg.parallel
         cuda = mesh.device.type == "cuda"
-        bf16 = cfg.train.precision == "bf16" and cuda
+        bf16 = self.bf16 if self.bf16 is not None else cfg.train.precision == "bf16" and cuda
         self.dp_mode = fsdp.mode(p.zero_stage, mesh.dp_cp_size)
         self.parts, self.stage_ids = build_parts(cfg, mesh, bf16_fsdp=bf16)
         # FSDP's policy casts parameters; without FSDP, bf16 means autocast around forward
@@ -148,7 +149,13 @@ class Engine:
     wait_s: float = 0.0  # this step's time blocked in timed_sync (what a straggler's peers spend)
 
     def train_step(self, batch: torch.Tensor, beat) -> tuple[float, float]:
-        """One optimizer step on this dp rank's rows [micro_batch·grad_accum, seq_len+1]."""
+        """One optimizer step on this dp rank's rows [micro_batch·grad_accum, seq_len+1]: (loss, grad norm)."""
+        loss, norm = self.step(batch, beat)
+        return float(loss) / self.cfg.parallel.tp, float(norm)
+
+    def step(self, batch: torch.Tensor, beat) -> tuple[torch.Tensor, torch.Tensor]:
+        """train_step without a host sync: the summed loss (× tp) and the grad norm as tensors
+        (launch verify runs exactly this under FakeTensorMode)."""
         p, mesh = self.cfg.parallel, self.mesh
         inputs = cpar.shard_sequence(batch[:, :-1], mesh.coords["cp"], p.cp).to(mesh.device)
         labels = cpar.shard_sequence(batch[:, 1:], mesh.coords["cp"], p.cp).to(mesh.device)
@@ -176,8 +183,8 @@ class Engine:
                 fsdp.all_reduce_grads(self.expert_params, self.mesh.ep.replica_group)
         if self.tied_group is not None:
             sum_tied_grads(self.tied, self.tied_group)
-        norm = grad_norm_and_clip(self.params, self.cfg.train.grad_clip, self.ranks_per_stage,
-                                  exclude=self.norm_exclude)
+        norm = clip_grad_norm(self.params, self.cfg.train.grad_clip, self.ranks_per_stage,
+                              exclude=self.norm_exclude)
         self.optimizer.step()
         if self.zero1 is not None:
             beat("optimizer", "broadcast(params, dp·cp)")
@@ -186,7 +193,7 @@ class Engine:
         for q in self.params:       # the optimizer may hold only some of them (ZeRO 1)
             q.grad = None
         dist.all_reduce(local)                      # non-last pp stages add 0; tp ranks hold copies
-        return float(local) / p.tp, norm
+        return local, norm
 
 
 def timed_sync(device: torch.device) -> float:

@@ -13,8 +13,6 @@ split yields exactly the gradient of one process on the whole batch (seed failur
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -120,12 +118,19 @@ def _replication(p: torch.Tensor, ranks_per_stage: int) -> int:
 
 def grad_norm_and_clip(params: list[torch.Tensor], max_norm: float, ranks_per_stage: int,
                        exclude: set[int] = frozenset()) -> float:
+    """clip_grad_norm as a Python float (one host sync)."""
+    return float(clip_grad_norm(params, max_norm, ranks_per_stage, exclude))
+
+
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float, ranks_per_stage: int,
+                   exclude: set[int] = frozenset()) -> torch.Tensor:
     """Global L2 norm of all gradients over the whole mesh (each element counted once), then clip.
 
     `ranks_per_stage` = world / pp: the number of ranks that share one pipeline stage's
     parameters (as shards or copies). `exclude`: ids of parameters clipped but left out of the
     norm (the last stage's copy of a tied embedding, whose gradient equals the embedding's).
-    Same formula as torch.nn.utils.clip_grad_norm_.
+    Same formula as torch.nn.utils.clip_grad_norm_, and like it no host sync: the norm stays a
+    tensor and the clip factor is clamped to 1 on the device (so `launch verify` can trace it).
     """
     device = None
     sq = torch.zeros((), dtype=torch.float64)
@@ -142,10 +147,9 @@ def grad_norm_and_clip(params: list[torch.Tensor], max_norm: float, ranks_per_st
         sq = sq.to(device)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(sq)
-    total = math.sqrt(float(sq))
+    total = sq.sqrt()
     if max_norm > 0:
-        coef = max_norm / (total + 1e-6)
-        if coef < 1.0:
-            for g in grads:
-                g.mul_(coef)
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for g in grads:
+            g.mul_(coef)
     return total

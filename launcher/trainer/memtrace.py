@@ -1,0 +1,317 @@
+"""Trace one rank of a full-size job on this CPU: the real Engine, a fake world, no real memory.
+
+Why: the ledger is a formula; what a rank really holds is whatever the trainer's own code
+allocates (FSDP2 buffers, TP/SP shards, the pipeline schedule's in-flight micro-batches, SDPA's
+kernels, the chunked loss). This module builds the trainer's Engine for one global rank of the
+plan's full world under torch's fake process group (`FakeStore`, backend "fake": collectives
+return at once) and FakeTensorMode (tensors have shapes, dtypes and storages of known size but
+no data), runs one optimizer step through Engine.step, and measures that rank's peak with
+torch's FSDP-aware MemTracker, by category.
+
+What it takes to run the trainer unchanged in that world (notes/testbed.md lists what failed):
+- DeviceMesh objects are metadata: they are built from real tensors even inside FakeTensorMode
+  (FSDP2 concatenates the dp and tp meshes inside fully_shard, which under fake mode hit
+  `aten.nonzero`).
+- The pipeline's start-up vote and metadata exchange need peers; under the fake group each
+  stage is given its input/output metadata up front (static mode), computed from the plan.
+- The optimizer state is created before the traced step, as it exists from step 2 on.
+- The tracker is entered inside the fake mode (it only counts ops run under the mode it was
+  entered in), counts every part of a rank (virtual pipeline stages), counts parameters and
+  gradients that FSDP does not manage (ZeRO 0/1, dp·cp = 1), and accepts one forward per
+  micro-batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch.distributed._tools.common_utils import get_untyped_storages
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType, _FSDPState
+from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule
+from torch.utils.weak import WeakIdKeyDictionary
+
+from launcher.trainer.config import TrainerConfig
+from launcher.trainer.engine import Engine
+from launcher.trainer.mesh import build_mesh
+
+#: tracker categories -> the categories launch verify reports
+CATEGORIES = {
+    "params": (_FSDPRefType.SHARDED_PARAM, _FSDPRefType.UNSHARDED_PARAM, _FSDPRefType.BUFFER),
+    "grads": (_FSDPRefType.SHARDED_GRAD, _FSDPRefType.UNSHARDED_GRAD),
+    "optimizer": (_FSDPRefType.OPT,),
+    "activations": (_FSDPRefType.ACT, _FSDPRefType.INP),
+    "temporaries": (_FSDPRefType.TEMP,),
+    "comm_buffers": (_FSDPRefType.ALL_GATHER, _FSDPRefType.REDUCE_SCATTER),
+}
+
+
+@dataclass
+class StepTrace:
+    """The peak of one traced optimizer step with `micro_batches` micro-batches (bytes)."""
+
+    micro_batches: int
+    peak: int
+    categories: dict[str, int]
+    detail: dict[str, int]          # the tracker's own categories at the peak
+
+
+@dataclass
+class RoleTrace:
+    """What one rank holds: the traced step(s) and the state computed from local shard shapes."""
+
+    rank: int
+    stage_ids: list[int]
+    state: dict[str, int]           # params / grads / optimizer from local shard shapes (exact)
+    steps: list[StepTrace] = field(default_factory=list)
+    dp_mode: str = ""
+    seconds: float = 0.0
+
+
+# --- the fake world ------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def fake_world(rank: int, world: int):
+    """This process is `rank` of `world` under the fake process group (no peers, no traffic)."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers backend "fake"
+
+    if dist.is_initialized():
+        raise RuntimeError("launch verify needs a process without a process group")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def real_device_meshes():
+    """Build every DeviceMesh from real tensors, also inside FakeTensorMode (they are metadata)."""
+    orig = DeviceMesh.__init__
+
+    def init(self, *args, **kwargs):
+        with unset_fake_temporarily():
+            orig(self, *args, **kwargs)
+
+    DeviceMesh.__init__ = init
+    try:
+        yield
+    finally:
+        DeviceMesh.__init__ = orig
+
+
+# --- the tracker -----------------------------------------------------------------------------
+
+class RankMemTracker(FSDPMemTracker):
+    """FSDPMemTracker over all of one rank's model parts, FSDP-managed or not.
+
+    Differences from torch's: several roots (virtual pipeline stages) and plain parameters
+    (replicated or TP-only) are counted, each micro-batch's forward may re-enter a root, and
+    per-module peak snapshots are not kept (only the rank's peak, which is all verify needs,
+    and much cheaper per op).
+    """
+
+    def __init__(self, parts: list[nn.Module], optimizer: torch.optim.Optimizer) -> None:
+        MemTracker.__init__(self)
+        self._root_mod = nn.ModuleList(parts)
+        self._optm = optimizer
+        self._fsdp_mod_to_saved_methods = WeakIdKeyDictionary()
+        self._fsdp_state = _FSDPState.PRE_FW
+        self._ref_class = _FSDPRefType
+        self._plain_hooks: list = []
+
+    def _register_module_and_optimizer_hooks(self) -> None:
+        super()._register_module_and_optimizer_hooks()
+        managed = set()
+        for m in self._root_mod.modules():
+            if isinstance(m, FSDPModule) and (group := m._get_fsdp_state()._fsdp_param_group):
+                managed.update(id(fp.sharded_param) for fp in group.fsdp_params)
+        for p in self._root_mod.parameters():
+            if id(p) in managed:
+                continue
+            self._update_and_maybe_create_winfos(p, _FSDPRefType.SHARDED_PARAM)
+            if p.requires_grad:
+                self._plain_hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook))
+
+    def _grad_hook(self, p: torch.Tensor) -> None:
+        if p.grad is not None:
+            self._update_and_maybe_create_winfos(p.grad, _FSDPRefType.SHARDED_GRAD)
+
+    def _deregister_module_and_optimizer_hooks(self) -> None:
+        super()._deregister_module_and_optimizer_hooks()
+        for h in self._plain_hooks:
+            h.remove()
+        self._plain_hooks.clear()
+
+    def _fsdp_state_pre_forward(self, fsdp_mod, orig):
+        inner = super()._fsdp_state_pre_forward(fsdp_mod, orig)
+
+        def pre_forward(*args, **kwargs):
+            if fsdp_mod in self.memory_tracking and not self._mod_tracker.is_bw:
+                self.reset_mod_stats()      # the next micro-batch's forward
+            return inner(*args, **kwargs)
+
+        return pre_forward
+
+    def _update_peak_stats(self, peak_state) -> None:
+        for dev, snap in self._curr_mem_snap.items():
+            if self._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:
+                self._peak_mem[dev] = snap[_TOTAL_KEY]
+                self._peak_mem_snap[dev] = dict(snap)
+
+    def peak(self) -> tuple[int, dict[str, int], dict[str, int]]:
+        """(total, verify's categories, the tracker's own categories) at this rank's peak."""
+        snap: dict = {}
+        for dev_snap in self._peak_mem_snap.values():
+            for k, v in dev_snap.items():
+                snap[k] = snap.get(k, 0) + v
+        cats = {name: sum(snap.get(k, 0) for k in keys) for name, keys in CATEGORIES.items()}
+        detail = {(k.value if hasattr(k, "value") else str(k)): v for k, v in snap.items() if k != _TOTAL_KEY}
+        return snap.get(_TOTAL_KEY, 0), cats, detail
+
+
+# --- building and stepping -------------------------------------------------------------------
+
+def with_micro_batches(cfg: TrainerConfig, m: int) -> TrainerConfig:
+    """The same plan with `m` micro-batches per step (global batch follows)."""
+    p = cfg.parallel
+    if m == p.grad_accum:
+        return cfg
+    par = dataclasses.replace(p, grad_accum=m)
+    train = dataclasses.replace(cfg.train, global_batch=p.micro_batch * m * p.dp)
+    return dataclasses.replace(cfg, parallel=par, train=train)
+
+
+def hidden_dtype(eng: Engine) -> torch.dtype:
+    """What one pipeline stage sends the next: bf16 when FSDP casts the parameters to bf16;
+    otherwise the fp32 residual stream (autocast leaves the embedding output in fp32)."""
+    return torch.bfloat16 if eng.dp_mode == "fsdp" and eng.bf16 else torch.float32
+
+
+def make_pipeline_static(eng: Engine, cfg: TrainerConfig) -> None:
+    """Give each of this rank's PipelineStages its input/output metadata (what the start-up vote
+    and metadata exchange with the neighbouring ranks would have found) and skip that exchange."""
+    from torch.distributed.pipelining._utils import InferenceMode, _StageMeta, extract_tensor_metas
+
+    sched = eng.schedule
+    p = cfg.parallel
+    seq = cfg.train.seq_len // p.cp
+    hidden = torch.empty(p.micro_batch, seq // p.tp, cfg.model.hidden, dtype=hidden_dtype(eng),
+                         device=eng.mesh.device)
+    stages = list(getattr(sched, "_stages", None) or [sched._stage])
+    for st in stages:
+        x = torch.zeros(p.micro_batch, seq, dtype=torch.long, device=eng.mesh.device) if st.is_first else hidden
+        y = hidden.detach().requires_grad_(True)
+        st._user_meta = _StageMeta(inputs=extract_tensor_metas((x,)), outputs=extract_tensor_metas((y,)))
+
+    def all_static(stages, has_backward, p2p_done) -> None:
+        for s in stages:
+            s._inference_mode = InferenceMode.STATIC
+
+    sched._warmup_p2p = all_static
+
+
+def check_stage_output(eng: Engine, cfg: TrainerConfig) -> None:
+    """The first stage's real output must be what the next stage was told to expect."""
+    if eng.schedule is None or 0 not in eng.stage_ids:
+        return
+    p = cfg.parallel
+    part = eng.parts[eng.stage_ids.index(0)]
+    x = torch.zeros(p.micro_batch, cfg.train.seq_len // p.cp, dtype=torch.long, device=eng.mesh.device)
+    with torch.no_grad(), torch.autocast(eng.mesh.device.type, dtype=torch.bfloat16, enabled=eng.autocast):
+        y = part(x)
+    for m in part.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+    want = (p.micro_batch, cfg.train.seq_len // p.cp // p.tp, cfg.model.hidden)
+    if tuple(y.shape) != want or y.dtype != hidden_dtype(eng):
+        raise RuntimeError(f"pipeline stage 0 outputs {tuple(y.shape)} {y.dtype}, but the next stage "
+                           f"expects {want} {hidden_dtype(eng)}")
+
+
+def init_optimizer_state(eng: Engine) -> None:
+    """Create the optimizer state as it exists from step 2 on (zero gradients, one step)."""
+    for q in eng.params:
+        if q.requires_grad:
+            q.grad = torch.zeros_like(q)
+    eng.optimizer.step()
+    eng.optimizer.zero_grad(set_to_none=True)
+
+
+def storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind `tensors` (DTensors: their local shards)."""
+    seen, total = set(), 0
+    for t in tensors:
+        for st in get_untyped_storages(t):
+            if id(st) not in seen:
+                seen.add(id(st))
+                total += st.nbytes()
+    return total
+
+
+def computed_state(eng: Engine) -> dict[str, int]:
+    """Parameters, gradients and optimizer state from the local shard shapes (exact, not traced).
+    Gradients: one per trainable parameter, local shard in the parameter's dtype."""
+    params = [q for m in eng.parts for q in m.parameters()]
+    buffers = [b for m in eng.parts for b in m.buffers()]
+    grads = sum(q.to_local().numel() if hasattr(q, "to_local") else q.numel() for q in params
+                if q.requires_grad) * (params[0].dtype.itemsize if params else 4)
+    opt = [v for s in eng.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    return {"params": storage_bytes(params) + storage_bytes(buffers), "grads": grads, "optimizer": storage_bytes(opt)}
+
+
+def trace_step(cfg: TrainerConfig, bf16: bool, micro_batches: int) -> tuple[StepTrace, RoleTrace]:
+    """Build the rank's Engine and trace one optimizer step with `micro_batches` micro-batches;
+    also the rank's state from its local shard shapes. Call inside fake_world() and real_device_meshes()."""
+    cfg_m = with_micro_batches(cfg, micro_batches)
+    mesh = build_mesh(cfg_m, torch.device("cpu"))        # real tensors: a mesh is metadata
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        eng = Engine(cfg_m, mesh, bf16=bf16)
+        if eng.schedule is not None:
+            make_pipeline_static(eng, cfg_m)
+            check_stage_output(eng, cfg_m)
+        init_optimizer_state(eng)
+        p = cfg_m.parallel
+        batch = torch.randint(0, cfg.model.vocab, (p.micro_batch * p.grad_accum, cfg.train.seq_len + 1))
+        tracker = RankMemTracker(eng.parts, eng.optimizer)
+        tracker.track_inputs((batch,))
+        with tracker:
+            eng.step(batch, lambda *a, **k: None)
+        total, cats, detail = tracker.peak()
+        role = RoleTrace(rank=dist.get_rank(), stage_ids=list(eng.stage_ids), state=computed_state(eng),
+                         dp_mode=eng.dp_mode)
+    return StepTrace(micro_batches=micro_batches, peak=total, categories=cats, detail=detail), role
+
+
+def build_only(cfg: TrainerConfig, bf16: bool, rank: int) -> dict[str, int]:
+    """Build `rank`'s Engine (mesh, TP plan, stage split, FSDP wrapping, CP) without stepping;
+    its state from local shard shapes."""
+    with fake_world(rank, cfg.parallel.world_size), real_device_meshes():
+        mesh = build_mesh(cfg, torch.device("cpu"))
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            eng = Engine(cfg, mesh, bf16=bf16)
+            if eng.schedule is not None:
+                make_pipeline_static(eng, cfg)
+            init_optimizer_state(eng)
+            return computed_state(eng)
+
+
+def trace_rank(cfg: TrainerConfig, rank: int, bf16: bool, micro_batch_counts: list[int]) -> RoleTrace:
+    """Trace `rank` once per micro-batch count (one Engine each); state from the first build."""
+    t0 = time.perf_counter()
+    out = None
+    with fake_world(rank, cfg.parallel.world_size), real_device_meshes():
+        for m in micro_batch_counts:
+            step, role = trace_step(cfg, bf16, m)
+            out = out or role
+            out.steps.append(step)
+    out.seconds = time.perf_counter() - t0
+    return out

@@ -1,0 +1,93 @@
+"""`launch verify`: trace the bundled trainer at the plan's full world size, one rank per role.
+
+`trace_plan(plan)` builds, for every distinct role (roles.py), the trainer's own Engine — model,
+mesh, TP plan, pipeline stages, FSDP wrapping, CP, optimizer — as that rank of the full job
+would, under a fake process group and FakeTensorMode, runs one optimizer step through the plan's
+schedule and measures the rank's peak memory by category with torch's tracker
+(launcher/trainer/memtrace.py). It also builds the world's last rank. Nothing here imports
+torch at module level: the trainer side is imported inside trace_plan.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+
+from launcher.plan import Plan
+from launcher.verify.report import CATEGORIES, GB, LEDGER_FIELDS, RoleResult, VerifyReport, render
+from launcher.verify.roles import Role, extend, micro_batch_counts, plan_roles
+from launcher.verify.worker import run_roles
+
+__all__ = ["RoleResult", "VerifyReport", "render", "trace_plan", "plan_roles"]
+
+
+def ledger_for(plan: Plan, role: Role) -> tuple[dict[str, float] | None, float | None, float]:
+    """(per-category GB, total GB without allowance, allowance GB) of the plan's ledger, where it
+    models this role: the ledger prices only its worst stage ('first', 'last' or 'only')."""
+    from launcher.ledger import BUFFER_FIXED_GB, BUFFER_FRACTION
+
+    mem = plan.memory or {}
+    cap = float(plan.gpu.get("memory_gb", 0) or 0)
+    allowance = float(mem.get("buffers_gb", BUFFER_FIXED_GB + BUFFER_FRACTION * cap))
+    worst = mem.get("worst_stage")
+    applies = (worst == "only" and role.embedding and role.head) or (worst == "first" and role.embedding) \
+        or (worst == "last" and role.head and not role.embedding)
+    if not applies or "per_gpu_gb" not in mem:
+        return None, None, allowance
+    cats = {c: sum(float(mem.get(f, 0.0)) for f in fields) for c, fields in LEDGER_FIELDS.items()}
+    return cats, float(mem["per_gpu_gb"]) - allowance, allowance
+
+
+def trace_plan(plan: Plan, progress: Callable[[str], None] | None = None,
+               build_last_rank: bool = True, workers: int | None = None) -> VerifyReport:
+    """Trace every role of `plan`; UserError when the plan is not one the trainer accepts.
+
+    Each role runs in its own process (a fresh fake world each; `workers` at once, default one
+    per CPU)."""
+    from launcher.trainer.config import config_from_plan
+
+    t0 = time.perf_counter()
+    cfg = config_from_plan(copy.deepcopy(plan))        # the trainer's own checks, before any process starts
+    p = cfg.parallel
+    bf16 = cfg.train.precision == "bf16"
+    counts, why = micro_batch_counts(p.schedule, p.pp, p.grad_accum)
+    cap = float(plan.gpu.get("memory_gb", 0) or 0)
+    roles = plan_roles(plan)
+    last = plan.world_size - 1
+    build = [last] if build_last_rank and last not in {r.rank for r in roles} else []
+    if progress:
+        progress(f"verify: {len(roles)} role(s) of {plan.world_size} ranks, {', '.join(map(str, counts))} "
+                 f"micro-batches each{f', and a build of rank {last}' if build else ''}")
+    outcomes = run_roles(plan, [r.rank for r in roles], build, bf16, counts, workers, progress)
+    results = []
+    for role in roles:
+        out = outcomes[role.rank]
+        led, led_total, allowance = ledger_for(plan, role)
+        res = RoleResult(role=role, status="traced", ledger_gb=led, ledger_total_gb=led_total,
+                         allowance_gb=allowance, capacity_gb=cap, seconds=out["seconds"])
+        if "steps" in out:
+            at_m, note = extend(counts, out["steps"], p.grad_accum)
+            res.peak_gb = at_m["total"] / GB
+            res.categories_gb = {c: at_m[c] / GB for c in CATEGORIES}
+            src = "traced" if len(counts) == 1 else "traced, extended to the plan's micro-batches"
+            res.sources = dict.fromkeys(CATEGORIES, src)
+            res.state_gb = {k: v / GB for k, v in out["state"].items()}
+            res.micro_batches_traced = counts
+            res.schedule_note = why if len(counts) == 1 else f"{note} ({why})"
+        elif "state" in out:
+            res.status, res.error = "computed", out["error"]
+            res.state_gb = {k: v / GB for k, v in out["state"].items()}
+            res.categories_gb = dict(res.state_gb)
+            res.sources = dict.fromkeys(res.state_gb, "computed from local shard shapes")
+            res.schedule_note = "step not traced"
+        else:
+            res.status, res.error = "failed", out["error"]
+        results.append(res)
+    checks = [{"rank": r, "ok": "error" not in outcomes[r], "error": outcomes[r].get("error")} for r in build]
+    notes = []
+    if bf16:
+        notes.append("bf16 traced as on the nodes: FSDP casts parameters to bf16 (fp32 reduce); without FSDP, "
+                     "autocast with CPU autocast's op list")
+    return VerifyReport(plan=plan.name, world_size=plan.world_size, capacity_gb=cap, roles=results,
+                        build_checks=checks, seconds=time.perf_counter() - t0, notes=notes)

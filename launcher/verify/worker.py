@@ -1,0 +1,83 @@
+"""Run each role's trace in its own process: a fresh fake world per rank, several at once.
+
+Why processes: the fake process group is a process-wide singleton and torch keeps per-world
+state (group names, mesh caches) that a second world in the same process trips over; and the
+CPUs trace two roles at once where one process would trace one. Results come back as plain
+dicts of ints and strings (an exception's cause chain does not survive pickling, so each error is
+turned into its one line in the worker).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+
+from launcher.plan import Plan
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as the one line a user reads: its first line, and its root cause's."""
+    def line(e: BaseException) -> str:
+        first = next((t.strip() for t in str(e).strip().splitlines() if t.strip()), "")
+        return f"{type(e).__name__}: {first}" if first else type(e).__name__
+
+    root = exc
+    while root.__cause__ is not None and root.__cause__ is not root:
+        root = root.__cause__
+    return line(exc) if root is exc else f"{line(exc)} <- {line(root)}"
+
+
+def run_one(plan: Plan, rank: int, bf16: bool, counts: list[int] | None) -> dict:
+    """Trace (counts given) or only build (counts None) one rank. Returns {"steps", "state"} when
+    traced; {"state", "error"} when it builds but the step cannot be traced; {"error"} when the
+    plan does not build at this rank."""
+    import logging
+
+    import torch
+
+    from launcher.trainer import memtrace
+    from launcher.trainer.config import config_from_plan
+
+    logging.getLogger("launcher.trainer").setLevel(logging.WARNING)
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    cfg = config_from_plan(plan)
+    out: dict = {}
+    if counts:
+        try:
+            tr = memtrace.trace_rank(cfg, rank, bf16, counts)
+            out = {"steps": [{**s.categories, "total": s.peak} for s in tr.steps], "state": tr.state}
+        except Exception as exc:  # noqa: BLE001 - the step could not be traced: compute what can be
+            out = {"error": one_line(exc)}
+    if "steps" not in out:
+        try:
+            out["state"] = memtrace.build_only(cfg, bf16, rank)
+        except Exception as exc:  # noqa: BLE001 - the plan does not build at this rank
+            out = {"error": f"rank {rank}: {one_line(exc)}"}
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def run_roles(plan: Plan, trace_ranks: list[int], build_ranks: list[int], bf16: bool, counts: list[int],
+              workers: int | None = None, progress: Callable[[str], None] | None = None) -> dict[int, dict]:
+    """run_one for every rank, each in a fresh process; {rank: outcome}."""
+    jobs = [(r, counts) for r in trace_ranks] + [(r, None) for r in build_ranks]
+    n = max(1, min(len(jobs), workers or os.cpu_count() or 1))
+    ctx = multiprocessing.get_context("spawn")
+    out: dict[int, dict] = {}
+    with ProcessPoolExecutor(max_workers=n, mp_context=ctx, max_tasks_per_child=1) as pool:
+        futures = {pool.submit(run_one, plan, r, bf16, c): (r, c) for r, c in jobs}
+        for fut in as_completed(futures):
+            rank, c = futures[fut]
+            try:
+                out[rank] = fut.result()
+            except Exception as exc:  # noqa: BLE001 - the worker died (e.g. out of host memory)
+                out[rank] = {"error": f"rank {rank}: the tracing process failed: {one_line(exc)}", "seconds": 0.0}
+            if progress:
+                what = "traced" if "steps" in out[rank] else ("built" if c is None and "error" not in out[rank]
+                                                            else "not traced")
+                progress(f"verify: rank {rank} {what} ({out[rank]['seconds']:.1f} s)")
+    return out
