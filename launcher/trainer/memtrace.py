@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
+from unittest import mock
 
 import torch
 import torch.distributed as dist
@@ -39,9 +40,11 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 from torch.utils.weak import WeakIdKeyDictionary
 
+from launcher.trainer import engine as engine_mod
 from launcher.trainer.config import TrainerConfig
 from launcher.trainer.engine import Engine
 from launcher.trainer.mesh import build_mesh
+from launcher.trainer.model import Transformer
 
 #: tracker categories -> the categories launch verify reports
 CATEGORIES = {
@@ -106,6 +109,22 @@ def real_device_meshes():
         yield
     finally:
         DeviceMesh.__init__ = orig
+
+
+class MetaBuiltTransformer(Transformer):
+    """The trainer's Transformer, its meta-device construction run outside FakeTensorMode.
+
+    Why: under the mode, the initialisers' ops on meta parameters make fake copies that keep a
+    weakref to each parameter, and to_empty cannot then swap a plain (non-DTensor) parameter
+    for its fake storage. The nodes build on the meta device too; nothing else differs."""
+
+    def __init__(self, *args, **kwargs):
+        with unset_fake_temporarily():
+            super().__init__(*args, **kwargs)
+
+    def keep_only(self, *args, **kwargs) -> None:
+        with unset_fake_temporarily():
+            super().keep_only(*args, **kwargs)
 
 
 # --- the tracker -----------------------------------------------------------------------------
@@ -273,7 +292,10 @@ def trace_step(cfg: TrainerConfig, bf16: bool, micro_batches: int) -> tuple[Step
     also the rank's state from its local shard shapes. Call inside fake_world() and real_device_meshes()."""
     cfg_m = with_micro_batches(cfg, micro_batches)
     mesh = build_mesh(cfg_m, torch.device("cpu"))        # real tensors: a mesh is metadata
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    # engine.timed_sync times the wait for peers with a host sync on a one-element tensor: no peers,
+    # no data and no memory here
+    with FakeTensorMode(allow_non_fake_inputs=True), mock.patch.object(engine_mod, "timed_sync", lambda device: 0.0), \
+            mock.patch.object(engine_mod, "Transformer", MetaBuiltTransformer):
         eng = Engine(cfg_m, mesh, bf16=bf16)
         if eng.schedule is not None:
             make_pipeline_static(eng, cfg_m)
@@ -296,7 +318,8 @@ def build_only(cfg: TrainerConfig, bf16: bool, rank: int) -> dict[str, int]:
     its state from local shard shapes."""
     with fake_world(rank, cfg.parallel.world_size), real_device_meshes():
         mesh = build_mesh(cfg, torch.device("cpu"))
-        with FakeTensorMode(allow_non_fake_inputs=True):
+        with FakeTensorMode(allow_non_fake_inputs=True), mock.patch.object(engine_mod, "Transformer",
+                                                                           MetaBuiltTransformer):
             eng = Engine(cfg, mesh, bf16=bf16)
             if eng.schedule is not None:
                 make_pipeline_static(eng, cfg)
