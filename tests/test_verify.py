@@ -72,7 +72,7 @@ def test_verify_tiny_example_traces_every_category():
 
 def test_verify_exits_1_when_a_role_does_not_fit(tmp_path):
     plan = make_plan(tp=2, dp=2)
-    plan.gpu = {**plan.gpu, "memory_gb": 1}        # 1 GB: less than the stated allowance alone
+    plan.gpu = {**plan.gpu, "memory_gb": 1}        # 1 GB: less than the runtime allowance alone
     path = tmp_path / "plan.json"
     plan.save(path)
     r = launch("verify", str(path))

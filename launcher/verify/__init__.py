@@ -22,21 +22,26 @@ from launcher.verify.worker import run_roles
 __all__ = ["RoleResult", "VerifyReport", "render", "trace_plan", "plan_roles"]
 
 
-def ledger_for(plan: Plan, role: Role) -> tuple[dict[str, float] | None, float | None, float]:
-    """(per-category GB, total GB without allowance, allowance GB) of the plan's ledger, where it
-    models this role: the ledger prices only its worst stage ('first', 'last' or 'only')."""
-    from launcher.ledger import BUFFER_FIXED_GB, BUFFER_FRACTION
+def ledger_for(plan: Plan, role: Role) -> tuple[dict[str, float] | None, float | None, float, float]:
+    """(per-category GB, total GB without the runtime allowance, allowance GB, limit GB) of the plan's
+    ledger (plan.memory), where it models this role: the ledger prices its worst stage ('first',
+    'last' or 'only'). The limit is what a plan may use: the GPU's memory less the headroom."""
+    from launcher.ledger import BUFFER_FIXED_GB
 
     mem = plan.memory or {}
     cap = float(plan.gpu.get("memory_gb", 0) or 0)
-    allowance = float(mem.get("buffers_gb", BUFFER_FIXED_GB + BUFFER_FRACTION * cap))
+    allowance = float(mem.get("runtime_gb", mem.get("buffers_gb", BUFFER_FIXED_GB)))
+    limit = float(mem.get("limit_gb", cap))
     worst = mem.get("worst_stage")
     applies = (worst == "only" and role.embedding and role.head) or (worst == "first" and role.embedding) \
         or (worst == "last" and role.head and not role.embedding)
     if not applies or "per_gpu_gb" not in mem:
-        return None, None, allowance
-    cats = {c: sum(float(mem.get(f, 0.0)) for f in fields) for c, fields in LEDGER_FIELDS.items()}
-    return cats, float(mem["per_gpu_gb"]) - allowance, allowance
+        return None, None, allowance, limit
+    if all(f"{c}_gb" in mem for c in CATEGORIES):
+        cats = {c: float(mem[f"{c}_gb"]) for c in CATEGORIES}
+    else:                                   # a plan written before the ledger had these categories
+        cats = {c: sum(float(mem.get(f, 0.0)) for f in fields) for c, fields in LEDGER_FIELDS.items()}
+    return cats, float(mem["per_gpu_gb"]) - allowance, allowance, limit
 
 
 def trace_plan(plan: Plan, progress: Callable[[str], None] | None = None,
@@ -63,9 +68,9 @@ def trace_plan(plan: Plan, progress: Callable[[str], None] | None = None,
     results = []
     for role in roles:
         out = outcomes[role.rank]
-        led, led_total, allowance = ledger_for(plan, role)
+        led, led_total, allowance, limit = ledger_for(plan, role)
         res = RoleResult(role=role, status="traced", ledger_gb=led, ledger_total_gb=led_total,
-                         allowance_gb=allowance, capacity_gb=cap, seconds=out["seconds"])
+                         allowance_gb=allowance, capacity_gb=cap, limit_gb=limit, seconds=out["seconds"])
         if "steps" in out:
             at_m, note = extend(counts, out["steps"], p.grad_accum)
             res.peak_gb = at_m["total"] / GB

@@ -14,7 +14,7 @@ from launcher.verify.roles import Role
 
 GB = 1e9
 CATEGORIES = ("params", "grads", "optimizer", "activations", "temporaries", "comm_buffers")
-#: ledger fields that correspond to each category (the ledger keeps logits apart from activations)
+#: fields of an older plan.json's ledger that correspond to each category
 LEDGER_FIELDS = {"params": ("params_gb",), "grads": ("grads_gb",), "optimizer": ("optimizer_gb",),
                  "activations": ("activations_gb", "logits_gb"), "temporaries": (),
                  "comm_buffers": ("zero3_buffers_gb",)}
@@ -32,14 +32,15 @@ class RoleResult:
     schedule_note: str = ""
     ledger_gb: dict[str, float] | None = None     # the ledger's figures when it models this role
     ledger_total_gb: float | None = None          # without its allowance
-    allowance_gb: float = 0.0
+    allowance_gb: float = 0.0                     # what no tracer sees: CUDA context, cuBLAS, NCCL
     capacity_gb: float = 0.0
+    limit_gb: float = 0.0                         # what a plan may use: capacity less the headroom
     error: str | None = None
     seconds: float = 0.0
 
     @property
     def needed_gb(self) -> float | None:
-        """Peak plus the allowance for what no tracer sees (CUDA context, NCCL, fragmentation)."""
+        """Peak plus the allowance for what no tracer sees (CUDA context, cuBLAS workspaces, NCCL)."""
         if self.peak_gb is None:
             return None
         return self.peak_gb + self.allowance_gb
@@ -50,7 +51,7 @@ class RoleResult:
             return False
         if self.needed_gb is None:
             return None
-        return self.needed_gb <= self.capacity_gb
+        return self.needed_gb <= (self.limit_gb or self.capacity_gb)
 
     @property
     def difference_gb(self) -> float | None:
@@ -120,8 +121,9 @@ def render(rep: VerifyReport) -> str:
             continue
         verdict = {True: "fits", False: "DOES NOT FIT", None: "unknown"}[r.fits]
         needed = "-" if r.needed_gb is None else f"{r.needed_gb:.2f}"
-        out.append(f"{head}: peak {_f(r.peak_gb, 0)} {unit} + allowance {r.allowance_gb:.2f} GB = {needed} / "
-                   f"{r.capacity_gb:.0f} GB  {verdict}  [{r.status}, {r.seconds:.1f} s]")
+        out.append(f"{head}: peak {_f(r.peak_gb, 0)} {unit} + runtime {r.allowance_gb:.2f} GB = {needed} GB of "
+                   f"{r.limit_gb or r.capacity_gb:.1f} GB usable ({r.capacity_gb:.0f} GB less headroom)  {verdict}  "
+                   f"[{r.status}, {r.seconds:.1f} s]")
         out.append(f"  {'category':<14} {'traced':>8} {'ledger':>8} {'diff':>8}  source")
         for c in CATEGORIES:
             led = None if r.ledger_gb is None else r.ledger_gb.get(c)
