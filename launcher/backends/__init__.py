@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from launcher.errors import UserError
+from launcher.formats.exitcodes import PREEMPT_EXIT_CODE
 
 if TYPE_CHECKING:
     from launcher.plan import Plan
@@ -32,8 +33,6 @@ PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED, PREEMPTED, UNKNOWN = (
     "PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "PREEMPTED", "UNKNOWN")
 TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED, PREEMPTED})
 
-#: The trainer's exit code after a preemption checkpoint (EX_TEMPFAIL): "run me again to resume".
-PREEMPT_EXIT_CODE = 75
 
 BACKENDS = {
     "local": "launcher.backends.local:LocalBackend",

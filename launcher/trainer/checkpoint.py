@@ -35,8 +35,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from launcher.backends import PREEMPT_EXIT_CODE
 from launcher.errors import RunError
+from launcher.formats.exitcodes import PREEMPT_EXIT_CODE
 
 __all__ = ["PREEMPT_EXIT_CODE", "CheckpointError", "Checkpointer", "is_complete", "merge_parts"]
 LATEST = "latest"
