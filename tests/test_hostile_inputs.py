@@ -115,6 +115,16 @@ def _set(path: str, value) -> Callable[[dict], None]:
     return mutate
 
 
+def alias_bomb(w: World, base: Path) -> Path:
+    """Seven lines of YAML aliases that stand for 9**7 values (issue 14 item 10: 30 s, 72 MB printed)."""
+    data = yaml.safe_load(base.read_text())
+    del data["backend"]
+    anchors = ['x0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    anchors += [f"x{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 7)]
+    text = "backend:\n  env:\n" + "".join(f"    {a}\n" for a in anchors) + yaml.safe_dump(data)
+    return w.raw("bomb.yaml", re.sub(r"seq_len: \d+", "seq_len: *a6", text).encode())
+
+
 #: name -> (how to build the job file from a base, what the error line must name)
 JOB_INPUTS: dict[str, tuple[Callable[[World, Path], Path], str]] = {
     "invalid-utf8": (lambda w, b: w.raw("bad.yaml", b.read_bytes() + b"\n# \xff\xfe\n"), "UTF-8"),
@@ -125,6 +135,7 @@ JOB_INPUTS: dict[str, tuple[Callable[[World, Path], Path], str]] = {
                     "deep.yaml"),
     "fifo-no-writer": (lambda w, b: (os.mkfifo(w.path("fifo")), w.path("fifo"))[1], "fifo"),
     "empty": (lambda w, b: w.raw("empty.yaml", b""), "empty.yaml"),
+    "yaml-alias-bomb": (alias_bomb, "seq_len|expands"),
     # a deep log_dir, so an escape would still land under tmp_path (and show in the snapshot)
     "name-escapes-log-dir": (lambda w, b: w.job("esc.yaml", b, lambda d: (
         _set("name", "../../../../esc")(d), _set("backend.log_dir", str(w.root / "l" / "a" / "b" / "c"))(d))),
