@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import math
 import re
 import reprlib
@@ -65,6 +66,8 @@ def _type_name(tp: Any) -> str:
 
 def convert(value: Any, tp: Any, path: str) -> Any:
     """Convert one YAML value to the annotated type, or raise SpecError naming `path`."""
+    if tp in _SCALARS:          # the common case first: a plan.json holds a record per rank
+        return _scalar(value, tp, path)
     origin = get_origin(tp)
     if origin in (Union, types.UnionType):
         args = get_args(tp)
@@ -101,11 +104,22 @@ def convert(value: Any, tp: Any, path: str) -> Any:
         for k, v in value.items():
             if not isinstance(k, (str, int)) or isinstance(k, bool):
                 raise SpecError(path, f"key {show(k)} is not a string")
-            key = check_text(str(k), f"{path}.{key_name(k)}")
+            key = str(k)
+            if CONTROL.search(key):
+                check_text(key, f"{path}.{key_name(k)}")
             out[key] = convert(v, vt, f"{path}.{key}")
         return out
     if dataclasses.is_dataclass(tp):
         return load_dataclass(tp, value, path)
+    if tp is Any:
+        return value
+    raise TypeError(f"unsupported annotation {tp!r} at {path}")
+
+
+_SCALARS = (bool, int, float, str)
+
+
+def _scalar(value: Any, tp: type, path: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -128,9 +142,6 @@ def convert(value: Any, tp: Any, path: str) -> Any:
         if isinstance(value, float) and not math.isfinite(value):
             raise SpecError(path, f"{value} is not a string")
         return check_text(str(value), path)
-    if tp is Any:
-        return value
-    raise TypeError(f"unsupported annotation {tp!r} at {path}")
 
 
 def load_dataclass(cls: type[T], data: Any, path: str) -> T:
@@ -139,8 +150,7 @@ def load_dataclass(cls: type[T], data: Any, path: str) -> T:
         data = {}
     if not isinstance(data, dict):
         raise SpecError(path, f"expected a mapping, got {show(data)}")
-    hints = get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    hints, fields = _shape(cls)
     for key in data:
         if key not in fields:
             where = f"{path}.{key_name(key)}" if path else key_name(key)
@@ -166,6 +176,12 @@ def load_dataclass(cls: type[T], data: Any, path: str) -> T:
             raise SpecError(where, f"{value} is above the maximum {hi}")
         kwargs[name] = value
     return cls(**kwargs)
+
+
+@functools.cache
+def _shape(cls: type) -> tuple[dict[str, Any], dict[str, dataclasses.Field]]:
+    """Type hints and init fields of a dataclass, resolved once (a plan holds a record per rank)."""
+    return get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls) if f.init}
 
 
 def _hashable(value: Any) -> bool:
