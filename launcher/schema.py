@@ -160,7 +160,7 @@ def load_dataclass(cls: type[T], data: Any, path: str) -> T:
         where = f"{path}.{name}" if path else name
         if name not in data:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise SpecError(where, "is required")
+                raise SpecError(where, f"is required: {_type_name(hints[name])}{_bounds_text(f)}")
             continue
         try:
             value = convert(data[name], hints[name], where)
@@ -176,6 +176,13 @@ def load_dataclass(cls: type[T], data: Any, path: str) -> T:
             raise SpecError(where, f"{value} is above the maximum {hi}")
         kwargs[name] = value
     return cls(**kwargs)
+
+
+def _bounds_text(f: dataclasses.Field) -> str:
+    lo, hi = f.metadata.get("min"), f.metadata.get("max")
+    if lo is not None and hi is not None:
+        return f" from {lo} to {hi}"
+    return f", at least {lo}" if lo is not None else ""
 
 
 @functools.cache
