@@ -171,15 +171,15 @@ def diagnostics_env(spec: JobSpec, run_dir: str, extra: dict[str, str] | None = 
         env.append(("NCCL_DEBUG", d.nccl_debug))
         if d.nccl_debug_subsys:
             env.append(("NCCL_DEBUG_SUBSYS", d.nccl_debug_subsys))
-        env.append(("NCCL_DEBUG_FILE", f"{run_dir}/logs/nccl/%h.%p.log"))
+        env.append(("NCCL_DEBUG_FILE", f"{run_dir}/{rundir.NCCL_LOGS}/%h.%p.log"))
     env.append(("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"))
     if d.flight_recorder:
         # Both spellings: TORCH_FR_* on current PyTorch, TORCH_NCCL_* on older releases.
         env += [("TORCH_NCCL_TRACE_BUFFER_SIZE", str(d.flight_recorder_entries)),
                 ("TORCH_FR_BUFFER_SIZE", str(d.flight_recorder_entries)),
                 ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"),
-                ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", f"{run_dir}/logs/flight/rank_"),
-                ("TORCH_FR_DUMP_TEMP_FILE", f"{run_dir}/logs/flight/rank_")]
+                ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", f"{run_dir}/{rundir.FLIGHT}/rank_"),
+                ("TORCH_FR_DUMP_TEMP_FILE", f"{run_dir}/{rundir.FLIGHT}/rank_")]
     # The init and collective timeouts go to the trainer's flags (trainer_args); the NCCL watchdog's
     # heartbeat monitor must not fire before the collective timeout does.
     env.append(("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", str(max(d.collective_timeout_s, 60))))
@@ -339,8 +339,8 @@ def slurm_context(spec: JobSpec, plan: Plan, run_dir: str, exclude: list[str] | 
         "binds": [run_dir, *s.container_mounts],
         "gpu_lists": gpu_lists(plan),
         "run_dir": run_dir,
-        "plan_path": f"{run_dir}/plan.json",
-        "trainer_args": trainer_args(spec, f"{run_dir}/plan.json", run_dir),
+        "plan_path": f"{run_dir}/{rundir.PLAN}",
+        "trainer_args": trainer_args(spec, f"{run_dir}/{rundir.PLAN}", run_dir),
         "python": s.python,
         "master_port": s.master_port,
         "grace_seconds": max(s.signal_seconds - 10, 5),
@@ -367,7 +367,7 @@ def render_slurm(spec: JobSpec, plan: Plan, run_dir: str, templates: str | Path 
     script = render_template("slurm/train.sbatch.j2", ctx, templates)
     bash_syntax_check(script)
     return Rendered("slurm", run_dir, "train.sbatch",
-                    {"train.sbatch": script, "plan.json": plan.to_json() + "\n"})
+                    {"train.sbatch": script, rundir.PLAN: plan.to_json() + "\n"})
 
 
 def render_slurm_array(spec: JobSpec, plans: list[Plan], base: str, task_dirs: list[str],
@@ -418,7 +418,7 @@ def k8s_context(spec: JobSpec, plan: Plan, run_dir: str) -> dict[str, Any]:
         resources["cpu"] = k.cpu
     if k.memory:
         resources["memory"] = k.memory
-    plan_path = f"{PLAN_MOUNT}/plan.json"
+    plan_path = f"{PLAN_MOUNT}/{rundir.PLAN}"
     env = [("LAUNCH4D_RUN_DIR", run_dir), ("LAUNCH4D_PLAN", plan_path),
            ("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]: ")]
     env += diagnostics_env(spec, run_dir, measured_nccl_env(plan)) + user_env(spec)
@@ -428,7 +428,7 @@ def k8s_context(spec: JobSpec, plan: Plan, run_dir: str) -> dict[str, Any]:
     q = shell_quote
     script = "\n".join([
         "set -euo pipefail",
-        f"mkdir -p {q(run_dir)}/logs/nccl {q(run_dir)}/logs/flight {q(run_dir)}/heartbeat",
+        "mkdir -p " + " ".join(q(f"{run_dir}/{d}") for d in (rundir.NCCL_LOGS, rundir.FLIGHT, rundir.HEARTBEAT)),
         "node_rank=${PET_NODE_RANK:-${RANK:-0}}",
         "if [ -n \"${LAUNCH4D_GPU_LISTS:-}\" ]; then lists=( $LAUNCH4D_GPU_LISTS ); "
         "export CUDA_VISIBLE_DEVICES=${lists[$node_rank]}; fi",
@@ -463,7 +463,7 @@ def render_k8s(spec: JobSpec, plan: Plan, run_dir: str | None = None,
     manifests = parse_manifests(configmap + "---\n" + job)
     check_manifests(manifests)
     return Rendered("k8s", run_dir, "manifest.yaml",
-                    {"manifest.yaml": configmap + "---\n" + job, "plan.json": plan.to_json() + "\n"})
+                    {"manifest.yaml": configmap + "---\n" + job, rundir.PLAN: plan.to_json() + "\n"})
 
 
 def parse_manifests(text: str) -> list[dict]:

@@ -73,6 +73,7 @@ def _backend(kind: str):
 def render(job_file: str, backend: str | None, out_dir: str | None, bwmap: str | None, templates: str | None,
            force: bool, as_json: bool) -> None:
     """Render the sbatch script or PyTorchJob manifest (nothing is submitted). Same input, same bytes."""
+    from launcher.formats import rundir
     from launcher.formats.files import child_path
     from launcher.render import render_k8s, render_slurm
 
@@ -86,7 +87,7 @@ def render(job_file: str, backend: str | None, out_dir: str | None, bwmap: str |
         rendered = render_k8s(spec, plan, None, templates)
     written: list[str] = []
     if out_dir:
-        rendered.files = {**rendered.files, "job.yaml": text}
+        rendered.files = {**rendered.files, rundir.JOB: text}
         written = [str(p) for p in rendered.write(out_dir, force=force)]
     main_text = rendered.files[rendered.main]
     emit({"backend": kind, "run_dir": rendered.run_dir, "main": rendered.main, "written": written,
