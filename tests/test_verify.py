@@ -7,6 +7,7 @@ What the tracer reports is checked against a real gloo run in test_verify_trust.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -72,7 +73,7 @@ def test_verify_tiny_example_traces_every_category():
 
 def test_verify_exits_1_when_a_role_does_not_fit(tmp_path):
     plan = make_plan(tp=2, dp=2)
-    plan.gpu = {**plan.gpu, "memory_gb": 1}        # 1 GB: less than the runtime allowance alone
+    plan.gpu = dataclasses.replace(plan.gpu, memory_gb=1)     # 1 GB: less than the runtime allowance alone
     path = tmp_path / "plan.json"
     plan.save(path)
     r = launch("verify", str(path))
@@ -84,7 +85,7 @@ def test_verify_bad_input_is_one_line_exit_2(tmp_path):
     r = launch("verify", str(tmp_path / "missing.json"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no such file" in r.stderr
     plan = make_plan(tp=2, dp=2)
-    plan.degrees = {**plan.degrees, "tp": 3}
+    plan.layout = dataclasses.replace(plan.layout, tp=3)
     path = tmp_path / "bad.json"
     plan.save(path)
     r = launch("verify", str(path))

@@ -201,12 +201,12 @@ class RankMemTracker(FSDPMemTracker):
 
 def with_micro_batches(cfg: TrainerConfig, m: int) -> TrainerConfig:
     """The same plan with `m` micro-batches per step (global batch follows)."""
-    p = cfg.parallel
-    if m == p.grad_accum:
+    plan = cfg.plan
+    if m == plan.grad_accum:
         return cfg
-    par = dataclasses.replace(p, grad_accum=m)
-    train = dataclasses.replace(cfg.train, global_batch=p.micro_batch * m * p.dp)
-    return dataclasses.replace(cfg, parallel=par, train=train)
+    lay = dataclasses.replace(plan.layout, grad_accum=m)
+    train = dataclasses.replace(plan.train, global_batch=plan.micro_batch * m * plan.dp)
+    return dataclasses.replace(cfg, plan=dataclasses.replace(plan, layout=lay, train=train))
 
 
 def hidden_dtype(eng: Engine) -> torch.dtype:

@@ -29,7 +29,7 @@ def ledger_for(plan: Plan, role: Role) -> tuple[dict[str, float] | None, float |
     from launcher.ledger import BUFFER_FIXED_GB
 
     mem = plan.memory or {}
-    cap = float(plan.gpu.get("memory_gb", 0) or 0)
+    cap = float(plan.gpu.memory_gb)
     allowance = float(mem.get("runtime_gb", mem.get("buffers_gb", BUFFER_FIXED_GB)))
     limit = float(mem.get("limit_gb", cap))
     worst = mem.get("worst_stage")
@@ -57,7 +57,7 @@ def trace_plan(plan: Plan, progress: Callable[[str], None] | None = None,
     p = cfg.parallel
     bf16 = cfg.train.precision == "bf16"
     counts, why = micro_batch_counts(p.schedule, p.pp, p.grad_accum)
-    cap = float(plan.gpu.get("memory_gb", 0) or 0)
+    cap = float(plan.gpu.memory_gb)
     roles = plan_roles(plan)
     last = plan.world_size - 1
     build = [last] if build_last_rank and last not in {r.rank for r in roles} else []
