@@ -155,15 +155,16 @@ def plan(job: str, bwmap: str | None, top: int, output: str | None, previous: st
         measured, chosen = _benchmark(spec, result, bw, bw_name, bench_k, benchmark_steps, benchmark_dir, text, as_json)
     if prev is not None and chosen is not None:
         chosen.warnings.extend(previous_plan_warnings(prev, chosen))
-    if output:
-        if chosen is None:
-            raise UserError(f"{job}: no layout fits, so no plan was written to {output}")
-        chosen.save(output)
+    if output and chosen is None:
+        raise UserError(f"{job}: no layout fits, so no plan was written to {output}")
     rep = None
     if verify_ and chosen is not None:
         from launcher.commands.verify_cmd import verify_plan
 
         rep = verify_plan(chosen, as_json)
+        chosen.memory_traced = rep.builds and all(r.status == "traced" for r in rep.roles)
+    if output:
+        chosen.save(output)
     if as_json:
         payload = result.to_dict()
         if rep is not None:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from launcher.plan import Plan
-from launcher.verify.report import CATEGORIES, GB, LEDGER_FIELDS, RoleResult, VerifyReport, render
+from launcher.verify.report import CATEGORIES, GB, RoleResult, VerifyReport, render
 from launcher.verify.roles import Role, extend, micro_batch_counts, plan_roles
 from launcher.verify.worker import run_roles
 
@@ -23,25 +23,22 @@ __all__ = ["RoleResult", "VerifyReport", "render", "trace_plan", "plan_roles"]
 
 
 def ledger_for(plan: Plan, role: Role) -> tuple[dict[str, float] | None, float | None, float, float]:
-    """(per-category GB, total GB without the runtime allowance, allowance GB, limit GB) of the plan's
-    ledger (plan.memory), where it models this role: the ledger prices its worst stage ('first',
-    'last' or 'only'). The limit is what a plan may use: the GPU's memory less the headroom."""
-    from launcher.ledger import BUFFER_FIXED_GB
+    """(per-category GB, total GB without the runtime allowance, allowance GB, limit GB) of the
+    ledger for this role: launcher.ledger.rank_memory prices the first and the last pipeline rank
+    (a middle pipeline rank has no ledger figure). The limit is what a plan may use: the GPU's
+    memory less the plan's headroom."""
+    from launcher import ledger
 
     mem = plan.memory or {}
     cap = float(plan.gpu.memory_gb)
-    allowance = float(mem.get("runtime_gb", mem.get("buffers_gb", BUFFER_FIXED_GB)))
-    limit = float(mem.get("limit_gb", cap))
-    worst = mem.get("worst_stage")
-    applies = (worst == "only" and role.embedding and role.head) or (worst == "first" and role.embedding) \
-        or (worst == "last" and role.head and not role.embedding)
-    if not applies or "per_gpu_gb" not in mem:
+    allowance = float(mem.get("runtime_gb", ledger.BUFFER_FIXED_GB))
+    limit = float(mem.get("limit_gb", cap * (1 - float(mem.get("headroom", ledger.DEFAULT_HEADROOM)))))
+    which = "first" if role.embedding else "last" if role.head else None
+    if which is None:
         return None, None, allowance, limit
-    if all(f"{c}_gb" in mem for c in CATEGORIES):
-        cats = {c: float(mem[f"{c}_gb"]) for c in CATEGORIES}
-    else:                                   # a plan written before the ledger had these categories
-        cats = {c: sum(float(mem.get(f, 0.0)) for f in fields) for c, fields in LEDGER_FIELDS.items()}
-    return cats, float(mem["per_gpu_gb"]) - allowance, allowance, limit
+    m = ledger.rank_memory(plan.model, plan.train, plan.gpu, plan.layout, which)
+    cats = {c: getattr(m, c) / GB for c in CATEGORIES}
+    return cats, m.total / GB, allowance, limit
 
 
 def trace_plan(plan: Plan, progress: Callable[[str], None] | None = None,

@@ -14,10 +14,6 @@ from launcher.verify.roles import Role
 
 GB = 1e9
 CATEGORIES = ("params", "grads", "optimizer", "activations", "temporaries", "comm_buffers")
-#: fields of an older plan.json's ledger that correspond to each category
-LEDGER_FIELDS = {"params": ("params_gb",), "grads": ("grads_gb",), "optimizer": ("optimizer_gb",),
-                 "activations": ("activations_gb", "logits_gb"), "temporaries": (),
-                 "comm_buffers": ("zero3_buffers_gb",)}
 
 
 @dataclass
@@ -131,7 +127,7 @@ def render(rep: VerifyReport) -> str:
             diff = None if val is None or led is None else val - led
             out.append(f"  {c:<14} {_f(val, 8)} {_f(led, 8)} {_f(diff, 8)}  {r.sources.get(c, 'not traced')}")
         out.append(f"  {'total':<14} {_f(r.peak_gb, 8)} {_f(r.ledger_total_gb, 8)} {_f(r.difference_gb, 8)}"
-                   + ("" if r.ledger_gb is not None else "  (the ledger models only its worst stage)"))
+                   + ("" if r.ledger_gb is not None else "  (the ledger prices the first and last pipeline ranks)"))
         st = r.state_gb
         if st:
             out.append(f"  state from local shard shapes: params {_f(st['params'], 0)}, grads {_f(st['grads'], 0)}, "
