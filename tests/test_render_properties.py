@@ -36,12 +36,21 @@ from tests.conftest import EXAMPLES
 
 # Modest: the suite runs on 2 cores; each example renders and runs a few bash processes.
 PROPERTY = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SLURM_PROPERTY = settings(PROPERTY, max_examples=80)  # about half are refused by validation
 K8S_PROPERTY = settings(PROPERTY, max_examples=30)  # each render validates through the kubernetes client
 
 FRAGMENTS = ["pwned", "touch pwned", ";", "&&", "||", "|", "&", "$(", ")", "`", "'", '"', "\\", "\n", "\r",
              "\t", " ", "=", "a=b", "x+=1", "#", "$HOME", "${IFS}", "$'", "!", "*", "?", "~", "-", "--",
              "{", "}", "<", ">", ">>", "\x01", "\x7f", "é", "\u2028", "%", ":", ","]
-hostile = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=3)), max_size=8).map("".join)
+_any = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=3)), max_size=8).map("".join)
+# Validation refuses control characters in free text; most examples keep to printable ones so they
+# get as far as running (metacharacters, quotes, `=`, `$(...)` and non-ASCII are all printable).
+_printable = st.lists(st.one_of(
+    st.sampled_from([f for f in FRAGMENTS if f.isprintable()]),
+    st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp")), max_size=3)), max_size=8).map("".join)
+hostile = st.one_of(_printable, _printable, _any)
+# Names are checked strictly (a refused name stops the example early): mostly keep the job's own.
+names = st.one_of(st.none(), st.none(), st.none(), hostile)
 env_names = st.from_regex(r"[A-Z][A-Z0-9_]{0,7}", fullmatch=True).filter(
     lambda k: k not in os.environ and not k.startswith(("SLURM", "LAUNCH4D", "BASH", "PATH")))
 
@@ -129,7 +138,9 @@ def job_with(example: str, source: str = "job.yaml", name: str | None = None, py
     data, plan = base_job(example)
     data = json.loads(json.dumps(data))
     backend = data["backend"]
-    if name is not None:
+    if name == "":
+        data.pop("name", None)  # the job is named after its file's stem
+    elif name is not None:
         data["name"] = name
     if python is not None:
         backend["slurm"]["python"] = python
@@ -171,15 +182,15 @@ def check_slurm(spec, plan, root: Path) -> None:
             assert env.get(key) == value, key
 
 
-@PROPERTY
-@given(python=hostile, env=st.dictionaries(env_names, hostile, max_size=3), name=st.none() | hostile,
-       source=hostile, partition=st.none() | hostile)
+@SLURM_PROPERTY
+@given(python=hostile, env=st.dictionaries(env_names, hostile, max_size=3),
+       name=st.one_of(names, st.just("")), source=hostile, partition=st.none() | hostile)
 def test_slurm_script_runs_nothing_user_controlled(python, env, name, source, partition):
-    source = source.replace("/", "_").replace("\0", "") or "job"
+    source = source.replace("/", "_").replace("\0", "")[:200] or "job"  # a file name: one component
     with tempfile.TemporaryDirectory() as tmp:
         try:
             spec, plan = job_with("tiny-slurm.yaml", source=f"/jobs/{source}.yaml", python=f"py-{python.replace('/', '_')}",
-                                  env={"GLOO_SOCKET_IFNAME": "lo", **env}, name=name or None,
+                                  env={"GLOO_SOCKET_IFNAME": "lo", **env}, name=name,
                                   partition=partition or None)
         except UserError:
             event("refused by validation")
@@ -247,7 +258,7 @@ def check_k8s(spec, plan, root: Path) -> None:
 
 
 @K8S_PROPERTY
-@given(env=st.dictionaries(env_names, hostile, max_size=3), log_dir=hostile, name=st.none() | hostile)
+@given(env=st.dictionaries(env_names, hostile, max_size=3), log_dir=hostile, name=names)
 def test_k8s_pod_command_runs_nothing_user_controlled(env, log_dir, name):
     with tempfile.TemporaryDirectory() as tmp:
         try:
