@@ -80,9 +80,8 @@ def test_stacks_parser_reads_faulthandler_and_py_spy_dumps():
     assert all(f.kind != "stalled_rank" for f in st.findings(2, {}, {1: later}))
 
 
-def test_launch_asks_a_live_process_for_its_stack_with_sigusr2(tmp_path):
-    """The backend's dump_stacks on a real process that registered the trainer's StallWatchdog: the
-    signal reaches faulthandler, which writes the stack under our header; a stranger is not signalled."""
+def sleeper(tmp_path: Path) -> subprocess.Popen:
+    """A real process set up as a trainer is: StallWatchdog registered, a heartbeat naming its pid."""
     script = tmp_path / "sleeper.py"
     script.write_text(textwrap.dedent(f"""
         import json, os, sys, time
@@ -97,26 +96,61 @@ def test_launch_asks_a_live_process_for_its_stack_with_sigusr2(tmp_path):
             time.sleep(120)
         waiting_for_godot()
     """))
-    proc = subprocess.Popen([sys.executable, str(script)], env={**os.environ, procs.MARKER: "dumps"},
+    return subprocess.Popen([sys.executable, str(script)], env={**os.environ, procs.MARKER: "dumps"},
                             start_new_session=True)
+
+
+def read_stacks(text: str) -> Stacks:
+    st = Stacks()
+    for n, line in enumerate(text.splitlines(), 1):
+        st.feed(line, f"rank3.txt:{n}", "rank3.txt")
+    return st
+
+
+def test_launch_asks_a_live_process_for_its_stack_with_sigusr2(tmp_path):
+    """The backend's dump_stacks on a real process that registered the trainer's StallWatchdog: the
+    signal reaches faulthandler, which writes the stack under our header; a stranger is not signalled."""
+    proc = sleeper(tmp_path)
     try:
         assert wait_until(lambda: (tmp_path / "heartbeat" / "rank3.json").exists()
                           and procs.catches(proc.pid, signal.SIGUSR2), 60)
         h = JobHandle("local", f"local-{proc.pid}", "t", str(tmp_path), None, extra={"pid": proc.pid,
                                                                                       "marker": "dumps"})
         stranger = JobHandle("local", "x", "t", str(tmp_path), None, extra={"pid": proc.pid, "marker": "other"})
-        assert LocalBackend().dump_stacks(stranger, "test") == []
-        assert LocalBackend().dump_stacks(h, "asked by a test") == [3]
+        assert LocalBackend().dump_stacks(stranger, "test", py_spy="") == []
+        assert LocalBackend().dump_stacks(h, "asked by a test", py_spy="") == [3]  # the signal path
         out = tmp_path / "logs" / "stacks" / "rank3.txt"
         assert wait_until(lambda: "waiting_for_godot" in out.read_text(), 20), out.read_text()
         assert proc.poll() is None  # a dump does not stop anything
         text = out.read_text()
         assert "# launch4d stack dump: rank 3 host hostA" in text and "asked by a test" in text
-        st = Stacks()
-        for n, line in enumerate(text.splitlines(), 1):
-            st.feed(line, f"rank3.txt:{n}", "rank3.txt")
-        info = st.findings(None, {})[-1]
+        info = read_stacks(text).findings(None, {})[-1]
         assert "rank 3 is in waiting_for_godot" in info.message
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_launch_uses_py_spy_where_installed(tmp_path):
+    """py-spy (a test dependency) dumps the same process from outside; the parser reads its format."""
+    from launcher.backends.local import find_py_spy
+
+    spy = find_py_spy()
+    if spy is None:
+        pytest.skip("py-spy is not installed (pip install py-spy; it is in the [test] extra)")
+    proc = sleeper(tmp_path)
+    try:
+        assert wait_until(lambda: (tmp_path / "heartbeat" / "rank3.json").exists(), 60)
+        h = JobHandle("local", f"local-{proc.pid}", "t", str(tmp_path), None, extra={"pid": proc.pid,
+                                                                                      "marker": "dumps"})
+        assert LocalBackend().dump_stacks(h, "asked by py-spy", py_spy=spy) == [3]
+        text = (tmp_path / "logs" / "stacks" / "rank3.txt").read_text()
+        if f"Process {proc.pid}:" not in text:  # dump_stacks fell back to the signal
+            pytest.skip("py-spy could not attach here (ptrace not permitted)")
+        assert "waiting_for_godot (" in text and "asked by py-spy" in text
+        info = read_stacks(text).findings(None, {})[-1]
+        assert "rank 3 is in waiting_for_godot" in info.message
+        assert proc.poll() is None
     finally:
         proc.kill()
         proc.wait()
@@ -159,13 +193,13 @@ def test_stalled_trainer_dumps_its_stacks_and_diagnose_names_the_frame(tmp_path)
 
 @pytest.mark.slow
 def test_launch_run_names_a_straggler_then_the_stalled_rank(tmp_path):
-    """`launch run` of the tiny job with rank 1 slowed by 0.4 s a step and stopping before step 6
+    """`launch run` of the tiny job with rank 1 slowed by 1 s a step and stopping before step 6
     (both through the job file's backend.env): the progress names rank 1 a straggler, then, once rank 0
     has been quiet for stall_dump_s, where each rank is stuck; two Ctrl-C leave nothing running."""
     env = {**os.environ, "LAUNCH4D_STATE": str(tmp_path / "state"), "OMP_NUM_THREADS": "1"}
     job = tmp_path / "job.yaml"
     text = (EXAMPLES / "tiny-cpu.yaml").read_text()
-    text = text.replace("  log_dir: runs\n", "  log_dir: runs\n  env:\n    LAUNCH4D_INJECT_SLOW: \"1:0.4\"\n"
+    text = text.replace("  log_dir: runs\n", "  log_dir: runs\n  env:\n    LAUNCH4D_INJECT_SLOW: \"1:1.0\"\n"
                                              "    LAUNCH4D_INJECT_STALL: \"1:6\"\n")
     text = text.replace("  collective_timeout_s: 120\n", "  collective_timeout_s: 120\n  stall_dump_s: 4\n")
     job.write_text(text)

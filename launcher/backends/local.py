@@ -62,6 +62,13 @@ NO_SPACE = "No space left on device"
 ROOT_CAUSE_RANK = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)", re.S)
 
 
+def find_py_spy() -> str | None:
+    """py-spy on PATH, or installed beside this interpreter (a venv not on PATH)."""
+    found = shutil.which("py-spy")
+    beside = Path(sys.executable).with_name("py-spy")
+    return found or (str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None)
+
+
 def no_space(run_dir: str | Path) -> str:
     return (f"{NO_SPACE} in {run_dir}: free space, then run again with --resume auto "
             "(the last complete checkpoint is kept)")
@@ -293,14 +300,15 @@ class LocalBackend:
             return True
         return False
 
-    def dump_stacks(self, handle: JobHandle, reason: str) -> list[int]:
+    def dump_stacks(self, handle: JobHandle, reason: str, py_spy: str | None = None) -> list[int]:
         """Ask every trainer of the job for its Python stacks, into <run_dir>/logs/stacks/rank<R>.txt:
         `py-spy dump` where installed (native frames too), else SIGUSR2, on which the trainer's
         faulthandler writes them. Only pids that carry the job's marker and handle SIGUSR2 are signalled
-        (the default action of SIGUSR2 would kill). The ranks asked."""
+        (the default action of SIGUSR2 would kill). `py_spy`: its path ("" never; default: on PATH or
+        beside this Python). The ranks asked."""
         rd = Path(handle.run_dir)
         out_dir = rd / rundir.STACKS
-        spy = shutil.which("py-spy")
+        spy = find_py_spy() if py_spy is None else (py_spy or None)
         asked = []
         for beat in sorted((rd / rundir.HEARTBEAT).glob("rank*.json")):
             try:

@@ -145,12 +145,13 @@ def stack_report(run_dir: Path, world: int | None, hb=None) -> str | None:
     return top.message.removesuffix(" (stack dumps)") if top else None
 
 
-def straggler_report(run_dir: Path) -> str | None:
+def straggler_report(run_dir: Path) -> tuple[tuple[int, ...], str]:
+    """(the straggling ranks, one line naming them with their hosts); ((), "") when there are none."""
     from launcher.diagnose.stragglers import describe, stragglers
 
     beats = _beats(run_dir).beats
     found = stragglers(beats)
-    return describe(found, beats, {}) if found else None
+    return tuple(r for r, _, _ in found), (describe(found, beats, {}) if found else "")
 
 
 def _pp_stage_of_ranks(run_dir: Path) -> dict[int, int]:
@@ -165,10 +166,12 @@ class StallWatch:
     """While the job runs: when rank 0 has printed nothing for `quiet_s`, ask every rank for its stacks
     (`dump`, the backend's py-spy/SIGUSR2) and say where every rank is."""
 
-    def __init__(self, run_dir: Path, world: int | None, quiet_s: float, dump=None):
+    def __init__(self, run_dir: Path, world: int | None, quiet_s: float, dump=None, startup_s: float = 0.0):
         import threading
 
         self.run_dir, self.world, self.quiet_s, self.dump = run_dir, world, quiet_s, dump
+        self.startup_s = max(quiet_s, startup_s)  # before the first step: start-up is slow, not hung
+        self.stepping = False
         self.last = time.time()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
@@ -176,7 +179,7 @@ class StallWatch:
     def _loop(self) -> None:
         while not self.stop.wait(min(5.0, self.quiet_s / 4)):
             quiet = time.time() - self.last
-            if quiet >= self.quiet_s:
+            if quiet >= (self.quiet_s if self.stepping else self.startup_s):
                 where = ""
                 if self.dump is not None:
                     asked = self.dump(f"no output from rank 0 for {quiet:.0f} s (launch run)")
@@ -203,15 +206,16 @@ def read_steps(run_dir: Path) -> list[dict]:
     return [by_step[s] for s in sorted(by_step)]
 
 
-def follow(backend, handle, as_json: bool, quiet_s: float = 120.0) -> dict[int, collections.deque]:
+def follow(backend, handle, as_json: bool, quiet_s: float = 120.0,
+           startup_s: float = 0.0) -> dict[int, collections.deque]:
     """Stream rank 0 (and torchrun's warnings) until the job ends; keep each rank's last lines;
     report where the ranks are when rank 0 goes quiet for `quiet_s`."""
     from launcher.backends.local import rank_of
 
     watch = StallWatch(Path(handle.run_dir), int(handle.extra.get("world", 0)) or None, quiet_s,
-                       dump=lambda reason: backend.dump_stacks(handle, reason))
+                       dump=lambda reason: backend.dump_stacks(handle, reason), startup_s=startup_s)
     watch.thread.start()
-    slow = {"steps": 0, "said": None}
+    slow: dict = {"said": None}
 
     tails: dict[int, collections.deque] = collections.defaultdict(lambda: collections.deque(maxlen=30))
     out = sys.stderr if as_json else sys.stdout
@@ -236,12 +240,11 @@ def follow(backend, handle, as_json: bool, quiet_s: float = 120.0) -> dict[int, 
                     watch.last = time.time()
                     print(text, file=out, flush=True)
                     if text.startswith("step "):
-                        slow["steps"] += 1
-                        if slow["steps"] % 2 == 0:
-                            said = straggler_report(Path(handle.run_dir))
-                            if said and said != slow["said"]:
-                                progress(f"launch: straggler: {said}")
-                            slow["said"] = said
+                        watch.stepping = True
+                        ranks, said = straggler_report(Path(handle.run_dir))
+                        if ranks and ranks != slow["said"]:  # said once per new set of slow ranks
+                            progress(f"launch: straggler: {said}")
+                        slow["said"] = ranks
             elif LOG_LEVEL_LINE.match(line):
                 tails[-1].append(line)
                 print(line, file=sys.stderr, flush=True)
@@ -300,7 +303,7 @@ def run(job: str, run_dir: str | None, nproc: int | None, resume: str, dry_run: 
              f"micro_batch {plan.micro_batch} × grad_accum {plan.grad_accum}); run dir {handle.run_dir}")
     t0 = time.time()
     quiet_s = float(spec.diagnostics.stall_dump_s or max(30.0, min(120.0, spec.diagnostics.collective_timeout_s / 2)))
-    tails = follow(backend, handle, as_json, quiet_s)
+    tails = follow(backend, handle, as_json, quiet_s, startup_s=spec.diagnostics.init_timeout_s / 2)
     status = backend.wait(handle)
     left = backend.sweep(handle)
     if left:

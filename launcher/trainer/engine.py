@@ -319,7 +319,8 @@ def train(cfg: TrainerConfig, run_dir: str | Path, resume: str = "never",
             eng.wait_s = timed_sync(mesh.device)   # a rank late with its batch is waited for here
             loss, norm = eng.train_step(batch, beat)
             dt = time.perf_counter() - t0
-            hb.timing(dt, eng.wait_s)
+            if step > start + 1:  # the first step's warm-up (allocation, first collectives) says nothing
+                hb.timing(dt, eng.wait_s)
             if step == start + 1:
                 set_timeouts(mesh, cfg.step_timeout_s)     # init/first-step slack is over
             metrics.log_step(step, loss, norm, dt, cfg.train.tokens_per_step, lr=eng.scheduler.get_last_lr()[0])
