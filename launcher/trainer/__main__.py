@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                                step_timeout_s=args.step_timeout_s)
         # SIGUSR2 dumps stacks from here on; the watchdog dumps them itself when progress stops
         watchdog = StallWatchdog(args.run_dir, rank, hostname(),
-                                 stall_after_s(cfg.plan.diagnostics or {}, cfg.step_timeout_s, args.stall_dump_s),
+                                 stall_after_s(cfg.plan.diagnostics.stall_dump_s, cfg.step_timeout_s, args.stall_dump_s),
                                  local_rank=int(os.environ.get("LOCAL_RANK", "0")))
         watchdog.start()
         world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -165,10 +165,9 @@ def parse_rank_seconds(flag: str, value: str | None) -> tuple[int, float] | None
     return out
 
 
-def stall_after_s(plan_diagnostics: dict, step_timeout_s: float, override: float | None) -> float:
+def stall_after_s(stall_dump_s: float, step_timeout_s: float, override: float | None) -> float:
     """Seconds without progress before the watchdog dumps: --stall-dump-s, else the plan's
     diagnostics.stall_dump_s, else (0 there) half the collective timeout, so the dump comes first."""
     if override is not None:
         return max(0.0, float(override))
-    v = plan_diagnostics.get("stall_dump_s") or 0
-    return float(v) if float(v) > 0 else step_timeout_s / 2
+    return float(stall_dump_s) if stall_dump_s > 0 else step_timeout_s / 2
