@@ -78,7 +78,7 @@ def run(spec: dict, workdir: Path) -> dict:
             "mfu": statistics.median(r["mfu"] for r in later if r.get("mfu") is not None),
             "tflops_per_gpu": statistics.median(r["tflops_per_gpu"] for r in later),
             "peak_mem_gb": max(r["peak_mem_gb"] for r in recs),
-            "final_loss": recs[-1]["loss"], "grad_accum": plan["grad_accum"], "steps": len(recs)}
+            "final_loss": recs[-1]["loss"], "grad_accum": plan["layout"]["grad_accum"], "steps": len(recs)}
 
 
 def cpu_bench(steps: int, only: list[str] | None, workdir: Path) -> None:
