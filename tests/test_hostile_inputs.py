@@ -159,6 +159,7 @@ JOB_COMMANDS: dict[str, tuple[Path, list[str]]] = {
     "submit-dry-run": (SLURM_JOB, ["submit", "{job}", "--backend", "slurm", "--dry-run"]),
     "run-dry-run": (CPU_JOB, ["run", "{job}", "--dry-run"]),
     "run": (CPU_JOB, ["run", "{job}"]),
+    "verify": (SLURM_JOB, ["verify", "{job}"]),
 }
 
 
@@ -262,6 +263,8 @@ FLAG_COMMANDS: dict[str, list[str]] = {
     "submit-preflight": ["submit", str(SLURM_JOB), "--backend", "slurm", "--preflight", "{f}", "--dry-run"],
     "preflight-parse-topo": ["preflight", "parse", "topo", "{f}"],
     "preflight-parse-nccl": ["preflight", "parse", "nccl-tests", "{f}"],
+    "diagnose-plan": ["diagnose", str(CPU_JOB), "--plan", "{f}"],
+    "diagnose-bwmap": ["diagnose", str(CPU_JOB), "--bwmap", "{f}"],
 }
 
 
@@ -289,6 +292,7 @@ STATE_COMMANDS: dict[str, list[str]] = {
     "logs": ["logs", "some-job"],
     "cancel": ["cancel", "some-job"],
     "diagnose": ["diagnose", "some-job"],
+    "jobs": ["jobs"],
     # found before anything is submitted or started (item 7): no sbatch call, no trainer
     "submit": ["submit", str(SLURM_JOB), "--backend", "slurm"],
     "run": ["run", str(CPU_JOB)],
