@@ -380,8 +380,14 @@ def rank_memory(model, train, gpu, lay: Layout, role: str) -> RankMemory:
     else:
         params = 4 * rp.total
         grads = 4 * rp.total
-        shard = n if lay.zero == 1 else 1            # ZeRO 1: optimizer state over dp·cp (experts: dp·cp/ep)
-        optimizer = opt_b * (dense / shard + rp.blocks_expert / (n_exp if lay.zero == 1 else 1))
+        # ZeRO 1 (zero1.py): optimizer state split over dp·cp in whole tensors (EP experts apart, over
+        # their dp·cp/ep replicas), so the busiest rank holds at least the largest tensor's state (the
+        # embedding's when dp·cp is large)
+        owned = dense + rp.blocks_expert
+        if lay.zero == 1 and n > 1:
+            owned = (max(dense / n, rp.largest) + rp.blocks_expert / n_exp if lay.ep > 1
+                     else max(owned / n, rp.largest))
+        optimizer = opt_b * owned
         if num.mode == "autocast":
             params += 2 * rp.matmul                  # autocast's cache of bf16 weight casts lives all step
     # --- activations: per micro-batch × the schedule's in-flight micro-batches

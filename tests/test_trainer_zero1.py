@@ -109,6 +109,28 @@ def test_ledger_zero1_optimizer_is_what_the_trainer_holds(results, name, dp):
     assert max(results[name]["optim_bytes"]) == pytest.approx(ledger, rel=0.01)
 
 
+@pytest.mark.parametrize("preset, dp", [("tiny", 4), ("llama3-8b", 8), ("llama3-8b", 256)])
+def test_ledger_zero1_optimizer_is_the_busiest_owner(preset, dp):
+    """The trainer's own partition of the model's real tensors (built on the meta device): its busiest
+    rank's elements are the ledger's ZeRO 1 optimizer state within 2% — also where dp is so large that
+    the embedding alone outweighs an even share."""
+    import torch
+
+    from launcher.ledger import TRAINER_STATE_BYTES, Layout, rank_memory
+    from launcher.spec import spec_from_dict
+    from launcher.trainer.model import Transformer
+
+    spec = spec_from_dict({"model": preset, "train": {"seq_len": 32, "global_batch": dp, "precision": "fp32"}})
+    with torch.device("meta"):
+        sizes = [p.numel() for p in Transformer(spec.model, seq_len=32).parameters()]
+    owner = partition(sizes, dp)
+    busiest = max(sum(s for s, o in zip(sizes, owner) if o == r) for r in range(dp))
+    lay = Layout(tp=1, cp=1, pp=1, dp=dp, ep=1, zero=1, recompute="full", micro_batch=1, grad_accum=1,
+                 schedule="none", virtual_stages=1)
+    ledger = rank_memory(spec.model, spec.train, spec.gpu, lay, "first").optimizer
+    assert ledger / TRAINER_STATE_BYTES[spec.train.optimizer] == pytest.approx(busiest, rel=0.02)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", RESUMED)
 def test_zero1_checkpoint_resumes_in_another_layout(results, name):
