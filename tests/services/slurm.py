@@ -234,7 +234,10 @@ class SlurmCluster:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
-        if self.munged_pid:
+        # munged is shared by every Slurm on this machine (other test sessions may run their own):
+        # the session that started it stops it only when no other slurmctld still needs it.
+        others = subprocess.run(["pgrep", "-x", "slurmctld"], capture_output=True).returncode == 0
+        if self.munged_pid and not others:
             try:
                 os.kill(self.munged_pid, signal.SIGTERM)
             except ProcessLookupError:
