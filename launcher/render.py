@@ -12,6 +12,7 @@ Nothing depends on the clock: the same input renders the same bytes.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from dataclasses import dataclass, field
@@ -122,6 +123,29 @@ def _package_dir() -> Path:
     return Path(templates.__file__).resolve().parent
 
 
+TEMPLATE_LIMIT = 1 << 20
+
+
+def _bounded_loader(search: list[str]):
+    """Templates found as jinja2's FileSystemLoader finds them, read through formats.read_text
+    (bounded, UTF-8, a device or FIFO refused by name)."""
+    import jinja2
+
+    class Loader(jinja2.FileSystemLoader):
+        def get_source(self, environment, template):
+            for base in self.searchpath:
+                path = Path(base, *jinja2.loaders.split_template_path(template))
+                if os.path.lexists(path) and not path.is_dir():
+                    if not path.is_file():
+                        raise UserError(f"{path}: a template must be a regular file")
+                    text = read_text(path, "template", TEMPLATE_LIMIT)
+                    mtime = path.stat().st_mtime
+                    return text, str(path), lambda p=path, m=mtime: p.exists() and p.stat().st_mtime == m
+            raise jinja2.TemplateNotFound(template)
+
+    return Loader(search)
+
+
 def environment(user_dir: str | Path | None = None):
     import jinja2
 
@@ -132,7 +156,7 @@ def environment(user_dir: str | Path | None = None):
             raise UserError(f"--templates {user_dir}: not a directory")
         search.append(str(p))
     search.append(str(_package_dir()))
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(search), undefined=jinja2.StrictUndefined,
+    env = jinja2.Environment(loader=_bounded_loader(search), undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
                              autoescape=False)
     env.filters.update(q=shell_quote, sbatch=sbatch_value, sbatch_arg=sbatch_arg, k8sname=check_k8s_name,

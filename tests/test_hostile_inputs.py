@@ -195,6 +195,8 @@ OUTPUTS: dict[str, tuple[list[str], str]] = {
     "render-o-unwritable": (["render", str(SLURM_JOB), "--backend", "slurm", "-o", "{ro}"], "cannot"),
     "render-o-another-job": (["render", str(SLURM_JOB), "--backend", "slurm", "-o", "{other}"], "another job"),
     "render-o-k8s-another-job": (["render", str(SLURM_JOB), "--backend", "k8s", "-o", "{other}"], "another job"),
+    "templates-device": (["render", str(SLURM_JOB), "--backend", "slurm", "--templates", "{tdev}"], "regular file"),
+    "templates-fifo": (["render", str(SLURM_JOB), "--backend", "slurm", "--templates", "{tfifo}"], "regular file"),
     "render-o-plan-is-symlink": (["render", str(SLURM_JOB), "--backend", "slurm", "-o", "{linked}", "--force"],
                                  "symbolic link"),
     "run-dir-a-file": (["run", str(CPU_JOB), "--run-dir", "{afile}"], "afile"),
@@ -227,7 +229,13 @@ def test_bad_output(tmp_path, case):
     linked = w.path("linked")
     linked.mkdir()
     (linked / "plan.json").symlink_to(w.path("elsewhere.json"))
-    fmt = {"afile": w.path("afile"), "ro": w.unwritable_dir(), "link": link, "linked": linked}
+    tdev, tfifo = w.path("tdev"), w.path("tfifo")
+    (tdev / "slurm").mkdir(parents=True)
+    (tdev / "slurm" / "train.sbatch.j2").symlink_to("/dev/zero")
+    (tfifo / "slurm").mkdir(parents=True)
+    os.mkfifo(tfifo / "slurm" / "train.sbatch.j2")
+    fmt = {"afile": w.path("afile"), "ro": w.unwritable_dir(), "link": link, "linked": linked, "tdev": tdev,
+           "tfifo": tfifo}
     if "another" in case:
         fmt["other"] = _other_job_dir(w)
     argv, expect = OUTPUTS[case]
