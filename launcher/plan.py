@@ -66,6 +66,45 @@ class RankPlacement:
 
 
 @dataclass
+class RankColumns:
+    """plan.json's rank map, one column per field (rank r is entry r of each): a 16,384-rank plan
+    stays a few hundred kB. Mesh coordinates are not stored: they follow from the layout and
+    mesh_order (launcher.layout.coords_of)."""
+
+    node: list[int] = bounded(doc="node index of each rank")
+    local_rank: list[int] = bounded(doc="local rank on its node")
+    gpu: list[int] = bounded(doc="physical GPU index")
+    nic: list[str | None] | None = bounded(None, doc="NIC nearest each rank's GPU, when a bandwidth map said")
+
+    @classmethod
+    def of(cls, ranks: list[RankPlacement]) -> RankColumns:
+        nics = [r.nic for r in ranks]
+        return cls(node=[r.node for r in ranks], local_rank=[r.local_rank for r in ranks],
+                   gpu=[r.gpu for r in ranks], nic=nics if any(n is not None for n in nics) else None)
+
+    def expand(self, degrees: dict[str, int], mesh_order: list[str], world: int) -> list[RankPlacement]:
+        """The RankPlacement list, or SpecError naming plan.ranks when a column has the wrong length."""
+        for name in ("node", "local_rank", "gpu") + (("nic",) if self.nic is not None else ()):
+            n = len(getattr(self, name))
+            if n != world:
+                raise SpecError(f"plan.ranks.{name}", f"has {n} entries but world_size is {world}")
+        for name in ("node", "local_rank", "gpu"):
+            if any(x < 0 for x in getattr(self, name)):
+                raise SpecError(f"plan.ranks.{name}", "entries must be >= 0")
+        from launcher.layout import strides
+
+        st = strides(degrees, mesh_order)
+        dims = [(d, st[d], degrees[d]) for d in mesh_order]
+        nics = self.nic or [None] * world
+        return [RankPlacement(rank=r, node=self.node[r], local_rank=self.local_rank[r], gpu=self.gpu[r],
+                              coords={d: (r // k) % n for d, k, n in dims}, nic=nics[r]) for r in range(world)]
+
+
+#: Placeholder for the rank map while the rest of plan.json is indented (the columns go on one line each).
+_RANKS_SLOT = "@@launch4d-rank-columns@@"
+
+
+@dataclass
 class Plan:
     name: str = bounded(doc="the job's name")
     world_size: int = bounded(lo=1, doc="ranks: tp·cp·pp·dp")
@@ -147,10 +186,20 @@ class Plan:
         return tuple(self.degrees[d] for d in self.mesh_order)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """plan.json as a dict; the rank map in columns (RankColumns)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "ranks":
+                out[f.name] = dataclasses.asdict(RankColumns.of(value))
+            elif dataclasses.is_dataclass(value):
+                out[f.name] = dataclasses.asdict(value)
+            else:
+                out[f.name] = json.loads(json.dumps(value)) if isinstance(value, (dict, list)) else value
+        return out
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
+        return plan_json(self.to_dict())
 
     def save(self, path: str | Path) -> None:
         """Write atomically so a reader never sees half a plan."""
@@ -169,7 +218,13 @@ class Plan:
         if version != PLAN_VERSION:
             raise SpecError("plan.version", f"{version!r} is not supported (expected {PLAN_VERSION}); "
                                             "re-run `launch plan`")
-        return load_dataclass(cls, data, "plan")
+        ranks = data.get("ranks")
+        if not isinstance(ranks, dict):                  # a rank list (hand-written plans): typed as is
+            return load_dataclass(cls, data, "plan")
+        plan = load_dataclass(cls, {**data, "ranks": []}, "plan")
+        cols = load_dataclass(RankColumns, ranks, "plan.ranks")
+        plan.ranks = cols.expand(plan.degrees, plan.mesh_order, plan.world_size)
+        return plan
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
@@ -187,11 +242,40 @@ class Plan:
             raise UserError(f"{path}: {exc}") from None
 
 
+def plan_json(data: dict[str, Any], indent: int = 2) -> str:
+    """JSON text of a plan dict (or of anything holding one under "best"): indented, except that each
+    rank column is written on one line, so a 16k-rank plan is small and quick to write and read."""
+    slots: list[Any] = []
+
+    def park(plan: Any) -> Any:
+        if isinstance(plan, dict) and isinstance(plan.get("ranks"), dict):
+            slots.append(plan["ranks"])
+            return {**plan, "ranks": f"{_RANKS_SLOT}{len(slots) - 1}"}
+        return plan
+
+    top = park(data)
+    if top is data and isinstance(data.get("best"), dict):
+        top = {**data, "best": park(data["best"]),
+               "alternatives": [park(a) for a in data.get("alternatives") or []]}
+    text = json.dumps(top, indent=indent, default=str)
+    for i, cols in enumerate(slots):
+        token = json.dumps(f"{_RANKS_SLOT}{i}")
+        if text.count(token) != 1:                      # a user string that looks like the slot: plain JSON
+            return json.dumps(data, indent=indent, default=str)
+        compact = "{" + ", ".join(f"{json.dumps(k)}: {json.dumps(v, separators=(',', ':'))}"
+                                  for k, v in cols.items()) + "}"
+        text = text.replace(token, compact, 1)
+    return text
+
+
 def plan_schema() -> dict[str, Any]:
     """JSON Schema of plan.json (format PLAN_VERSION), from the dataclasses that load it."""
     defs: dict[str, Any] = {}
     json_schema(Plan, defs)
     root = defs.pop("Plan")
+    defs.pop("RankPlacement", None)
+    root["properties"]["ranks"] = {**json_schema(RankColumns, defs),
+                                   "description": "the rank map in columns (RankColumns)"}
     root["properties"]["version"] = {"const": PLAN_VERSION, "description": "plan.json format version"}
     root["required"].append("version")
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "launch4d plan.json",

@@ -208,7 +208,9 @@ def test_plan_json_schema_and_output_file(tmp_path):
         assert key in best
     assert set(best["layout"]) == {"tp", "cp", "pp", "dp", "ep", "zero", "recompute", "micro_batch", "grad_accum",
                                    "schedule", "virtual_stages"}
-    assert set(best["ranks"][0]) >= {"rank", "node", "local_rank", "gpu"}
+    world = best["world_size"]
+    assert {k: len(v) for k, v in best["ranks"].items() if v is not None} == {"node": world, "local_rank": world,
+                                                                              "gpu": world}
     assert "per_gpu_gb" in best["memory"]
     assert set(best["estimate"]) >= {"step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu"}
     assert Plan.load(out).to_dict() == best

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from launcher.commands import emit, json_option
+from launcher.commands import json_option
 from launcher.errors import UserError
 from launcher.plan import Plan
 
@@ -174,7 +174,9 @@ def plan(job: str, bwmap: str | None, top: int, output: str | None, previous: st
 
             payload["benchmark"] = [m.to_dict() for m in measured]
             payload["chosen_by_measurement"] = by_measurement(measured)[0].index
-        emit(payload, True)
+        from launcher.plan import plan_json
+
+        click.echo(plan_json(payload))
     else:                                  # no dict of every rank record for a table that shows 8 rows
         click.echo(render_result(spec, result))
         if measured is not None:

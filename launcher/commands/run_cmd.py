@@ -155,11 +155,13 @@ def straggler_report(run_dir: Path) -> tuple[tuple[int, ...], str]:
 
 
 def _pp_stage_of_ranks(run_dir: Path) -> dict[int, int]:
+    from launcher.plan import Plan
+
     try:
-        plan = json.loads((run_dir / "plan.json").read_text())
-        return {int(r["rank"]): int(r.get("coords", {}).get("pp", 0)) for r in plan["ranks"]}
-    except (OSError, ValueError, KeyError, TypeError):
+        plan = Plan.load(run_dir / "plan.json")
+    except UserError:
         return {}
+    return {r.rank: r.coords.get("pp", 0) for r in plan.ranks}
 
 
 class StallWatch:
