@@ -540,7 +540,7 @@ def save_dir(results: PreflightResults, path: str | Path) -> Path:
             outs["nccl-node"] = node_runs[host]
         save(root, host, outs)
     if results.unreachable:
-        atomic_write(root / UNREACHABLE_FILE, json.dumps(results.unreachable, indent=2) + "\n", "preflight output")
+        atomic_write(root / UNREACHABLE_FILE, json.dumps(results.unreachable, indent=2) + "\n", "preflight output", durable=False)
     for kind, sub in (("pair", "pairs"), ("all", "all")):
         runs = [r for r in results.nccl if r.kind == kind]
         if runs:
@@ -550,7 +550,7 @@ def save_dir(results: PreflightResults, path: str | Path) -> Path:
             f = root / sub / f"{name}.txt"
             if f.exists():
                 f = root / sub / f"{name}~{i}.txt"  # the same pair again (a retry in round 2)
-            atomic_write(f, r.result.stdout + (f"\n{r.result.stderr}" if r.result.stderr else ""), "preflight output")
+            atomic_write(f, r.result.stdout + (f"\n{r.result.stderr}" if r.result.stderr else ""), "preflight output", durable=False)
     return root
 
 

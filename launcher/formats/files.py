@@ -99,8 +99,11 @@ def check_writable_target(path: str | Path, what: str = "file") -> None:
         raise UserError(f"{path}: exists and is {_kind(st.st_mode)}; refusing to replace it with the {what}")
 
 
-def atomic_write(path: str | Path, data: str | bytes, what: str = "file", mode: int = 0o644) -> Path:
-    """Write `data` to `path` through a temporary file in the same directory, then rename it."""
+def atomic_write(path: str | Path, data: str | bytes, what: str = "file", mode: int = 0o644,
+                 durable: bool = True) -> Path:
+    """Write `data` to `path` through a temporary file in the same directory, then rename it.
+    durable: fsync before the rename (a crash leaves the old file or the new one, never an empty
+    one); off for bulk outputs that can be produced again."""
     p = Path(path)
     check_writable_target(p, what)
     raw = _encode(data, p, what)
@@ -113,7 +116,8 @@ def atomic_write(path: str | Path, data: str | bytes, what: str = "file", mode: 
             f.write(raw)
             f.flush()
             os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, p)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
