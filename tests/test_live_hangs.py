@@ -1,5 +1,5 @@
 """Live hangs and stragglers with real processes (gloo on CPU): while a rank hangs, every rank's
-Python stack lands in the run dir (the trainer's own watchdog, or `launch run` asking with SIGUSR2),
+Python stack lands in the run dir (the trainer's own watchdog, or `launch run` asking with SIGQUIT),
 and `launch diagnose` names "rank R on host H stuck in <frame>"; a rank made slow is named a
 straggler in `launch run`'s progress and by diagnose. No process is left behind."""
 
@@ -89,11 +89,13 @@ def sleeper(tmp_path: Path) -> subprocess.Popen:
         from launcher.trainer.stalls import StallWatchdog
         w = StallWatchdog({str(tmp_path)!r}, 3, "hostA", after_s=0)
         os.makedirs({str(tmp_path / 'heartbeat')!r}, exist_ok=True)
-        with open({str(tmp_path / 'heartbeat' / 'rank3.json')!r}, "w") as f:
-            json.dump({{"rank": 3, "host": "hostA", "pid": os.getpid(), "step": 1, "phase": "forward",
-                       "updated": time.time()}}, f)
+        beat = json.dumps({{"rank": 3, "host": "hostA", "pid": os.getpid(), "step": 1, "phase": "forward",
+                           "updated": time.time()}})
         def waiting_for_godot():
-            time.sleep(120)
+            with open({str(tmp_path / 'heartbeat' / '.rank3.tmp')!r}, "w") as f:
+                f.write(beat)
+            os.replace({str(tmp_path / 'heartbeat' / '.rank3.tmp')!r}, {str(tmp_path / 'heartbeat' / 'rank3.json')!r})
+            time.sleep(120)  # the heartbeat exists only once this function runs: a dump finds it here
         waiting_for_godot()
     """))
     return subprocess.Popen([sys.executable, str(script)], env={**os.environ, procs.MARKER: "dumps"},
@@ -107,13 +109,13 @@ def read_stacks(text: str) -> Stacks:
     return st
 
 
-def test_launch_asks_a_live_process_for_its_stack_with_sigusr2(tmp_path):
+def test_launch_asks_a_live_process_for_its_stack_with_sigquit(tmp_path):
     """The backend's dump_stacks on a real process that registered the trainer's StallWatchdog: the
     signal reaches faulthandler, which writes the stack under our header; a stranger is not signalled."""
     proc = sleeper(tmp_path)
     try:
         assert wait_until(lambda: (tmp_path / "heartbeat" / "rank3.json").exists()
-                          and procs.catches(proc.pid, signal.SIGUSR2), 60)
+                          and procs.catches(proc.pid, signal.SIGQUIT), 60)
         h = JobHandle("local", f"local-{proc.pid}", "t", str(tmp_path), None, extra={"pid": proc.pid,
                                                                                       "marker": "dumps"})
         stranger = JobHandle("local", "x", "t", str(tmp_path), None, extra={"pid": proc.pid, "marker": "other"})
@@ -175,6 +177,14 @@ def test_stalled_trainer_dumps_its_stacks_and_diagnose_names_the_frame(tmp_path)
         assert wait_until(lambda: all(p.exists() and "in train" in p.read_text() for p in stacks), 180), \
             (tmp_path / "node0.log").read_text()[-3000:]
         assert (rd / "logs" / "flight" / "rank_0").exists()  # the flight recorder, dumped beside the stacks
+        # asked from outside with the dump signal, the real trainers (checkpoint handlers installed) write
+        # their stacks again and go on: the dump signal is not a checkpoint signal
+        h = JobHandle("local", f"local-{agent.pid}", "t", str(rd), None, extra={"pid": agent.pid, "marker": token})
+        assert sorted(LocalBackend().dump_stacks(h, "asked by the test", py_spy="")) == [0, 1]
+        assert wait_until(lambda: all(p.read_text().count("in train") >= 2 for p in stacks), 30)
+        assert all("asked by the test" in p.read_text() for p in stacks)
+        assert len([q for q in procs.marked((procs.MARKER, token)) if q != agent.pid]) >= 2  # still running
+        assert not (rd / "checkpoints" / "latest").exists()
         assert "# nccl ras: skipped" in stacks[0].read_text()
         host = json.loads((rd / "heartbeat" / "rank1.json").read_text())["host"]
         report = diagnose(rd)

@@ -302,9 +302,9 @@ class LocalBackend:
 
     def dump_stacks(self, handle: JobHandle, reason: str, py_spy: str | None = None) -> list[int]:
         """Ask every trainer of the job for its Python stacks, into <run_dir>/logs/stacks/rank<R>.txt:
-        `py-spy dump` where installed (native frames too), else SIGUSR2, on which the trainer's
-        faulthandler writes them. Only pids that carry the job's marker and handle SIGUSR2 are signalled
-        (the default action of SIGUSR2 would kill). `py_spy`: its path ("" never; default: on PATH or
+        `py-spy dump` where installed (native frames too), else SIGQUIT, on which the trainer's
+        faulthandler writes them. Only pids that carry the job's marker and handle SIGQUIT are signalled
+        (its default action would kill). `py_spy`: its path ("" never; default: on PATH or
         beside this Python). The ranks asked."""
         rd = Path(handle.run_dir)
         out_dir = rd / rundir.STACKS
@@ -330,10 +330,10 @@ class LocalBackend:
                         f.write(head + r.stdout[: 1 << 20].decode(errors="replace") + "\n")
                     asked.append(rank)
                     continue
-            if procs.catches(pid, signal.SIGUSR2):
+            if procs.catches(pid, rundir.STACK_SIGNAL):
                 with open(out_dir / f"rank{rank}.txt", "a") as f:
                     f.write(head)
-                os.kill(pid, signal.SIGUSR2)
+                os.kill(pid, rundir.STACK_SIGNAL)
                 asked.append(rank)
         return asked
 

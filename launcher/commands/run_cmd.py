@@ -166,7 +166,7 @@ def _pp_stage_of_ranks(run_dir: Path) -> dict[int, int]:
 
 class StallWatch:
     """While the job runs: when rank 0 has printed nothing for `quiet_s`, ask every rank for its stacks
-    (`dump`, the backend's py-spy/SIGUSR2) and say where every rank is."""
+    (`dump`, the backend's py-spy/SIGQUIT) and say where every rank is."""
 
     def __init__(self, run_dir: Path, world: int | None, quiet_s: float, dump=None, startup_s: float = 0.0):
         import threading

@@ -1,5 +1,5 @@
 """Stack dumps taken while a job hung (logs/stacks/rank<R>.txt, written by the trainer's watchdog or
-on SIGUSR2 through faulthandler, or by `py-spy dump` from `launch run`): which rank is stuck outside
+on SIGQUIT through faulthandler, or by `py-spy dump` from `launch run`): which rank is stuck outside
 every collective, in which frame, while the others wait inside one.
 
 Formats, as the tools print them: faulthandler (`Current thread 0x... (most recent call first):` /

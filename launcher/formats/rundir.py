@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
 from pathlib import Path
 
 from launcher.errors import UserError
@@ -28,6 +29,9 @@ LOCK = ".launch4d.lock"
 STACKS = "logs/stacks"      # rank<R>.txt: Python stacks dumped while the job hung
 RAS = "logs/ras"            # <host>.txt: `ncclras` output taken at the same moment
 STACK_HEADER = "# launch4d stack dump"
+#: asks a trainer for its stacks (faulthandler; `kill -QUIT PID`, as a JVM takes it). Never a checkpoint
+#: signal: those are USR1/USR2/URG/XCPU/HUP (backend.slurm.checkpoint_signal).
+STACK_SIGNAL = signal.SIGQUIT
 SUBDIRS = (LOGS, NCCL_LOGS, FLIGHT, HEARTBEAT, CHECKPOINTS)
 
 

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         slow = parse_rank_seconds("--inject-slow", args.inject_slow)
         cfg = config_from_plan(Plan.load(args.plan), steps=args.steps, init_timeout_s=args.init_timeout_s,
                                step_timeout_s=args.step_timeout_s)
-        # SIGUSR2 dumps stacks from here on; the watchdog dumps them itself when progress stops
+        # SIGQUIT dumps stacks from here on; the watchdog dumps them itself when progress stops
         watchdog = StallWatchdog(args.run_dir, rank, hostname(),
                                  stall_after_s(cfg.plan.diagnostics.stall_dump_s, cfg.step_timeout_s, args.stall_dump_s),
                                  local_rank=int(os.environ.get("LOCAL_RANK", "0")))

@@ -2,8 +2,9 @@
 
 Why here: once a collective times out the process is gone, and with it the one fact that says
 where it stood. So every rank:
-- registers faulthandler on SIGUSR2 at start-up, writing every thread's Python stack to
-  <run_dir>/logs/stacks/rank<R>.txt (formats.rundir.STACKS): `launch run` (or a person: `kill -USR2 PID`) asks for a dump
+- registers faulthandler on SIGQUIT (formats.rundir.STACK_SIGNAL; the checkpoint signals are others) at
+  start-up, writing every thread's Python stack to <run_dir>/logs/stacks/rank<R>.txt (formats.rundir.STACKS):
+  `launch run` (or a person: `kill -QUIT PID`) asks for a dump
   without stopping anything, even while the main thread is blocked inside a C++ collective;
 - runs a watchdog thread: when this rank has made no progress (no heartbeat) for `after_s`, it
   dumps its own stacks, the flight recorder (logs/flight/rank_<R>) and, on each host's local rank 0
@@ -19,7 +20,6 @@ import faulthandler
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -31,7 +31,7 @@ from launcher.formats import rundir
 
 log = logging.getLogger("launcher.trainer")
 
-DUMP_SIGNAL = signal.SIGUSR2
+DUMP_SIGNAL = rundir.STACK_SIGNAL
 RAS_MIN = (2, 24, 0)
 
 
@@ -40,7 +40,7 @@ def stack_file(run_dir: str | Path, rank: int) -> Path:
 
 
 class StallWatchdog:
-    """Stack dumps on SIGUSR2 and after `after_s` seconds without progress (0: never by itself)."""
+    """Stack dumps on SIGQUIT and after `after_s` seconds without progress (0: never by itself)."""
 
     def __init__(self, run_dir: str | Path, rank: int, host: str, after_s: float, local_rank: int = 0):
         self.run_dir, self.rank, self.host = Path(run_dir), rank, host
