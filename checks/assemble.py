@@ -285,7 +285,10 @@ def _hardware_checks(data: dict[str, NodeData], cfg: JudgeConfig) -> list[CheckR
         elif nd.xid is not None:
             crit = sorted({e.code for e in nd.xid.critical})
             other = sorted({e.code for e in nd.xid.events} - set(crit))
-            if crit:
+            lost = [b for b in nd.xid.bus_events if b.pci not in {e.pci for e in nd.xid.events if e.code == 79}]
+            if lost:
+                add("xid", "fail", crit, [], "; ".join(f"GPU {b.pci}: {b.message} (no Xid line)" for b in lost))
+            elif crit:
                 add("xid", "fail", crit, [], f"critical XID {', '.join(map(str, crit))} in the kernel log")
             elif other:
                 add("xid", "warn", other, [], f"XID {', '.join(map(str, other))} in the kernel log")
@@ -305,14 +308,16 @@ def _hardware_checks(data: dict[str, NodeData], cfg: JudgeConfig) -> list[CheckR
 
 def _nvlink_check(h: str, nd: NodeData, common_active: int) -> list[CheckResult]:
     has_nv = bool(nd.topo and nd.topo.nvlink_groups)
-    if nd.nvlink is None or not any(g.links for g in nd.nvlink.gpus):
+    if nd.nvlink is None or not any(g.links or g.all_inactive for g in nd.nvlink.gpus):
         if has_nv:
             return [CheckResult(h, "nvlink", "fail", 0, None, "topology shows NVLink but `nvidia-smi nvlink -s` "
                                                               "reports no links")]
         return [CheckResult(h, "nvlink", "pass", 0, None, "no NVLink on this node")] if nd.nvlink else []
-    bad = []
+    bad = [f"GPU{g.index}: all NVLinks inActive" for g in nd.nvlink.gpus if g.all_inactive]
     for g in nd.nvlink.gpus:
-        if g.links and g.active < common_active:
+        if g.all_inactive:
+            continue
+        if g.links and g.active < common_active and not g.cut:
             bad.append(f"GPU{g.index} {g.active}/{len(g.links)} links up (inactive: {g.inactive})")
         elif not g.links and has_nv:
             bad.append(f"GPU{g.index} has no NVLink")
@@ -341,9 +346,10 @@ def _gpu_health(h: str, q: GpuQuery, cfg: JudgeConfig) -> list[CheckResult]:
             merge(ecc, "warn", f"{gid}: {g.ecc_corrected} corrected ECC errors (> {cfg.ecc_corrected_warn})")
         if g.pcie_width is not None and g.pcie_width_max and g.pcie_width < g.pcie_width_max:
             merge(pcie, "fail", f"{gid}: PCIe x{g.pcie_width} of x{g.pcie_width_max}")
-        idle = g.clock_event_reasons is not None and int(g.clock_event_reasons, 16) & 0x1
-        if g.pcie_gen is not None and g.pcie_gen_max and g.pcie_gen < g.pcie_gen_max and not idle:
-            # an idle GPU downshifts its link to save power (clock event reason 0x1): only a busy one counts
+        busy = g.clock_event_reasons is not None and not int(g.clock_event_reasons, 16) & 0x1
+        if g.pcie_gen is not None and g.pcie_gen_max and g.pcie_gen < g.pcie_gen_max and busy:
+            # an idle GPU downshifts its link to save power (clock event reason 0x1): only a GPU known to be
+            # busy counts (without the reasons column, Gen1 of Gen4 at idle is normal, as on the L40S capture)
             merge(pcie, "warn", f"{gid}: PCIe gen {g.pcie_gen} of {g.pcie_gen_max} while not idle")
         if g.clock_event_reasons is not None and int(g.clock_event_reasons, 16) not in BENIGN_CLOCK_REASONS:
             merge(clocks, "warn", f"{gid}: clocks limited (event reasons {g.clock_event_reasons})")
@@ -357,8 +363,13 @@ def _gpu_health(h: str, q: GpuQuery, cfg: JudgeConfig) -> list[CheckResult]:
 def _ib_check(h: str, ib: IbStatus, cfg: JudgeConfig, best: dict[str, float],
               active_anywhere: set[tuple[str, int]]) -> CheckResult:
     c = CheckResult(h, "ib", "pass", len([p for p in ib.ports if p.active]), cfg.ib_rate_gbps, "")
+    for ca in ib.missing:
+        merge(c, "fail", f"{ca} vanished while ibstat listed the adapters")
+    unused = {(p.ca, p.port) for p in ib.unused_ethernet}  # Ethernet ports switched off: not a rail
     for p in ib.ports:
         name = f"{p.ca}/{p.port}"
+        if (p.ca, p.port) in unused and (p.ca, p.port) not in active_anywhere:
+            continue
         if not p.active:
             if (p.ca, p.port) in active_anywhere:
                 merge(c, "fail", f"{name} is {p.state}/{p.physical_state}, active on other nodes")

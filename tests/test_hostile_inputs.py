@@ -271,6 +271,8 @@ FLAG_COMMANDS: dict[str, list[str]] = {
     "submit-preflight": ["submit", str(SLURM_JOB), "--backend", "slurm", "--preflight", "{f}", "--dry-run"],
     "preflight-parse-topo": ["preflight", "parse", "topo", "{f}"],
     "preflight-parse-nccl": ["preflight", "parse", "nccl-tests", "{f}"],
+    **{f"preflight-parse-{k}": ["preflight", "parse", k, "{f}"]
+       for k in ("dcgm-diag", "nvbandwidth", "perftest", "nvlink-errors", "gpu-q")},
     "diagnose-plan": ["diagnose", str(CPU_JOB), "--plan", "{f}"],
     "diagnose-bwmap": ["diagnose", str(CPU_JOB), "--bwmap", "{f}"],
 }

@@ -1,8 +1,9 @@
 """Parsers for nvidia-smi --query-gpu CSV, nvidia-smi nvlink -s, ibstat / ibv_devinfo and kernel-log XIDs.
 
-CONSTRUCTED INPUTS: ../shared/fixtures holds no real capture of these four tools, so these tests
-use text built from the documented formats (tests/replay/constructed.py and the literals below,
-each marked CONSTRUCTED). When real captures are added to the shared fixtures, test them here too.
+CONSTRUCTED INPUTS: these tests use text built from the documented formats (tests/replay/constructed.py
+and the literals below, each marked CONSTRUCTED) to vary one field at a time and to fuzz. The real
+captures now in ../shared/fixtures (nvidia-smi-query/, nvlink/, ibstat/, xid/) are tested in
+tests/test_health_captures.py.
 """
 
 from __future__ import annotations

@@ -46,8 +46,20 @@ def to_jsonable(obj: Any) -> Any:
 
 
 def parser_for(kind: str) -> Callable[[str], Any]:
-    """The parser for a KIND as the CLI names it (topo, nccl-tests, gpu-query, nvlink, ibstat, xid)."""
-    from checks.parsers import gpu_query, ibstat, nccl_tests, nvlink, topo, xid
+    """The parser for a KIND as the CLI names it (see KINDS)."""
+    from checks.parsers import (
+        dcgm_diag,
+        gpu_q,
+        gpu_query,
+        ibstat,
+        nccl_tests,
+        nvbandwidth,
+        nvlink,
+        nvlink_errors,
+        perftest,
+        topo,
+        xid,
+    )
 
     table: dict[str, Callable[[str], Any]] = {
         "topo": topo.parse_topo,
@@ -56,8 +68,16 @@ def parser_for(kind: str) -> Callable[[str], Any]:
         "nvlink": nvlink.parse_nvlink_status,
         "ibstat": ibstat.parse_ibstat,
         "xid": xid.parse_xid,
+        "dcgm-diag": dcgm_diag.parse_dcgm_diag,
+        "nvbandwidth": nvbandwidth.parse_nvbandwidth,
+        "perftest": perftest.parse_perftest,
+        "nvlink-errors": nvlink_errors.parse_nvlink_errors,
+        "gpu-q": gpu_q.parse_gpu_q,
     }
     return table[kind]
 
 
-KINDS = ("topo", "nccl-tests", "gpu-query", "nvlink", "ibstat", "xid")
+KINDS = ("topo", "nccl-tests", "gpu-query", "nvlink", "ibstat", "xid", "dcgm-diag", "nvbandwidth", "perftest",
+         "nvlink-errors", "gpu-q")
+#: kinds whose `preflight parse` output carries the judges' findings beside the parse
+JUDGED_KINDS = ("dcgm-diag", "nvbandwidth", "perftest", "nvlink-errors", "gpu-q")

@@ -28,6 +28,9 @@ KNOWN = set(QUERY_FIELDS) | {"clocks_throttle_reasons.active", "pcie.link.gen.gp
                              "pcie.link.gen.gpumax", "pcie.link.gen.hostmax", "memory.used", "memory.free",
                              "timestamp", "serial", "vbios_version", "pstate", "utilization.gpu",
                              "ecc.mode.current", "clocks.mem", "clocks.max.mem", "compute_cap"}
+# per-reason columns (`clocks_event_reasons.sw_power_cap`: Active / Not Active); drivers rename the
+# queried `clocks_throttle_reasons.*` to `clocks_event_reasons.*` in the header
+REASON_PREFIXES = ("clocks_event_reasons.", "clocks_throttle_reasons.")
 NA = {"[N/A]", "N/A", "[Not Supported]", "Not Supported", "[Unknown Error]", "[Insufficient Permissions]", ""}
 NUM_RE = re.compile(r"^([-+]?\d+(?:\.\d+)?)(?:\s*[A-Za-z%/]+)?$")
 
@@ -102,7 +105,7 @@ def parse_gpu_query(text: str) -> GpuQuery:
         raise ParseError(KIND, "empty output", 1, "")
     hdr_no, hdr = numbered[0]
     keys = [re.sub(r"\s*\[[^\]]*\]\s*$", "", k.strip()) for k in hdr.split(",")]
-    if not keys or not all(k in KNOWN for k in keys) or ("index" not in keys and "name" not in keys):
+    if not keys or not all(k in KNOWN or k.startswith(REASON_PREFIXES) for k in keys) or ("index" not in keys and "name" not in keys):
         raise ParseError(KIND, "expected the CSV header of nvidia-smi --query-gpu (e.g. 'index, name, ...')",
                          hdr_no, hdr)
     gpus: list[GpuRecord] = []

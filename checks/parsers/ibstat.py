@@ -4,7 +4,11 @@ ibstat prints, per CA, `CA 'mlx5_0'` then indented `Key: value` lines, with a `P
 port (State, Physical state, Rate, ..., Link layer). ibv_devinfo prints `hca_id: mlx5_0` then
 `port: N` blocks with `state: PORT_ACTIVE (4)`, `active_width: 4X (2)`, `active_speed: 100.0 Gbps
 (64)`, `phys_state: LINK_UP (5)`, `link_layer: InfiniBand`. Both become the same dataclasses.
+`ibstatus` prints `Infiniband device 'mlx5_0' port 1 status:` blocks (`state: 4: ACTIVE`,
+`phys state: 5: LinkUp`, `rate: 200 Gb/sec (4X HDR)`, `link_layer: InfiniBand`): same dataclasses.
 A port block without its state, physical state or rate means the output was cut: ParseError.
+An adapter that vanishes while ibstat lists them (`ibpanic: ... stat of IB device 'mlx5_8' failed`,
+exit 255) is recorded in `errors` and `missing`, keeping the adapters listed before it.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ class IbPort:
 
     @property
     def active(self) -> bool:
-        return (self.state or "").lower() == "active" and (self.physical_state or "").lower() == "linkup"
+        # plain `ibv_devinfo` (without -v) prints no physical state: the port state alone decides
+        return (self.state or "").lower() == "active" and (self.physical_state or "linkup").lower() == "linkup"
 
 
 @dataclass
@@ -44,6 +49,14 @@ class IbCa:
 @dataclass
 class IbStatus:
     cas: list[IbCa]
+    errors: list[str] = field(default_factory=list)  # ibpanic lines
+    missing: list[str] = field(default_factory=list)  # adapters ibstat could not read
+
+    @property
+    def unused_ethernet(self) -> list[IbPort]:
+        """Ethernet ports switched off (Down / Disabled): unused NICs, not a broken rail."""
+        return [p for p in self.ports if (p.link_layer or "").lower() == "ethernet"
+                and (p.physical_state or "").lower() == "disabled"]
 
     @property
     def ports(self) -> list[IbPort]:
@@ -51,7 +64,9 @@ class IbStatus:
 
     def to_dict(self) -> dict[str, Any]:
         return {"cas": [{"name": c.name, "ca_type": c.ca_type, "firmware": c.firmware,
-                         "ports": [{**vars(p), "active": p.active} for p in c.ports]} for c in self.cas]}
+                         "ports": [{**vars(p), "active": p.active} for p in c.ports]} for c in self.cas],
+                "errors": self.errors, "missing": self.missing,
+                "unused_ethernet": [f"{p.ca}/{p.port}" for p in self.unused_ethernet]}
 
 
 def _rate(v: str, line_no: int, line: str) -> float:
@@ -61,11 +76,13 @@ def _rate(v: str, line_no: int, line: str) -> float:
     return float(m.group(1))
 
 
-def _check_port(p: IbPort | None, line_no: int, line: str) -> None:
+def _check_port(p: IbPort | None, line_no: int, line: str, brief: bool = False) -> None:
+    """`brief`: plain ibv_devinfo, which prints no physical state, width or speed."""
     if p is None:
         return
-    missing = [n for n, v in (("State", p.state), ("Physical state", p.physical_state), ("Rate", p.rate_gbps),
-                              ("Link layer", p.link_layer)) if v is None]
+    need = (("State", p.state), ("Link layer", p.link_layer)) if brief else (
+        ("State", p.state), ("Physical state", p.physical_state), ("Rate", p.rate_gbps), ("Link layer", p.link_layer))
+    missing = [n for n, v in need if v is None]
     if missing:
         raise ParseError(KIND, f"{p.ca} port {p.port}: {', '.join(missing)} missing (truncated?)", line_no, line)
 
@@ -74,12 +91,22 @@ def parse_ibstat(text: str) -> IbStatus:
     lines = strip_ansi(text).splitlines()
     if any(ln.strip().startswith("hca_id:") for ln in lines):
         return _parse_ibv_devinfo(lines)
+    if any(IBSTATUS_RE.match(ln.strip()) for ln in lines):
+        return _parse_ibstatus(lines)
     cas: list[IbCa] = []
+    errors: list[str] = []
+    missing: list[str] = []
     port: IbPort | None = None
     last = (0, "")
     for i, raw in enumerate(lines):
         s = raw.strip()
         if not s:
+            continue
+        if s.startswith("ibpanic:") or s.startswith("ibwarn:"):
+            errors.append(s)
+            mm = re.search(r"IB device '([^']+)'", s)
+            if mm:
+                missing.append(mm.group(1))
             continue
         m = re.match(r"^CA '([^']+)'$", s)
         if m:
@@ -117,9 +144,46 @@ def parse_ibstat(text: str) -> IbStatus:
         elif key == "link layer":
             port.link_layer = val
     _check_port(port, *last)
-    if not cas:
+    if not cas and not errors:
         raise ParseError(KIND, "no \"CA '...'\" line: not ibstat output", 1, lines[0] if lines else "")
-    return IbStatus(cas=cas)
+    return IbStatus(cas=cas, errors=errors, missing=missing)
+
+
+IBSTATUS_RE = re.compile(r"^Infiniband device '([^']+)' port (\d+) status:$")
+
+
+def _parse_ibstatus(lines: list[str]) -> IbStatus:
+    cas: dict[str, IbCa] = {}
+    port: IbPort | None = None
+    last = (0, "")
+    for i, raw in enumerate(lines):
+        s = raw.strip()
+        if not s:
+            continue
+        m = IBSTATUS_RE.match(s)
+        if m:
+            _check_port(port, *last)
+            ca = cas.setdefault(m.group(1), IbCa(name=m.group(1)))
+            port = IbPort(ca=ca.name, port=int(m.group(2)))
+            ca.ports.append(port)
+            last = (i + 1, raw)
+            continue
+        kv = KV_RE.match(s)
+        if kv is None or port is None:
+            raise ParseError(KIND, "expected \"Infiniband device '...' port N status:\" or 'key: value'", i + 1, raw)
+        key, val = kv.group(1).strip().lower(), kv.group(2).strip()
+        word = val.split(":", 1)[-1].strip()  # "4: ACTIVE" -> "ACTIVE"
+        if key == "state":
+            port.state = word.capitalize()
+        elif key == "phys state":
+            port.physical_state = word
+        elif key == "rate":
+            port.rate_gbps = _rate(val, i + 1, raw)
+        elif key == "link_layer":
+            port.link_layer = val
+        last = (i + 1, raw)
+    _check_port(port, *last)
+    return IbStatus(cas=list(cas.values()))
 
 
 IBV_STATE = {"PORT_ACTIVE": "Active", "PORT_DOWN": "Down", "PORT_INIT": "Initializing", "PORT_ARMED": "Armed"}
@@ -131,11 +195,12 @@ def _parse_ibv_devinfo(lines: list[str]) -> IbStatus:
     port: IbPort | None = None
     width = speed = None
     last = (0, "")
+    verbose = any(ln.strip().startswith("phys_state:") for ln in lines)
 
     def close() -> None:
         if port is not None and width is not None and speed is not None:
             port.rate_gbps = width * speed
-        _check_port(port, *last)
+        _check_port(port, *last, brief=not verbose)
 
     for i, raw in enumerate(lines):
         s = raw.strip()

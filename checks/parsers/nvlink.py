@@ -4,7 +4,9 @@ Format (documented by NVIDIA and shown in public runbooks):
     GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-...)
              Link 0: 26.562 GB/s
              Link 1: <inactive>
-A GPU without NVLink prints its GPU line and no Link lines.
+A GPU without NVLink prints its GPU line and no Link lines. A GPU whose links are all down prints
+`NVML: Unable to retrieve NVLink information as all links are inActive` (the driver's spelling)
+instead: `all_inactive`. A paste that elides lines with `...` parses as far as it goes.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ class NvlinkGpu:
     name: str
     uuid: str | None = None
     links: dict[int, float | None] = field(default_factory=dict)  # GB/s, None = inactive
+    all_inactive: bool = False  # NVML could not read any link: every NVLink of this GPU is down
+    cut: bool = False  # the paste elided the rest of this GPU's links (`...`): its link count is unknown
 
     @property
     def active(self) -> int:
@@ -50,6 +54,13 @@ def parse_nvlink_status(text: str) -> NvlinkStatus:
     for i, raw in enumerate(strip_ansi(text).splitlines()):
         s = raw.strip()
         if not s:
+            continue
+        if s in ("...", "[...]", "…"):
+            if gpus:
+                gpus[-1].cut = True
+            continue
+        if gpus and re.search(r"all links are in ?active", s, re.I):
+            gpus[-1].all_inactive = True
             continue
         m = GPU_RE.match(s)
         if m:

@@ -250,21 +250,53 @@ def _human_parse(kind: str, obj: Any) -> str:
     return str(obj)
 
 
+def _human_findings(findings: list[Any]) -> str:
+    return "\n".join(f"{f.status.upper():4} {f.component}: {f.check}: {f.message}"
+                     + (f" [threshold {f.threshold}]" if f.threshold not in (None, "") else "")
+                     + (f"\n     -> {f.remediation}" if f.remediation and f.status != "pass" else "")
+                     for f in findings)
+
+
 @preflight.command("parse")
-@click.argument("kind", type=click.Choice(["topo", "nccl-tests", "gpu-query", "nvlink", "ibstat", "xid"]))
+@click.argument("kind", type=click.Choice(["topo", "nccl-tests", "gpu-query", "nvlink", "ibstat", "xid",
+                                           "dcgm-diag", "nvbandwidth", "perftest", "nvlink-errors", "gpu-q"]))
 @click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--node", default="", help="Node name to put in the findings (judged kinds).")
+@click.option("--against", type=click.Path(dir_okay=False),
+              help="nvlink-errors: an earlier read (counters rising between the two fail); perftest: the "
+                   "host-memory run on the same link (a GPUDirect run far below it fails).")
+@click.option("--link-rate", type=click.FloatRange(0, min_open=True), help="perftest: the NIC's link rate, Gb/s.")
+@click.option("--model", help="nvbandwidth: GPU model whose published figure applies (default: from the output).")
 @json_option
-def parse_cmd(kind: str, file: str, as_json: bool) -> None:
-    """Show what the parser for KIND makes of one captured output FILE."""
-    from checks.parsers import ParseError, parser_for, to_jsonable
+def parse_cmd(kind: str, file: str, node: str, against: str | None, link_rate: float | None, model: str | None,
+              as_json: bool) -> int:
+    """Show what the parser for KIND makes of one captured output FILE (and, for the deep-health kinds
+    dcgm-diag, nvbandwidth, perftest, nvlink-errors, gpu-q, what the judges conclude: exit 1 on a fail)."""
+    from checks.parsers import JUDGED_KINDS, ParseError, parser_for, to_jsonable
     from launcher.formats.files import read_text
 
-    text = read_text(file, f"{kind} output", errors="replace")
-    try:
-        obj = parser_for(kind)(text)
-    except ParseError as exc:
-        raise UserError(f"{file}: {exc}") from None
-    emit(to_jsonable(obj), as_json, lambda: _human_parse(kind, obj))
+    def load(path: str, what: str) -> Any:
+        text = read_text(path, f"{kind} output", errors="replace")
+        try:
+            return parser_for(kind)(text)
+        except ParseError as exc:
+            raise UserError(f"{what}{path}: {exc}") from None
+
+    if against and kind not in ("nvlink-errors", "perftest"):
+        raise UserError(f"--against applies to nvlink-errors and perftest, not {kind}")
+    obj = load(file, "")
+    if kind not in JUDGED_KINDS:
+        emit(to_jsonable(obj), as_json, lambda: _human_parse(kind, obj))
+        return 0
+    from checks.health_judges import judge_parsed, worst
+
+    other = load(against, "--against ") if against else None
+    findings = judge_parsed(kind, obj, node=node, against=other, link_rate_gbps=link_rate, model=model)
+    status = worst(findings)
+    emit({"kind": kind, "file": file, "status": status, "parse": to_jsonable(obj),
+          "findings": [f.to_dict() for f in findings]}, as_json,
+         lambda: f"{kind} {file}: {status}\n{_human_findings(findings)}")
+    return 1 if status == "fail" else 0
 
 
 @preflight.command("import")

@@ -1,0 +1,379 @@
+"""Every real capture in ../shared/fixtures for the deep health checks: what its parse says and what
+the judges conclude, as a person reading the capture would (SOURCES.md and the notes there).
+
+Read in place via shared_file (never copied); files marked DOC-EXAMPLE are vendor/tutorial output,
+FRAGMENT / EXCERPT ones are partial pastes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from checks.health_judges import (
+    classify_xid,
+    judge_dcgm_diag,
+    judge_gpu_q,
+    judge_ibstat,
+    judge_nvbandwidth,
+    judge_nvlink_errors,
+    judge_nvlink_status,
+    judge_perftest,
+    judge_xid,
+    worst,
+)
+from checks.parsers import ParseError
+from checks.parsers.dcgm_diag import parse_dcgm_diag
+from checks.parsers.gpu_q import parse_gpu_q
+from checks.parsers.gpu_query import parse_gpu_query
+from checks.parsers.ibstat import parse_ibstat
+from checks.parsers.nvbandwidth import parse_nvbandwidth
+from checks.parsers.nvlink import parse_nvlink_status
+from checks.parsers.nvlink_errors import parse_nvlink_errors
+from checks.parsers.perftest import parse_perftest
+from checks.parsers.xid import parse_xid
+from tests.conftest import shared_file
+
+
+def read(*parts: str) -> str:
+    return shared_file(*parts).read_text()
+
+
+def bad(findings):
+    return sorted((f.status, f.component) for f in findings if f.status != "pass")
+
+
+# ------------------------------------------------------------------ dcgmi diag
+
+def test_dcgm_r3_targeted_power_fails_gpu1_only_from_the_second_line_of_its_cell():
+    d = parse_dcgm_diag(read("dcgm-diag", "a10g-4gpu-sagemaker-g5.12xlarge-dcgm3.3.9-r3-targeted-power-FAIL-gpu1.txt"))
+    assert (d.version, d.driver, d.gpu_count, d.layout) == ("3.3.9", "570.195.03", 4, "3.x")
+    t = d.test("Targeted Power")
+    assert t.result == "fail" and t.gpus == {0: "pass", 2: "pass", 3: "pass", 1: "fail"}
+    warn = [m for m in t.messages if m.level == "warning"][0]
+    assert warn.gpu == 1 and "did not reach desired power minimum target_power_min_ratio of 224.2" in warn.text
+    assert [m.gpu for m in t.messages if m.level == "info"] == [0, 2, 3]
+    assert d.test("EUD Test").all_gpus == "skip"
+    f = judge_dcgm_diag(d, node="node0")
+    assert bad(f) == [("fail", "GPU 1")] and f[0].node == "node0" and f[0].remediation
+    assert "224.1" in f[0].message and f[0].check == "dcgm:Targeted Power"
+
+
+@pytest.mark.parametrize("name", ["a10g-4gpu-sagemaker-g5.12xlarge-dcgm3.3.9-r3-all-pass.txt",
+                                  "a10g-4gpu-sagemaker-g5.12xlarge-dcgm3.3.9-r1-deployment-pass.txt"])
+def test_dcgm_passing_runs(name):
+    d = parse_dcgm_diag(read("dcgm-diag", name))
+    assert d.tests and all(t.result in ("pass", "skip") for t in d.tests)
+    assert worst(judge_dcgm_diag(d)) == "pass"
+
+
+def test_dcgm_h100_fail_early_every_gpu_cuinit():
+    d = parse_dcgm_diag(read("dcgm-diag", "h100-8gpu-dcgm3.3.8-r3-fail-early-gpu-memory-FAIL-cuinit-system-not-"
+                                          "yet-initialized.txt"))
+    t = d.test("GPU Memory")
+    assert t.all_gpus == "fail" and [m.gpu for m in t.messages] == list(range(8))
+    assert "Unable to initialize CUDA library: 'system not yet initialized'" in t.messages[0].text
+    assert d.test("Persistence Mode").result == "pass" and d.test("Persistence Mode").messages[0].level == "info"
+    f = judge_dcgm_diag(d)
+    assert bad(f) == [("fail", f"GPU {i}") for i in range(8)]
+    assert "fabricmanager" in f[0].remediation
+
+
+def test_dcgm_4x_layout_pcie_internal_error_fails_the_test_not_a_gpu():
+    d = parse_dcgm_diag(read("dcgm-diag", "l40s-4gpu-dcgm4.2.3-r2-new-format-pcie-FAIL-internal-error-child-"
+                                          "process-TRUNCATED-BY-AUTHOR.txt"))
+    assert d.layout == "4.x" and d.device_ids == ["26b9"] * 4
+    t = d.test("pcie")
+    assert t.result == "fail" and t.gpus == {0: "pass", 1: "pass", 2: "pass", 3: "pass"}
+    assert len(t.messages) == 4 and all(m.gpu is None for m in t.messages)
+    assert d.test("memory").gpus == {i: "pass" for i in range(4)}
+    f = judge_dcgm_diag(d)
+    assert bad(f) == [("fail", "node")] and "internal error" in f[0].remediation.lower()
+
+
+@pytest.mark.parametrize("name", ["rtxpro6000-blackwell-2gpu-aws-dcgm3.3.9-r3-all-tests-Skip-output-printed-twice.txt",
+                                  "gb10-dgx-spark-1gpu-dcgm4.4.2-r3-k8s-pod-all-Skip-except-software-no-top-border.txt"])
+def test_dcgm_everything_skipped_is_a_warning_not_a_pass(name):
+    d = parse_dcgm_diag(read("dcgm-diag", name))
+    f = judge_dcgm_diag(d)
+    assert [(x.status, x.check) for x in f] == [("warn", "dcgm:coverage")]
+    if "twice" in name:
+        assert d.repeated and len(d.tests) == 15  # the second copy is not counted again
+
+
+def test_dcgm_fragments():
+    d = parse_dcgm_diag(read("dcgm-diag", "8gpu-node-dcgm-deployment-error-row-remap-pending-FRAGMENT.txt"))
+    assert d.category_messages[0].gpu == 3 and "row remappings are pending" in d.category_messages[0].text
+    f = judge_dcgm_diag(d)
+    assert bad(f) == [("fail", "GPU 3")] and "row remap" in f[0].remediation
+    d = parse_dcgm_diag(read("dcgm-diag", "8gpu-node-r2-gpu-memory-FAIL-gpu0-thermal-violations-FRAGMENT.txt"))
+    assert d.truncated and d.test("GPU Memory").gpus[0] == "fail"
+    assert d.test("GPU Memory").messages[0].text.endswith("and any other components.")
+    f = judge_dcgm_diag(d)
+    assert bad(f) == [("fail", "GPU 0")] and "cooling" in f[0].remediation
+    d = parse_dcgm_diag(read("dcgm-diag", "a100-pcie-no-nvlink-dcgm2.4.6-r2-pcie-FAIL-all-nvlink-link-down-warnings-"
+                                          "FRAGMENT.txt"))
+    assert d.truncated and d.test("PCIe").all_gpus == "fail" and d.test("PCIe").messages[0].gpu == 0
+    assert bad(judge_dcgm_diag(d)) == [("fail", "GPU 0")]
+
+
+def test_dcgm_garbage_is_a_parse_error():
+    with pytest.raises(ParseError):
+        parse_dcgm_diag(read("nvlink", "a100-sxm4-80gb-8gpu-nvlink-s-12-links-25gbps-healthy.txt"))
+
+
+# ------------------------------------------------------------------ nvbandwidth
+
+def test_nvbandwidth_v04_h100_d2d_against_the_azure_figure():
+    r = parse_nvbandwidth(read("nvbandwidth", "h100-80gb-8gpu-azure-ndv5-v0.4-d2d-memcpy-read-ce-371gbps.txt"))
+    t = r.tests[0]
+    assert (r.version, r.model, t.name, t.kind) == ("v0.4", "NVIDIA H100 80GB HBM3", "device_to_device_memcpy_read_ce",
+                                                     "device_to_device")
+    assert t.rows[0][0] is None and t.rows[2][4] == 372.96 and t.total == 20785.58
+    assert min(t.values()) == 370.26
+    f = judge_nvbandwidth(r)
+    assert worst(f) == "pass" and f[0].threshold == 335.0
+    # the same matrix on a GPU model held to a higher figure: every GPU fails, named
+    low = judge_nvbandwidth(r, model="H100", peer_median=None)
+    assert worst(low) == "pass"
+
+
+def test_nvbandwidth_other_layouts():
+    r = parse_nvbandwidth(read("nvbandwidth", "h100-80gb-8gpu-v0.10.0-d2d-memcpy-read-ce-395gbps-cov-line.txt"))
+    assert r.tests[0].cov == 0.0 and r.devices == {} and len(r.tests[0].rows) == 8
+    r = parse_nvbandwidth(read("nvbandwidth", "h20-3e-8gpu-v0.8-device-local-copy-1116gbps-hostname-line-EXCERPT.txt"))
+    assert r.hostname == "sglang-host-cuda" and r.tests[0].kind == "local" and r.tests[0].per_gpu()[6] == 1117.17
+    r = parse_nvbandwidth(read("nvbandwidth", "rtxa6000-6gpu-pcie-no-nvlink-v0.8-d2d-read-ce-22-26gbps-device-list-"
+                                              "elided.txt"))
+    assert r.tests[0].name == "device_to_device_memcpy_read_ce"  # from the SUM line: `Running` was elided
+    assert worst(judge_nvbandwidth(r)) == "pass"  # ~22 vs 26 GB/s across vs within a PCIe switch is normal
+    r = parse_nvbandwidth(read("nvbandwidth", "8gpu-nvlink-DOC-EXAMPLE-nvidia-readme-d2d-write-ce-276gbps-old-0.00-"
+                                              "diagonal.txt"))
+    assert r.tests[0].rows[3][3] is None and min(r.tests[0].values()) == 274.89  # 0.00 diagonal: not measured
+    r = parse_nvbandwidth(read("nvbandwidth", "8gpu-DOC-EXAMPLE-nvidia-readme-h2d-memcpy-ce-26gbps-pcie4.txt"))
+    assert r.tests[0].host_side == "row" and r.tests[0].per_gpu()[1] == 25.94
+    r = parse_nvbandwidth(read("nvbandwidth", "a100-sxm4-40gb-1gpu-v0.8-h2d-memcpy-sm-25gbps.txt"))
+    assert r.tests[0].per_gpu() == {0: 25.13}
+
+
+def test_nvbandwidth_slow_gpu_is_named_against_the_node_median():
+    text = read("nvbandwidth", "8gpu-DOC-EXAMPLE-nvidia-readme-h2d-memcpy-ce-26gbps-pcie4.txt")
+    slow = text.replace("25.94", "12.10")  # GPU 1 at half the others' host->device figure
+    f = judge_nvbandwidth(parse_nvbandwidth(slow), node="n3")
+    assert bad(f) == [("fail", "GPU 1")] and f[0].figure == 12.1 and "median" in f[0].message
+    f = judge_nvbandwidth(parse_nvbandwidth(text), node="n3", model="H100")  # 26 GB/s on an H100: below 48
+    assert {x.status for x in f} == {"fail"} and len(f) == 8 and f[0].threshold == 48.0
+
+
+# ------------------------------------------------------------------ perftest
+
+def test_perftest_degraded_gpudirect_vs_host_memory_on_the_same_link():
+    gdr = parse_perftest(read("perftest", "t4-roce-100g-ib_write_bw-use_cuda-client-10.5gbps-DEGRADED-vs-92.56-host-"
+                                          "mem-pcie-ro-warning.txt"))
+    host = parse_perftest(read("perftest", "t4-node-roce-100g-ib_write_bw-host-mem-client-rdma_cm-92.56gbps-"
+                                           "baseline.txt"))
+    assert (gdr.gpu, gdr.device, gdr.link_type, gdr.bw_avg_gbps) == ("Tesla T4", "mlx5_4", "Ethernet", 10.5)
+    assert any("relaxed ordering" in w for w in gdr.warnings)
+    assert (host.use_cuda, host.bw_avg_gbps) == (False, 92.56)
+    assert worst(judge_perftest(host, link_rate_gbps=100)) == "pass"
+    f = judge_perftest(gdr, node="t4", link_rate_gbps=100, host_baseline=host)
+    assert [(x.status, x.check, x.component) for x in f] == [("fail", "rdma", "mlx5_4"),
+                                                             ("fail", "rdma:gpudirect", "mlx5_4")]
+    assert f[1].figure == 10.5 and f[1].threshold == 92.56 and "PCIe" in f[1].remediation
+
+
+def test_perftest_sweep_server_and_healthy_links():
+    a = parse_perftest(read("perftest", "a100-sxm4-80gb-ib-100g-ib_write_bw-use_cuda-2qp-a-sweep-client-81gbps.txt"))
+    assert len(a.rows) == 23 and a.rows[0].avg_gbps == 0.060962 and a.bw_avg_gbps == 81.24 and a.qps == 2
+    base = parse_perftest(read("perftest", "cx6-ib-100g-ib_write_bw-host-mem-a-sweep-client-98.38gbps.txt"))
+    assert base.bw_avg_gbps == 98.38
+    assert [x.status for x in judge_perftest(a, link_rate_gbps=100, host_baseline=base)] == ["warn", "pass"]
+    srv = parse_perftest(read("perftest", "a40-openshift-roce-200g-ib_write_bw-use_cuda-dmabuf-16qp-D60-server-"
+                                          "181gbps.txt"))
+    cli = parse_perftest(read("perftest", "a40-openshift-roce-200g-ib_write_bw-use_cuda-dmabuf-16qp-D60-client-"
+                                          "181gbps.txt"))
+    assert srv.server and not cli.server and srv.bw_avg_gbps == cli.bw_avg_gbps == 181.46 and cli.qps == 16
+    assert worst(judge_perftest(cli, link_rate_gbps=200)) == "pass"
+    cx7 = parse_perftest(read("perftest", "cx7-ndr-b2b-dac-ib_write_bw-client-392gbps-cpu-freq-warning-"
+                                          "interleaved.txt"))
+    assert cx7.bw_avg_gbps == 392.34 and cx7.warnings[0].startswith("Conflicting CPU frequency")
+    assert worst(judge_perftest(cx7, link_rate_gbps=400)) == "pass"
+    oci = parse_perftest(read("perftest", "oci-roce-mlx5-100g-ib_write_bw-4qp-rdma_cm-tos41-98gbps.txt"))
+    assert (oci.device, oci.qps, oci.settings["TOS"], oci.bw_avg_gbps) == ("mlx5_5", 4, "41", 98.01)
+
+
+# ------------------------------------------------------------------ NVLink
+
+def test_nvlink_links_down_and_inactive():
+    d = parse_nvlink_errors(read("nvlink", "h100-nvl-2gpu-dcgmi-nvlink-link-status-all-18-links-Down-FAULT.txt"))
+    assert d.source == "dcgmi" and [len(g.down) for g in d.gpus] == [18, 18]
+    assert bad(judge_nvlink_errors(d)) == [("fail", "GPU 0"), ("fail", "GPU 1")]
+    text = read("nvlink", "a100-sxm4-80gb-gpu6-nvlink-s-all-links-inActive-FAULT.txt")
+    assert parse_nvlink_errors(text).gpus[0].all_inactive
+    s = parse_nvlink_status(text)
+    assert s.gpus[0].index == 6 and s.gpus[0].all_inactive
+    assert bad(judge_nvlink_status(s)) == [("fail", "GPU 6")]
+    for name in ("a100-sxm4-80gb-8gpu-nvlink-s-12-links-25gbps-healthy.txt",
+                 "a100-sxm4-80gb-gpu7-nvlink-s-12-links-25gbps-tab-indent.txt",
+                 "gb200-nvlink-s-18-links-53.125gbps-FRAGMENT.txt"):
+        s = parse_nvlink_status(read("nvlink", name))
+        assert all(g.active == len(g.links) for g in s.gpus) and worst(judge_nvlink_status(s)) == "pass"
+
+
+def test_nvlink_e_counters_doc_example_and_rising_between_reads():
+    text = read("nvlink", "h100-nvlink-e-all-zero-DOC-EXAMPLE-anonymised-uuid-elided.txt")  # DOC-EXAMPLE
+    e = parse_nvlink_errors(text)
+    assert e.elided and sorted(e.gpus[0].counters) == [0, 1, 17]
+    assert e.gpus[0].counters[17] == {"Replay Errors": 0, "Recovery Errors": 0, "CRC Errors": 0}
+    assert worst(judge_nvlink_errors(e)) == "pass"
+    # no real capture has non-zero counters: the later read is the same text with one counter raised
+    later = parse_nvlink_errors(text.replace("Link 1: CRC Errors: 0", "Link 1: CRC Errors: 7"))
+    f = judge_nvlink_errors(later, before=e, node="n2")
+    assert bad(f) == [("fail", "GPU 0 link 1")] and f[0].figure == 7 and "rose from 0 to 7" in f[0].message
+    assert bad(judge_nvlink_errors(later)) == [("warn", "GPU 0 link 1")]  # one read: since boot, not proven rising
+
+
+# ------------------------------------------------------------------ nvidia-smi -q and --query-gpu
+
+def test_gpu_q_healthy_h100_and_page_retirement():
+    q = parse_gpu_q(read("nvidia-smi-query", "h100-80gb-hbm3-8gpu-q-full-drv535.161.08-healthy.txt"))
+    s = q.gpus[0].summary()
+    assert len(q.gpus) == 8 and q.driver == "535.161.08" and s["name"] == "NVIDIA H100 80GB HBM3"
+    assert s["sram_uncorrectable_volatile"] == 0 and s["remapped_pending"] is False and s["retired_pending"] is None
+    assert s["bank_histogram"]["Max"] == 2560 and worst(judge_gpu_q(q)) == "pass"
+    q = parse_gpu_q(read("nvidia-smi-query", "azure-vm-8gpu-q-d-page-retirement-drv535.86.10-all-zero.txt"))
+    assert len(q.gpus) == 8 and q.gpus[7].summary()["retired_double_bit"] == 0 and worst(judge_gpu_q(q)) == "pass"
+
+
+def test_gpu_q_faults():
+    q = parse_gpu_q(read("nvidia-smi-query", "a10-1gpu-q-full-drv535.129.03-remapped-rows-uncorrectable4-pending-"
+                                             "yes.txt"))
+    s = q.gpus[0].summary()
+    assert (s["remapped_uncorrectable"], s["remapped_pending"], s["bank_histogram"]["Max"]) == (4, True, 192)
+    f = judge_gpu_q(q, node="a10")
+    assert bad(f) == [("fail", "GPU 00000000:07:00.0")] and "reset the GPU" in f[0].remediation
+    q = parse_gpu_q(read("nvidia-smi-query", "gpu-q-ecc-errors-sram-uncorrectable-volatile1-aggregate5-FRAGMENT.txt"))
+    s = q.gpus[0].summary()
+    assert (s["sram_uncorrectable_volatile"], s["sram_uncorrectable_aggregate"]) == (1, 5)
+    assert [x.status for x in judge_gpu_q(q)] == ["fail"]
+    q = parse_gpu_q(read("nvidia-smi-query", "nvidia-smi-plain-unable-to-determine-device-handle-unknown-error-after-"
+                                             "xid79.txt"))
+    assert q.inaccessible == {"0000:A1:00.0": "Unknown Error"}
+    assert bad(judge_gpu_q(q)) == [("fail", "GPU 0000:A1:00.0")]
+
+
+def test_gpu_query_csv_captures_and_idle_pcie_gen1_is_not_flagged():
+    from checks.assemble import _gpu_health
+    from checks.judges import JudgeConfig
+
+    q = parse_gpu_query(read("nvidia-smi-query", "l40s-8gpu-query-gpu-csv-pcie-link-gen-width-idle-gen1-of-gen4-x16.txt"))
+    assert [(g.pcie_gen, g.pcie_gen_max, g.pcie_width) for g in q.gpus] == [(1, 4, 16)] * 8
+    assert {c.check: c.status for c in _gpu_health("l40s", q, JudgeConfig())}["pcie"] == "pass"
+    q = parse_gpu_query(read("nvidia-smi-query", "rtxpro6000-blackwell-2gpu-query-gpu-csv-clocks-event-reasons-sw-"
+                                                 "power-cap-active.txt"))
+    assert q.gpus[0].clock_event_reasons == "0x0000000000000004"
+    assert q.gpus[0].raw["clocks_event_reasons.sw_power_cap"] == "Active"
+    assert {c.check: c.status for c in _gpu_health("b", q, JudgeConfig())}["clocks"] == "pass"
+    q = parse_gpu_query(read("nvidia-smi-query", "rtxpro6000-blackwell-2gpu-query-gpu-csv-temp-power-ecc-volatile.txt"))
+    assert (q.gpus[0].power_draw_w, q.gpus[1].power_limit_w, q.gpus[1].ecc_uncorrected) == (30.39, 600.0, 0)
+
+
+# ------------------------------------------------------------------ ibstat / ibstatus / ibv_devinfo
+
+def test_ibstat_unused_ethernet_ports_are_not_flagged():
+    ib = parse_ibstat(read("ibstat", "8x-cx7-ib-ndr400-plus-cx6dx-eth-3-ports-down-disabled.txt"))
+    assert [f"{p.ca}/{p.port}" for p in ib.unused_ethernet] == ["mlx5_2/1", "mlx5_7/1", "mlx5_8/1"]
+    assert sum(p.active for p in ib.ports) == 9
+    f = judge_ibstat(ib)
+    assert worst(f) == "pass" and "3 unused Ethernet ports" in f[0].message
+
+
+def test_ibstat_adapter_vanishing_mid_listing():
+    ib = parse_ibstat(read("ibstat", "azure-a100-8x-cx6-vf-hdr200-ibpanic-mlx5_8-missing-exit255.txt"))
+    assert len(ib.cas) == 8 and ib.missing == ["mlx5_8"] and ib.errors[0].startswith("ibpanic:")
+    assert bad(judge_ibstat(ib)) == [("fail", "mlx5_8")]
+
+
+@pytest.mark.parametrize("name,ports,rates", [
+    ("h100-12ca-roce-cx7-400g-cx6dx-100g-all-active.txt", 12, {400.0, 100.0}),
+    ("h100-8x-cx7-ib-ndr400-plus-bluefield3-eth200-all-active.txt", 9, {400.0, 200.0}),
+    ("a100-vm-9x-mlx5-vf-hdr200-all-active.txt", 9, {200.0}),
+    ("ibstatus-azure-a100-8x-hdr200-all-active.txt", 9, {200.0, 40.0}),
+])
+def test_ibstat_all_active(name, ports, rates):
+    ib = parse_ibstat(read("ibstat", name))
+    assert len(ib.ports) == ports and all(p.active for p in ib.ports)
+    assert {p.rate_gbps for p in ib.ports} == rates and worst(judge_ibstat(ib)) == "pass"
+
+
+def test_ibv_devinfo_two_ethernet_ports_down():
+    ib = parse_ibstat(read("ibstat", "ibv_devinfo-h100-node-12x-cx7-roce-10-active-2-PORT_DOWN.txt"))
+    assert len(ib.ports) == 12 and sum(p.active for p in ib.ports) == 10
+    # the listing order is mlx5_0..mlx5_11: the down ones are mlx5_9 and mlx5_11
+    assert [p.ca for p in ib.ports if not p.active] == ["mlx5_9", "mlx5_11"]
+    assert bad(judge_ibstat(ib)) == [("warn", "mlx5_11/1"), ("warn", "mlx5_9/1")]
+
+
+# ------------------------------------------------------------------ Xid
+
+XID_EXPECT = {
+    "akash-provider-gpu-xid79-fallen-off-bus-dmesg-T-crash-dump-multiline.txt": [("fail", "GPU 0000:a1:00")],
+    "akash-provider-vm-xid43-xid31-mmu-fault-xid94-contained-dmesg-T-EXCERPT.txt":
+        [("warn", "GPU 0000:00:05"), ("warn", "GPU 0000:00:07"), ("warn", "GPU 0000:00:08")],
+    "gpu-dmesg-ctime-xid13-illegal-instruction-xid109-ctx-switch-timeout-peermem.txt":
+        [("warn", "GPU 0000:cb:00"), ("warn", "GPU 0000:cb:00")],
+    "gpu-xid48-dbe-then-xid63-row-remap-then-xid94-contained-iso-timestamps.txt":
+        [("fail", "GPU 0000:19:00"), ("fail", "GPU 0000:19:00"), ("warn", "GPU 0000:19:00")],
+    "hgx-dell-xe9680-gpu4-xid119-gsp-rpc-timeout-dmesg-T-with-stack.txt": [("fail", "GPU 0000:9b:00")],
+    "journal-kernel-xid45-caused-by-previous-xid149-xid145-nvlink-EXCERPT.txt":
+        [("fail", "GPU 0000:97:00"), ("fail", "GPU 0000:ba:00"), ("fail", "GPU 0000:dc:00"), ("fail", "GPU 0000:ed:00")],
+    "k8s-worker-xid48-dbe-xid64-blacklisting-failed-plus-rminitadapter-failed-syslog-EXCERPT.txt":
+        [("fail", "GPU 0000:07:00"), ("fail", "GPU 0000:07:00"), ("fail", "GPU 0000:0a:00")],
+    "pci-10de-26b5-fallen-off-bus-multiline-NO-xid-drv570.158.01-dmesg.txt": [("fail", "GPU 0000:b3:00")],
+    "xid13-sm-out-of-range-address-burst-629-lines-plus-xid43-dmesg-decode-iso.txt":
+        [("warn", "GPU 0000:38:00"), ("warn", "GPU 0000:38:00")],
+}
+
+
+@pytest.mark.parametrize("name", sorted(XID_EXPECT))
+def test_xid_captures_hardware_fails_application_warns(name):
+    log = parse_xid(read("xid", name))
+    assert bad(judge_xid(log, node="n")) == XID_EXPECT[name]
+
+
+def test_xid_details():
+    log = parse_xid(read("xid", "xid13-sm-out-of-range-address-burst-629-lines-plus-xid43-dmesg-decode-iso.txt"))
+    assert [e.code for e in log.events].count(13) == 629 and [e.code for e in log.events].count(43) == 7
+    log = parse_xid(read("xid", "pci-10de-26b5-fallen-off-bus-multiline-NO-xid-drv570.158.01-dmesg.txt"))
+    assert log.events == [] and log.fallen_off_bus == ["0000:b3:00"]
+    log = parse_xid(read("xid", "akash-provider-gpu-xid79-fallen-off-bus-dmesg-T-crash-dump-multiline.txt"))
+    assert log.fallen_off_bus == ["0000:a1:00"] and len(judge_xid(log)) == 1  # the Xid 79 line, not twice
+    assert classify_xid(45, "Ch 00000001 caused by previous Xid 149")[1] == "fail"
+    assert classify_xid(45, "Ch 00000001")[1] == "warn"
+
+
+# ------------------------------------------------------------------ the CLI
+
+def _launch(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "launcher.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_preflight_parse_prints_the_parse_and_the_findings():
+    gdr = shared_file("perftest", "t4-roce-100g-ib_write_bw-use_cuda-client-10.5gbps-DEGRADED-vs-92.56-host-mem-"
+                                  "pcie-ro-warning.txt")
+    host = shared_file("perftest", "t4-node-roce-100g-ib_write_bw-host-mem-client-rdma_cm-92.56gbps-baseline.txt")
+    p = _launch("preflight", "parse", "perftest", str(gdr), "--against", str(host), "--link-rate", "100",
+                "--node", "t4node", "--json")
+    assert p.returncode == 1, p.stderr
+    out = json.loads(p.stdout)
+    assert out["status"] == "fail" and out["parse"]["bw_avg_gbps"] == 10.5
+    assert {(f["node"], f["component"], f["check"]) for f in out["findings"]} == {
+        ("t4node", "mlx5_4", "rdma"), ("t4node", "mlx5_4", "rdma:gpudirect")}
+    ok = _launch("preflight", "parse", "dcgm-diag",
+                 str(shared_file("dcgm-diag", "a10g-4gpu-sagemaker-g5.12xlarge-dcgm3.3.9-r3-all-pass.txt")))
+    assert ok.returncode == 0 and ok.stdout.startswith("dcgm-diag ") and "PASS" in ok.stdout
+    wrong = _launch("preflight", "parse", "gpu-q", str(gdr))
+    assert wrong.returncode == 2 and "gpu-q" in wrong.stderr and "Traceback" not in wrong.stderr
