@@ -12,6 +12,7 @@ Progress (per phase and host) goes to stderr; stdout carries the report or JSON 
 
 from __future__ import annotations
 
+import json
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -23,6 +24,7 @@ from launcher.commands import emit, json_option, progress
 from launcher.errors import UserError
 
 BACKENDS = ["ssh", "local", "srun", "slurm", "k8s"]
+SCHEDULERS = ["slurm", "k8s"]
 
 
 def _judge_config(thresholds: str | None, expected_gpus: int | None, min_intra: float | None,
@@ -42,7 +44,40 @@ def _judge_config(thresholds: str | None, expected_gpus: int | None, min_intra: 
     return cfg
 
 
-def _finish(bw: Any, output: str | None, as_json: bool, exclude_failed: bool) -> int:
+def _drain(bw: Any, scheduler: str, do_apply: bool, as_json: bool, payload: dict[str, Any] | None = None) -> int:
+    """Print (or with --apply run) the commands that take the failed nodes out of service."""
+    from checks.drain import apply, plan_drain
+
+    actions = plan_drain(bw, scheduler)
+    out = payload if payload is not None else {}
+    out["drain"] = {"scheduler": scheduler, "applied": do_apply,
+                    "nodes": [{"node": a.node, "reason": a.reason, "commands": a.lines} for a in actions]}
+    rc = 0
+    lines = [ln for a in actions for ln in a.lines] or ["# no node failed: nothing to drain"]
+    if do_apply:
+        done = apply(actions)
+        out["drain"]["results"] = [vars(d) for d in done]
+        lines = [f"{d.command}  # " + ("ok" if d.rc == 0 else f"FAILED ({d.rc}): {d.output}") for d in done] or lines
+        rc = 1 if any(d.rc != 0 for d in done) else 0
+    if as_json:
+        click.echo(json.dumps(out, indent=2, default=str))
+    else:
+        click.echo("\n".join(lines))
+    return rc
+
+
+def _drain_for(drain: bool, scheduler: str | None, do_apply: bool, default: str) -> str | None:
+    """The scheduler to drain for, None without --drain; --apply/--scheduler alone are refused."""
+    if not drain:
+        if do_apply or scheduler:
+            raise UserError("--apply and --scheduler go with --drain")
+        return None
+    return scheduler or default
+
+
+def _finish(bw: Any, output: str | None, as_json: bool, exclude_failed: bool,
+            drain: str | None = None, do_apply: bool = False) -> int:
+    """Write the map, print the report (or the exclude list), and drain what failed when asked."""
     from checks.assemble import failed_checks
     from checks.hosts import compress
     from checks.report import render
@@ -57,8 +92,14 @@ def _finish(bw: Any, output: str | None, as_json: bool, exclude_failed: bool) ->
         # for `sbatch --exclude=$(launch preflight ... --exclude-failed)`: the list only, exit 0
         click.echo(compress(bw.exclude) if bw.exclude else "")
         return 0 if bw.healthy_hosts else 1
+    rc = 1 if failed_checks(bw) else 0
+    if drain:
+        if not as_json:
+            click.echo(render(bw))
+        payload = bw.to_dict() if as_json else None
+        return max(rc, _drain(bw, drain, do_apply, as_json, payload))
     emit(bw.to_dict(), as_json, lambda: render(bw))
-    return 1 if failed_checks(bw) else 0
+    return rc
 
 
 def threshold_options(f: Any) -> Any:
@@ -71,6 +112,11 @@ def threshold_options(f: Any) -> Any:
         click.option("--min-inter-busbw", type=click.FloatRange(0), help="Node-pair all_reduce busbw floor, GB/s."),
         click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the BandwidthMap JSON here."),
         click.option("--exclude-failed", is_flag=True, help="Print only the nodes to exclude (hostlist), exit 0."),
+        click.option("--drain", is_flag=True, help="Also print the commands that take each failed node out of "
+                     "service: Slurm `scontrol update ... state=drain reason=...`, or Kubernetes label and taint."),
+        click.option("--scheduler", type=click.Choice(SCHEDULERS), help="With --drain: whose commands (default: "
+                     "k8s with --backend k8s, else slurm)."),
+        click.option("--apply", "do_apply", is_flag=True, help="With --drain: run those commands."),
     ]):
         f = opt(f)
     return f
@@ -127,7 +173,8 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
               save_raw: str | None, out_dir: str | None, partition: str | None, account: str | None, time_limit: str,
               gpus_per_node: int | None, srun_mpi: str, dry_run: bool, namespace: str, image: str, kube_context: str | None,
               thresholds: str | None, expected_gpus: int | None, min_intra_busbw: float | None,
-              min_inter_busbw: float | None, output: str | None, exclude_failed: bool, as_json: bool) -> int | None:
+              min_inter_busbw: float | None, output: str | None, exclude_failed: bool, drain: bool,
+              scheduler: str | None, do_apply: bool, as_json: bool) -> int | None:
     """Measure nodes and links (nvidia-smi topo, health, nccl-tests); write a bandwidth map."""
     if ctx.invoked_subcommand is not None:
         return None
@@ -150,6 +197,7 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
     except HostsError as exc:
         raise UserError(str(exc)) from None
     backend = backend or ("srun" if slurm_allocation else "ssh" if (hosts_expr or hostfile) else "local")
+    drain_to = _drain_for(drain, scheduler, do_apply, "k8s" if backend == "k8s" else "slurm")
     lo_hi = [s.strip() for s in sizes.split(",")]
     if len(lo_hi) != 2 or not all(lo_hi):
         raise UserError(f"--sizes {sizes!r}: expected MIN,MAX such as 512M,8G")
@@ -192,7 +240,7 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
         except OSError as exc:
             raise UserError(f"--save-raw {save_raw}: cannot write ({exc.strerror})") from None
     bw = assemble(results, cfg)
-    return _finish(bw, output, as_json, exclude_failed)
+    return _finish(bw, output, as_json, exclude_failed, drain_to, do_apply)
 
 
 def _slurm_job(hosts: list[str], nccl: Any, out_dir: str | None, partition: str | None, account: str | None,
@@ -304,10 +352,12 @@ def parse_cmd(kind: str, file: str, node: str, against: str | None, link_rate: f
 @threshold_options
 @json_option
 def import_cmd(directory: str, thresholds: str | None, expected_gpus: int | None, min_intra_busbw: float | None,
-               min_inter_busbw: float | None, output: str | None, exclude_failed: bool, as_json: bool) -> int:
+               min_inter_busbw: float | None, output: str | None, exclude_failed: bool, drain: bool,
+               scheduler: str | None, do_apply: bool, as_json: bool) -> int:
     """Build the bandwidth map from outputs gathered elsewhere: DIR/<host>/{topo.txt,...}, DIR/pairs/*.txt."""
     from checks.assemble import assemble, load_dir
 
+    drain_to = _drain_for(drain, scheduler, do_apply, "slurm")
     d = Path(directory)
     if not d.is_dir():
         raise UserError(f"{directory}: not a folder (expected DIR/<host>/topo.txt, gpu-query.csv, ...)")
@@ -316,4 +366,20 @@ def import_cmd(directory: str, thresholds: str | None, expected_gpus: int | None
         raise UserError(f"{directory}: no host folders with probe outputs (topo.txt, gpu-query.csv, nvlink.txt, "
                         "ibstat.txt, xid.txt, nccl-node.txt)")
     cfg = _judge_config(thresholds, expected_gpus, min_intra_busbw, min_inter_busbw)
-    return _finish(assemble(res, cfg), output, as_json, exclude_failed)
+    return _finish(assemble(res, cfg), output, as_json, exclude_failed, drain_to, do_apply)
+
+
+@preflight.command("drain")
+@click.argument("bwmap", type=click.Path(dir_okay=False))
+@click.option("--scheduler", type=click.Choice(SCHEDULERS), default="slurm", show_default=True)
+@click.option("--apply", "do_apply", is_flag=True, help="Run the commands (default: print them).")
+@json_option
+def drain_cmd(bwmap: str, scheduler: str, do_apply: bool, as_json: bool) -> int:
+    """Take the nodes a bandwidth map excludes out of service (Slurm drain, Kubernetes label+taint)."""
+    from checks.bwmap import BandwidthMap, BandwidthMapError
+
+    try:
+        bw = BandwidthMap.load(bwmap)
+    except BandwidthMapError as exc:
+        raise UserError(str(exc)) from None
+    return _drain(bw, scheduler, do_apply, as_json)
