@@ -113,8 +113,8 @@ def judge_dcgm_diag(diag: DcgmDiag, node: str = "") -> list[Finding]:
 
 # ---------------------------------------------------------------- NVLink
 
-NVLINK_SOURCE = ("NVLink CRC/replay/recovery counters should not grow under load (DCGM NVLink health watch; "
-                 "the same rule in IBM autopilot and Meta gcm)")
+NVLINK_SOURCE = ("NVLink CRC/replay/recovery error thresholds 0 (Meta gcm nvlink check defaults; DCGM's "
+                 "NVLink health watch)")
 NVLINK_DOWN_FIX = ("reset the GPU (nvidia-smi -r) or reboot; on NVSwitch systems check nvidia-fabricmanager; if "
                    "links stay down, drain the node and RMA the GPU/baseboard")
 
@@ -265,7 +265,9 @@ def judge_perftest(result: Perftest, node: str = "", link_rate_gbps: float | Non
 # ---------------------------------------------------------------- nvidia-smi -q (memory health)
 
 MEM_SOURCE = "NVIDIA GPU memory error management (row remapping, page retirement, SRAM ECC)"
-RETIRED_PAGES_RMA = 60  # retired pages at which NVIDIA's page-retirement guidance calls for RMA
+# Meta gcm's check-nvidia-smi gpu_retired_pages: critical above 10 retired pages or any pending
+RETIRED_PAGES_LIMIT = 10
+RETIRED_SOURCE = "Meta gcm gpu_retired_pages (threshold 10 retired pages; pending retirement is critical)"
 
 
 def judge_gpu_q(result: GpuQ, node: str = "") -> list[Finding]:
@@ -306,11 +308,13 @@ def judge_gpu_q(result: GpuQ, node: str = "") -> list[Finding]:
             add("fail", s["dram_uncorrectable_volatile"], 0,
                 f"{s['dram_uncorrectable_volatile']} uncorrectable DRAM ECC errors since boot",
                 "reset the GPU to remap/retire the rows; RMA if they recur")
-        if s["retired_pending"]:
-            add("fail", True, False, "page retirement pending", "reboot (or reset the GPU) to retire the pages")
         retired = (s["retired_single_bit"] or 0) + (s["retired_double_bit"] or 0)
-        if retired >= RETIRED_PAGES_RMA:
-            add("fail", retired, RETIRED_PAGES_RMA, f"{retired} pages retired", "drain and RMA the GPU")
+        if s["retired_pending"]:
+            out.append(Finding(node, comp, "memory", "fail", True, False, "page retirement pending",
+                               "reboot (or reload the driver) so the pages are retired", RETIRED_SOURCE))
+        if retired > RETIRED_PAGES_LIMIT:
+            out.append(Finding(node, comp, "memory", "fail", retired, RETIRED_PAGES_LIMIT, f"{retired} pages retired",
+                               "drain the node and RMA the GPU", RETIRED_SOURCE))
         elif (s["retired_double_bit"] or 0) > 0:
             add("warn", s["retired_double_bit"], 0, f"{s['retired_double_bit']} pages retired for double-bit errors",
                 "watch the count")

@@ -42,7 +42,10 @@ PROBES: tuple[Probe, ...] = (
     Probe("ibstat", "ibstat.txt", "ibstat 2>/dev/null || ibv_devinfo"),
     Probe("xid", "xid.txt",
           "if log=$(dmesg 2>/dev/null) || log=$(journalctl -k --no-pager -q 2>/dev/null); then "
-          "printf '%s\\n' \"$log\" | grep -E 'NVRM: Xid' || true; "
+          # Xid lines, and two driver messages that come without one: a GPU that fell off the bus (the
+          # notice is wrapped over 3 lines, hence -A2) and a GPU the driver could not initialise
+          "printf '%s\\n' \"$log\" | grep -E -A2 'NVRM: (Xid|The NVIDIA GPU|GPU [0-9A-Fa-f:.]+: RmInitAdapter)' "
+          "| grep -v '^--$' || true; "
           "else echo 'cannot read the kernel log (dmesg, journalctl -k): no permission?' >&2; exit 3; fi"),
 )
 PROBE_BY_NAME = {p.name: p for p in PROBES}

@@ -246,6 +246,12 @@ def test_gpu_q_healthy_h100_and_page_retirement():
     assert s["bank_histogram"]["Max"] == 2560 and worst(judge_gpu_q(q)) == "pass"
     q = parse_gpu_q(read("nvidia-smi-query", "azure-vm-8gpu-q-d-page-retirement-drv535.86.10-all-zero.txt"))
     assert len(q.gpus) == 8 and q.gpus[7].summary()["retired_double_bit"] == 0 and worst(judge_gpu_q(q)) == "pass"
+    text = read("nvidia-smi-query", "azure-vm-8gpu-q-d-page-retirement-drv535.86.10-all-zero.txt")
+    worse = text.replace("Double Bit ECC                    : 0", "Double Bit ECC                    : 11", 1)
+    f = judge_gpu_q(parse_gpu_q(worse), node="vm")
+    assert [(x.status, x.component, x.figure, x.threshold) for x in f] == [("fail", "GPU 00000001:00:00.0", 11, 10)]
+    pending = text.replace("Pending Page Blacklist            : No", "Pending Page Blacklist            : Yes", 1)
+    assert bad(judge_gpu_q(parse_gpu_q(pending))) == [("fail", "GPU 00000001:00:00.0")]
 
 
 def test_gpu_q_faults():
@@ -289,12 +295,22 @@ def test_ibstat_unused_ethernet_ports_are_not_flagged():
     assert sum(p.active for p in ib.ports) == 9
     f = judge_ibstat(ib)
     assert worst(f) == "pass" and "3 unused Ethernet ports" in f[0].message
+    from checks.assemble import _ib_check
+    from checks.judges import JudgeConfig
+
+    best = {p.ca: p.rate_gbps for p in ib.ports if p.active}
+    assert _ib_check("n", ib, JudgeConfig(), best, {(p.ca, p.port) for p in ib.ports if p.active}).status == "pass"
 
 
 def test_ibstat_adapter_vanishing_mid_listing():
     ib = parse_ibstat(read("ibstat", "azure-a100-8x-cx6-vf-hdr200-ibpanic-mlx5_8-missing-exit255.txt"))
     assert len(ib.cas) == 8 and ib.missing == ["mlx5_8"] and ib.errors[0].startswith("ibpanic:")
     assert bad(judge_ibstat(ib)) == [("fail", "mlx5_8")]
+    from checks.assemble import _ib_check
+    from checks.judges import JudgeConfig
+
+    c = _ib_check("vm", ib, JudgeConfig(), {}, set())
+    assert c.status == "fail" and "mlx5_8 vanished" in c.message
 
 
 @pytest.mark.parametrize("name,ports,rates", [

@@ -1,8 +1,9 @@
 """Preflight over real SSH: private sshd "nodes" on loopback, each with replay tools on its PATH.
 
 Each node's nvidia-smi / all_reduce_perf / mpirun / ibstat / dmesg replay prints outputs chosen by
-its replay.env: real captures from ../shared/fixtures (topo, nccl-tests) read at run time, and
-CONSTRUCTED gpu-query / nvlink / ibstat / kernel-log text (no real capture of those exists there).
+its replay.env: real captures from ../shared/fixtures (topo, nccl-tests, ibstat, kernel logs) read at
+run time, and CONSTRUCTED gpu-query / nvlink text (no real capture of an 8-GPU H100 `--query-gpu` with
+every field the probe asks for, nor of H100 `nvlink -s`, exists there).
 One node at a time gets a bad output; preflight must name exactly that node and that check.
 """
 
@@ -22,7 +23,7 @@ from checks.orchestrate import NcclOptions, PreflightOptions, run_preflight
 from checks.runners.ssh import SSHRunner
 from tests.conftest import REPO, fixtures_dir, shared_file
 from tests.replay import install
-from tests.replay.constructed import dmesg_xids, gpu_query_csv, ibstat_text, nvlink_status
+from tests.replay.constructed import gpu_query_csv, nvlink_status
 from tests.services.sshd import SshCluster, sshd_available
 
 pytestmark = pytest.mark.slow
@@ -30,7 +31,9 @@ NODES = ["node01", "node02", "node03", "node04"]
 GOOD = dict(TOPO="topo/h100-sxm-8gpu-12nic-mlx5-1numa.txt",
             NCCL_NODE="nccl-tests/h100-1node-8gpu-5colls-v2.17.8.txt",
             NCCL_PAIR="nccl-tests/h100-a3mega-2node-16gpu-all_reduce_perf.txt",
-            NCCL_ALL="nccl-tests/h100-10node-80gpu-5colls-v2.17.8.txt")
+            NCCL_ALL="nccl-tests/h100-10node-80gpu-5colls-v2.17.8.txt",
+            # real: 8 IB rails + 4 Ethernet ports, 3 of them switched off (unused, must not be flagged)
+            IBSTAT="ibstat/8x-cx7-ib-ndr400-plus-cx6dx-eth-3-ports-down-disabled.txt")
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +47,9 @@ def cluster(tmp_path_factory):
         c.write_known_hosts()
         files = root / "constructed"
         files.mkdir()
-        for name, text in {"gq.csv": gpu_query_csv(), "nv.txt": nvlink_status(), "ib.txt": ibstat_text(),
+        for name, text in {"gq.csv": gpu_query_csv(), "nv.txt": nvlink_status(),
                            "gq-ecc.csv": gpu_query_csv(overrides={4: {"ecc.errors.uncorrected.volatile.total": "7"}}),
-                           "gq-7.csv": gpu_query_csv(n=7),
-                           "xid79.txt": dmesg_xids([("0000:3b:00", 79, "GPU has fallen off the bus.")])}.items():
+                           "gq-7.csv": gpu_query_csv(n=7)}.items():
             (files / name).write_text(text)
         c.files = files
         yield c
@@ -55,7 +57,7 @@ def cluster(tmp_path_factory):
 
 def configure(c: SshCluster, bad: str | None = None, **settings: str) -> None:
     for n in NODES:
-        kw = dict(GOOD, GPU_QUERY=c.files / "gq.csv", NVLINK=c.files / "nv.txt", IBSTAT=c.files / "ib.txt")
+        kw = dict(GOOD, GPU_QUERY=c.files / "gq.csv", NVLINK=c.files / "nv.txt")
         if n == bad:
             kw.update({k: (c.files / v if v.endswith((".csv", ".txt")) and "/" not in v else v)
                        for k, v in settings.items()})
@@ -97,7 +99,8 @@ def test_healthy_cluster_all_phases(cluster):
     ({"GPU_QUERY": "gq-7.csv"}, "gpu_count"),                                         # a missing GPU
     ({"NCCL_NODE": "nccl-tests/rtx3090-2node-1gpu-all_reduce_perf-WRONG-nonzero-108-FAILED.txt"}, "nccl_node"),
     ({"NCCL_HANG": "1"}, "nccl_node"),                                                # a hang
-    ({"DMESG": "xid79.txt"}, "xid"),
+    ({"DMESG": "xid/akash-provider-gpu-xid79-fallen-off-bus-dmesg-T-crash-dump-multiline.txt"}, "xid"),
+    ({"DMESG": "xid/pci-10de-26b5-fallen-off-bus-multiline-NO-xid-drv570.158.01-dmesg.txt"}, "xid"),  # no Xid line
 ])
 def test_one_bad_node_is_named_with_its_check(cluster, settings, check):
     configure(cluster, bad="node03", **settings)
