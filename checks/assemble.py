@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from checks.bwmap import BandwidthMap, CheckResult, NodeReport, PairReport
+from checks.health_judges import judge_xid
 from checks.judges import (
     BENIGN_CLOCK_REASONS,
     STATUS_ORDER,
@@ -283,15 +284,11 @@ def _hardware_checks(data: dict[str, NodeData], cfg: JudgeConfig) -> list[CheckR
         if "xid" in nd.problems:
             add("xid", "fail", None, None, "")
         elif nd.xid is not None:
-            crit = sorted({e.code for e in nd.xid.critical})
-            other = sorted({e.code for e in nd.xid.events} - set(crit))
-            lost = [b for b in nd.xid.bus_events if b.pci not in {e.pci for e in nd.xid.events if e.code == 79}]
-            if lost:
-                add("xid", "fail", crit, [], "; ".join(f"GPU {b.pci}: {b.message} (no Xid line)" for b in lost))
-            elif crit:
-                add("xid", "fail", crit, [], f"critical XID {', '.join(map(str, crit))} in the kernel log")
-            elif other:
-                add("xid", "warn", other, [], f"XID {', '.join(map(str, other))} in the kernel log")
+            # NVIDIA's Xid catalog: hardware Xids (and a GPU lost without one) fail, application ones warn
+            found = [f for f in judge_xid(nd.xid, h) if f.status != "pass"]
+            if found:
+                add("xid", worst(*(f.status for f in found)), sorted({f.figure for f in found if isinstance(f.figure, int)}),
+                    [], "; ".join(f"{f.component}: {f.message}" for f in found))
             else:
                 add("xid", "pass", [], [], "no XID events")
         # ib

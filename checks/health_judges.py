@@ -20,7 +20,7 @@ from checks.parsers.nvbandwidth import NvBandwidth
 from checks.parsers.nvlink import NvlinkStatus
 from checks.parsers.nvlink_errors import NvlinkErrors
 from checks.parsers.perftest import Perftest
-from checks.parsers.xid import XidLog
+from checks.parsers.xid import XID_CATALOG, XID_SOURCE, XidLog
 
 STATUS_ORDER = {"pass": 0, "warn": 1, "fail": 2}
 
@@ -327,38 +327,6 @@ def judge_gpu_q(result: GpuQ, node: str = "") -> list[Finding]:
 
 # ---------------------------------------------------------------- Xid
 
-XID_SOURCE = "NVIDIA Xid catalog (docs.nvidia.com/deploy/xid-errors)"
-RESET = "reset the GPU or reboot; drain the node until it passes dcgmi diag -r 3; RMA if it recurs"
-APP = "the application faulted (bad address, illegal instruction, timeout): fix or restart the job; the node is fine"
-# code -> (meaning, hardware?, remediation)
-XID_CATALOG: dict[int, tuple[str, bool, str]] = {
-    13: ("graphics engine exception", False, APP),
-    31: ("GPU memory page fault (MMU fault)", False, APP),
-    43: ("GPU stopped processing (channel reset)", False, APP),
-    45: ("preemptive cleanup after an earlier error", False, "follow the Xid that caused it"),
-    48: ("double-bit ECC error (DBE)", True, RESET),
-    61: ("internal microcontroller breakpoint", True, RESET),
-    62: ("internal microcontroller halt", True, RESET),
-    63: ("ECC page retirement / row remapping recorded", True, "reset the GPU so the remap takes effect"),
-    64: ("ECC page retirement / row remapping failed", True, "drain the node and RMA the GPU"),
-    68: ("video processor exception", True, RESET),
-    69: ("graphics engine class error", True, RESET),
-    74: ("NVLink error", True, "check the NVLink/NVSwitch path; " + RESET),
-    79: ("GPU has fallen off the bus", True, "reboot; drain the node and RMA if it recurs (check PCIe slot/power)"),
-    92: ("high single-bit ECC error rate", True, "watch; RMA if it keeps rising"),
-    94: ("contained ECC error", False, "the job that hit it was stopped: restart it; reset the GPU if it repeats"),
-    95: ("uncontained ECC error", True, RESET),
-    109: ("context switch timeout", False, "restart the job; if it repeats without a job bug, reset the GPU"),
-    119: ("GSP RPC timeout", True, RESET),
-    120: ("GSP error", True, RESET),
-    121: ("C2C link error", True, RESET),
-    140: ("unrecovered ECC error", True, RESET),
-    143: ("GPU initialisation failure", True, RESET),
-    144: ("NVLink SAW error", True, "check the NVLink path; " + RESET),
-    145: ("NVLink RLW error", True, "check the NVLink path; " + RESET),
-    149: ("NVLink NETIR error", True, "check the NVLink/NVSwitch fabric; " + RESET),
-    154: ("GPU recovery action changed (reset / reboot required)", True, RESET),
-}
 CAUSED_BY_RE = re.compile(r"caused by previous Xid (\d+)")
 
 
@@ -395,7 +363,7 @@ def judge_xid(log: XidLog, node: str = "") -> list[Finding]:
                                XID_CATALOG[79][2], XID_SOURCE))
         elif b.message == "RmInitAdapter failed":
             out.append(Finding(node, f"GPU {b.pci}", "xid", "fail", "RmInitAdapter failed", "initialised",
-                               "the driver could not initialise the GPU", RESET, "NVIDIA driver log"))
+                               "the driver could not initialise the GPU", XID_CATALOG[143][2], "NVIDIA driver log"))
     return out or [Finding(node, "node", "xid", "pass", 0, 0, "no Xid events", "", XID_SOURCE)]
 
 

@@ -393,3 +393,17 @@ def test_preflight_parse_prints_the_parse_and_the_findings():
     assert ok.returncode == 0 and ok.stdout.startswith("dcgm-diag ") and "PASS" in ok.stdout
     wrong = _launch("preflight", "parse", "gpu-q", str(gdr))
     assert wrong.returncode == 2 and "gpu-q" in wrong.stderr and "Traceback" not in wrong.stderr
+
+
+@pytest.mark.parametrize("name,status", [
+    ("journal-kernel-xid45-caused-by-previous-xid149-xid145-nvlink-EXCERPT.txt", "fail"),  # NVLink Xids behind 45
+    ("pci-10de-26b5-fallen-off-bus-multiline-NO-xid-drv570.158.01-dmesg.txt", "fail"),
+    ("xid13-sm-out-of-range-address-burst-629-lines-plus-xid43-dmesg-decode-iso.txt", "warn"),  # the application's
+])
+def test_bandwidth_map_xid_check_follows_the_catalog(tmp_path, name, status):
+    from checks.assemble import assemble, load_dir
+
+    (tmp_path / "n1").mkdir()
+    (tmp_path / "n1" / "xid.txt").write_text(read("xid", name))
+    c = next(x for x in assemble(load_dir(tmp_path)).checks if x.check == "xid")
+    assert (c.node, c.status) == ("n1", status) and "GPU 0000:" in c.message

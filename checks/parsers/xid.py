@@ -3,7 +3,8 @@
 A kernel log holds much else; only `NVRM: Xid (PCI:<bus>): <code>, ...` lines are events, in any
 prefix format (`dmesg`, `dmesg -T`, `--ctime`, `--decode --time-format iso`, syslog, journal
 `kernel:`). Such a line whose code is not a number is garbled: ParseError naming it. Which XIDs are
-critical follows Azure's health checks (notes/preflight.md §3); the others are reported as warnings.
+critical (hardware: drain the node) and which are the application's follows NVIDIA's Xid catalog
+(XID_CATALOG; it covers every code Azure's health checks call critical, notes/preflight.md §3).
 Two driver messages without an Xid line are kept too: `The NVIDIA GPU <bus> ... has fallen off the
 bus` (the message is wrapped over continuation lines that carry no timestamp) and `RmInitAdapter
 failed!` (a GPU the driver could not initialise).
@@ -18,7 +19,46 @@ from typing import Any
 from checks.parsers import ParseError, strip_ansi
 
 KIND = "xid"
-CRITICAL_XIDS = frozenset({48, 56, 57, 58, 62, 63, 64, 65, 68, 69, 73, 74, 79, 80, 81, 92, 119, 120})
+XID_SOURCE = "NVIDIA Xid catalog (docs.nvidia.com/deploy/xid-errors)"
+RESET = "reset the GPU or reboot; drain the node until it passes dcgmi diag -r 3; RMA if it recurs"
+APP = "the application faulted (bad address, illegal instruction, timeout): fix or restart the job; the node is fine"
+# code -> (meaning, hardware?, remediation)
+XID_CATALOG: dict[int, tuple[str, bool, str]] = {
+    13: ("graphics engine exception", False, APP),
+    31: ("GPU memory page fault (MMU fault)", False, APP),
+    43: ("GPU stopped processing (channel reset)", False, APP),
+    45: ("preemptive cleanup after an earlier error", False, "follow the Xid that caused it"),
+    48: ("double-bit ECC error (DBE)", True, RESET),
+    56: ("display engine error", True, RESET),
+    57: ("error programming video memory interface", True, RESET),
+    58: ("unstable video memory interface", True, RESET),
+    61: ("internal microcontroller breakpoint", True, RESET),
+    62: ("internal microcontroller halt", True, RESET),
+    63: ("ECC page retirement / row remapping recorded", True, "reset the GPU so the remap takes effect"),
+    64: ("ECC page retirement / row remapping failed", True, "drain the node and RMA the GPU"),
+    65: ("video processor exception", True, RESET),
+    68: ("video processor exception", True, RESET),
+    69: ("graphics engine class error", True, RESET),
+    73: ("NVENC2 error", True, RESET),
+    74: ("NVLink error", True, "check the NVLink/NVSwitch path; " + RESET),
+    79: ("GPU has fallen off the bus", True, "reboot; drain the node and RMA if it recurs (check PCIe slot/power)"),
+    80: ("corrupted data sent to the GPU", True, RESET),
+    81: ("VGA subsystem error", True, RESET),
+    92: ("high single-bit ECC error rate", True, "watch; RMA if it keeps rising"),
+    94: ("contained ECC error", False, "the job that hit it was stopped: restart it; reset the GPU if it repeats"),
+    95: ("uncontained ECC error", True, RESET),
+    109: ("context switch timeout", False, "restart the job; if it repeats without a job bug, reset the GPU"),
+    119: ("GSP RPC timeout", True, RESET),
+    120: ("GSP error", True, RESET),
+    121: ("C2C link error", True, RESET),
+    140: ("unrecovered ECC error", True, RESET),
+    143: ("GPU initialisation failure", True, RESET),
+    144: ("NVLink SAW error", True, "check the NVLink path; " + RESET),
+    145: ("NVLink RLW error", True, "check the NVLink path; " + RESET),
+    149: ("NVLink NETIR error", True, "check the NVLink/NVSwitch fabric; " + RESET),
+    154: ("GPU recovery action changed (reset / reboot required)", True, RESET),
+}
+CRITICAL_XIDS = frozenset(code for code, (_, hardware, _) in XID_CATALOG.items() if hardware)
 XID_RE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f:.]+)\):\s*(.*)$")
 CODE_RE = re.compile(r"^(\d+),?\s*(.*)$")
 BUS_RE = re.compile(r"NVRM: (?:The NVIDIA )?GPU (?:at PCI:)?([0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}(?:\.\d)?)\b:?\s*(.*)$")
