@@ -407,3 +407,43 @@ def test_bandwidth_map_xid_check_follows_the_catalog(tmp_path, name, status):
     (tmp_path / "n1" / "xid.txt").write_text(read("xid", name))
     c = next(x for x in assemble(load_dir(tmp_path)).checks if x.check == "xid")
     assert (c.node, c.status) == ("n1", status) and "GPU 0000:" in c.message
+
+
+FUZZ_SEEDS = {
+    "dcgm-diag": ("dcgm-diag", "a10g-4gpu-sagemaker-g5.12xlarge-dcgm3.3.9-r3-targeted-power-FAIL-gpu1.txt"),
+    "nvbandwidth": ("nvbandwidth", "h100-80gb-8gpu-azure-ndv5-v0.4-d2d-memcpy-read-ce-371gbps.txt"),
+    "perftest": ("perftest", "a100-sxm4-80gb-ib-100g-ib_write_bw-use_cuda-2qp-a-sweep-client-81gbps.txt"),
+    "nvlink-errors": ("nvlink", "h100-nvl-2gpu-dcgmi-nvlink-link-status-all-18-links-Down-FAULT.txt"),
+    "gpu-q": ("nvidia-smi-query", "a10-1gpu-q-full-drv535.129.03-remapped-rows-uncorrectable4-pending-yes.txt"),
+    "ibstat": ("ibstat", "azure-a100-8x-cx6-vf-hdr200-ibpanic-mlx5_8-missing-exit255.txt"),
+    "xid": ("xid", "pci-10de-26b5-fallen-off-bus-multiline-NO-xid-drv570.158.01-dmesg.txt"),
+}
+
+
+def test_fuzz_real_captures_cut_or_garbled_never_traceback():
+    """Cut or garbled real outputs: a parse (then the judges run) or a ParseError naming a line, nothing else."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from checks.health_judges import judge_parsed
+    from checks.parsers import parser_for
+
+    seeds = {k: read(*v) for k, v in FUZZ_SEEDS.items()}
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.data())
+    def run(data):
+        kind = data.draw(st.sampled_from(sorted(seeds)))
+        text = seeds[kind]
+        if data.draw(st.booleans()):
+            text = text[: data.draw(st.integers(0, len(text)))]
+        else:
+            i = data.draw(st.integers(0, len(text) - 1))
+            text = text[:i] + data.draw(st.text(min_size=1, max_size=8)) + text[i + 1:]
+        try:
+            parsed = parser_for(kind)(text)
+        except ParseError:
+            return
+        assert all(f.status in ("pass", "warn", "fail") for f in judge_parsed(kind, parsed, node="n"))
+
+    run()
