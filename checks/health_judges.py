@@ -235,8 +235,11 @@ GDR_SOURCE = ("GPUDirect RDMA should run near the host-memory figure on the same
 
 
 def judge_perftest(result: Perftest, node: str = "", link_rate_gbps: float | None = None,
-                   host_baseline: Perftest | None = None) -> list[Finding]:
+                   host_baseline: Perftest | None = None, ibstat: IbStatus | None = None) -> list[Finding]:
+    """`link_rate_gbps`, or else the rate `ibstat` (of the same node) gives the NIC perftest ran on."""
     out: list[Finding] = []
+    if link_rate_gbps is None and ibstat is not None:
+        link_rate_gbps = next((p.rate_gbps for p in ibstat.ports if p.ca == result.device and p.active), None)
     bw = result.bw_avg_gbps or 0.0
     nic = result.device or "NIC"
     path = f"GPU memory ({result.gpu})" if result.use_cuda else "host memory"

@@ -203,6 +203,10 @@ def test_perftest_sweep_server_and_healthy_links():
     assert worst(judge_perftest(cx7, link_rate_gbps=400)) == "pass"
     oci = parse_perftest(read("perftest", "oci-roce-mlx5-100g-ib_write_bw-4qp-rdma_cm-tos41-98gbps.txt"))
     assert (oci.device, oci.qps, oci.settings["TOS"], oci.bw_avg_gbps) == ("mlx5_5", 4, "41", 98.01)
+    # the link rate from the node's ibstat: CX-7 mlx5_0 at 400 Gb/s
+    ib = parse_ibstat(read("ibstat", "h100-8x-cx7-ib-ndr400-plus-bluefield3-eth200-all-active.txt"))
+    f = judge_perftest(cx7, node="n", ibstat=ib)
+    assert [(x.status, x.threshold) for x in f] == [("pass", 400.0)]
 
 
 # ------------------------------------------------------------------ NVLink
