@@ -30,6 +30,7 @@ from launcher.spec import JobSpec
 
 PLAN_MOUNT = "/etc/launch4d"
 RFC1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+RFC1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 # backend.slurm.extra: one long sbatch option, "--flag" or "--flag=value" (the whole string).
@@ -56,6 +57,7 @@ class Rendered:
     run_dir: str
     main: str
     files: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
     def write(self, directory: str | Path, force: bool = False) -> list[Path]:
         """Write every file, all or nothing (staged, then renamed), into `directory` and create its
@@ -430,6 +432,16 @@ def k8s_context(spec: JobSpec, plan: Plan, run_dir: str) -> dict[str, Any]:
     k = spec.backend.k8s
     name = check_k8s_name(spec.name, "name", K8S_NAME_MAX)
     check_k8s_name(k.namespace, "backend.k8s.namespace")
+    for i, node in enumerate(k.exclude_nodes):
+        if len(node) > 253 or not RFC1123_SUBDOMAIN.fullmatch(node):
+            raise UserError(f"backend.k8s.exclude_nodes[{i}]: {node!r} is not a Kubernetes node name "
+                            "(RFC 1123 subdomain: lowercase letters, digits, '-' and '.')")
+    if k.topology.required and k.topology.preferred:
+        raise UserError("backend.k8s.topology: set required or preferred, not both")
+    if k.api == "trainjob":
+        check_k8s_name(k.runtime, "backend.k8s.runtime", 253)
+        if not name[0].isalpha():
+            raise UserError(f"name: {name!r} must start with a letter for a TrainJob (RFC 1035 label)")
     for i, s in enumerate(k.image_pull_secrets):
         check_k8s_name(s, f"backend.k8s.image_pull_secrets[{i}]", 253)
     for i, s in enumerate(k.env_from_secrets):
@@ -450,17 +462,28 @@ def k8s_context(spec: JobSpec, plan: Plan, run_dir: str) -> dict[str, Any]:
     if any(lst != ",".join(str(i) for i in range(g)) for lst in lists):
         env.append(("LAUNCH4D_GPU_LISTS", " ".join(lists)))
     q = shell_quote
+    if k.api == "trainjob":     # Trainer's torch plugin sets PET_*; the head's hostname is stable
+        from launcher.render_trainjob import DEFAULT_PORT, head_host
+
+        rendezvous = [f"master_addr=${{PET_MASTER_ADDR:-{head_host(name)}}}",
+                      f"master_port=${{PET_MASTER_PORT:-{DEFAULT_PORT}}}"]
+    else:                       # the training operator sets MASTER_ADDR/PORT on every pod
+        rendezvous = ['master_addr="$MASTER_ADDR"', 'master_port="$MASTER_PORT"']
     script = "\n".join([
         "set -euo pipefail",
         "mkdir -p " + " ".join(q(f"{run_dir}/{d}") for d in (rundir.NCCL_LOGS, rundir.FLIGHT, rundir.HEARTBEAT)),
         "node_rank=${PET_NODE_RANK:-${RANK:-0}}",
+        *rendezvous,
         "if [ -n \"${LAUNCH4D_GPU_LISTS:-}\" ]; then lists=( $LAUNCH4D_GPU_LISTS ); "
         "export CUDA_VISIBLE_DEVICES=${lists[$node_rank]}; fi",
         f"exec python -m torch.distributed.run --nnodes={plan.nodes} --nproc-per-node={g} "
-        "--node-rank=\"$node_rank\" --rdzv-backend=static --master-addr=\"$MASTER_ADDR\" "
-        "--master-port=\"$MASTER_PORT\" --max-restarts=0 --tee=3 "
+        "--node-rank=\"$node_rank\" --rdzv-backend=static --master-addr=\"$master_addr\" "
+        "--master-port=\"$master_port\" --max-restarts=0 --tee=3 "
         f"-m launcher.trainer {trainer_args(spec, plan_path, run_dir)}",
     ])
+    if not k.image:
+        raise UserError("backend.k8s.image: required; give an image with launch4d[train] installed "
+                        "(build one from the repository's Containerfile)")
     bash_syntax_check(script, "pod command")
     return {
         "name": name,
@@ -478,16 +501,39 @@ def k8s_context(spec: JobSpec, plan: Plan, run_dir: str) -> dict[str, Any]:
     }
 
 
+def image_warnings(image: str) -> list[str]:
+    """A `latest` (or missing) tag names a different image tomorrow: reruns stop being reruns."""
+    last = image.rsplit("/", 1)[-1]
+    if "@" in last:
+        return []
+    tag = last.split(":", 1)[1] if ":" in last else "latest"
+    return [f"backend.k8s.image {image}: tag `latest` moves; pin a version or digest"] if tag == "latest" else []
+
+
 def render_k8s(spec: JobSpec, plan: Plan, run_dir: str | None = None,
-               templates: str | Path | None = None) -> Rendered:
+               templates: str | Path | None = None, exclude: list[str] | None = None) -> Rendered:
+    """The plan's ConfigMap, then a TrainJob (with its TrainingRuntime when one is needed) or a
+    PyTorchJob. `exclude`: bad nodes from a BandwidthMap, kept out like backend.k8s.exclude_nodes."""
+    import dataclasses
+
+    if exclude:
+        k = spec.backend.k8s
+        k = dataclasses.replace(k, exclude_nodes=sorted(set(k.exclude_nodes) | set(exclude)))
+        spec = dataclasses.replace(spec, backend=dataclasses.replace(spec.backend, k8s=k))
     run_dir = run_dir or f"{k8s_log_dir(spec)}/{spec.name}"
     ctx = k8s_context(spec, plan, run_dir)
     configmap = render_template("k8s/configmap.yaml.j2", ctx, templates)
-    job = render_template("k8s/pytorchjob.yaml.j2", ctx, templates)
+    if spec.backend.k8s.api == "trainjob":
+        from launcher import render_trainjob
+
+        job = render_trainjob.dump(render_trainjob.documents(ctx))
+    else:
+        job = render_template("k8s/pytorchjob.yaml.j2", ctx, templates)
     manifests = parse_manifests(configmap + "---\n" + job)
     check_manifests(manifests)
     return Rendered("k8s", run_dir, "manifest.yaml",
-                    {"manifest.yaml": configmap + "---\n" + job, rundir.PLAN: plan.to_json() + "\n"})
+                    {"manifest.yaml": configmap + "---\n" + job, rundir.PLAN: plan.to_json() + "\n"},
+                    warnings=image_warnings(spec.backend.k8s.image or ""))
 
 
 def parse_manifests(text: str) -> list[dict]:
@@ -504,6 +550,8 @@ def check_manifests(docs: list[dict]) -> None:
     """What the PyTorchJob CRD requires, and the pod templates through the kubernetes client's
     models (which reject unknown fields and wrong shapes as the API server would)."""
     kinds = [d.get("kind") for d in docs]
+    if kinds[-1:] == ["TrainJob"]:
+        return _check_trainjob(docs)
     if kinds != ["ConfigMap", "PyTorchJob"]:
         raise UserError(f"rendered manifest holds {kinds}; expected a ConfigMap then a PyTorchJob")
     job = docs[1]
@@ -520,6 +568,23 @@ def check_manifests(docs: list[dict]) -> None:
             raise UserError(f"PyTorchJob {role}: no container named 'pytorch' (the operator requires it)")
         to_model(rs["template"], "V1PodTemplateSpec")
     to_model(docs[0], "V1ConfigMap")
+
+
+def _check_trainjob(docs: list[dict]) -> None:
+    """ConfigMap, optional TrainingRuntime, TrainJob; every pod template and patch through the
+    kubernetes client's models."""
+    kinds = [d.get("kind") for d in docs]
+    if kinds not in (["ConfigMap", "TrainJob"], ["ConfigMap", "TrainingRuntime", "TrainJob"]):
+        raise UserError(f"rendered manifest holds {kinds}; expected a ConfigMap, [a TrainingRuntime,] a TrainJob")
+    to_model(docs[0], "V1ConfigMap")
+    for doc in docs[1:]:
+        spec = doc.get("spec") or {}
+        jobsets = [p["trainingRuntimeSpec"]["template"]["spec"] for p in spec.get("runtimePatches") or []]
+        if doc["kind"] == "TrainingRuntime":
+            jobsets.append(spec["template"]["spec"])
+        for js in jobsets:
+            for rj in js.get("replicatedJobs") or []:
+                to_model(rj["template"]["spec"]["template"], "V1PodTemplateSpec")
 
 
 def to_model(obj: dict, kind: str) -> Any:

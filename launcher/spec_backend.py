@@ -76,9 +76,24 @@ class SlurmSpec:
 
 
 @dataclass(frozen=True)
+class K8sTopologySpec:
+    """Kueue topology-aware scheduling: the node label of a level (rack, block) the whole gang must
+    (`required`) or should (`preferred`) fit in. At most one of the two."""
+
+    required: str | None = bounded(None, doc="node label of the level every pod must share (Kueue TAS)")
+    preferred: str | None = bounded(None, doc="node label of the level the pods should share (Kueue TAS)")
+
+
+@dataclass(frozen=True)
 class K8sSpec:
+    api: Literal["trainjob", "pytorchjob"] = bounded(
+        "trainjob", doc="trainjob: Kubeflow Trainer v2 TrainJob (JobSet); pytorchjob: kubeflow.org/v1 PyTorchJob")
     namespace: str = "default"
-    image: str = "pytorch/pytorch:latest"
+    image: str | None = bounded(None, doc="required: an image with launch4d[train] installed (see Containerfile)")
+    runtime: str = bounded("torch-distributed", doc="TrainJob: the ClusterTrainingRuntime it refers to")
+    max_restarts: int = bounded(0, 0, 1000, doc="TrainJob: whole-gang restarts (JobSet failurePolicy) before it fails")
+    topology: K8sTopologySpec = field(default_factory=K8sTopologySpec)
+    exclude_nodes: list[str] = field(default_factory=list)  # kept out: nodeAffinity NotIn on the hostname
     image_pull_secrets: list[str] = field(default_factory=list)
     service_account: str | None = None
     scheduler_name: str | None = None

@@ -94,6 +94,10 @@ def echo_created(body: dict) -> dict:
 
 @pytest.fixture
 def k8s(monkeypatch, tmp_path):
+    return install_fake(monkeypatch, tmp_path)
+
+
+def install_fake(monkeypatch, tmp_path):
     """Install a FakeApi behind the client the backend builds; returns a function to set routes."""
     from kubernetes import client
 
@@ -131,7 +135,7 @@ SUBMIT_OK = [("POST", CMS, 201, echo_created), ("POST", JOBS, 201, echo_created)
 
 def test_submit_creates_configmap_then_pytorchjob_then_owner_reference(k8s):
     api = k8s(SUBMIT_OK)
-    res = run("submit", EXAMPLES / "tiny-k8s.yaml", "--json")
+    res = run("submit", EXAMPLES / "tiny-k8s-pytorchjob.yaml", "--json")
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert (out["id"], out["namespace"], out["backend"]) == (NAME, NS, "k8s")
@@ -146,13 +150,13 @@ def test_submit_creates_configmap_then_pytorchjob_then_owner_reference(k8s):
 
     crd = yaml.safe_load(spec_file("kubeflow.org_pytorchjobs.yaml").read_text())
     jsonschema.validate(job, crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
-    rendered = list(yaml.safe_load_all(run("render", EXAMPLES / "tiny-k8s.yaml").output))
+    rendered = list(yaml.safe_load_all(run("render", EXAMPLES / "tiny-k8s-pytorchjob.yaml").output))
     assert rendered == [cm, job]
 
 
 def test_dry_run_sends_nothing(k8s):
     api = k8s(SUBMIT_OK)
-    res = run("submit", EXAMPLES / "tiny-k8s.yaml", "--dry-run")
+    res = run("submit", EXAMPLES / "tiny-k8s-pytorchjob.yaml", "--dry-run")
     assert res.exit_code == 0 and "kind: PyTorchJob" in res.output and api.calls == []
 
 
@@ -161,7 +165,7 @@ def test_job_409_is_already_exists_and_the_configmap_is_removed_again(k8s):
                ("POST", JOBS, 409, status_obj(409, "AlreadyExists", f'pytorchjobs.kubeflow.org "{NAME}" already exists',
                                               "pytorchjobs", NAME, "kubeflow.org")),
                ("DELETE", f"{CMS}/{NAME}-plan", 200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})])
-    msg = one_error_line(run("submit", EXAMPLES / "tiny-k8s.yaml"))
+    msg = one_error_line(run("submit", EXAMPLES / "tiny-k8s-pytorchjob.yaml"))
     assert f"PyTorchJob {NS}/{NAME} already exists" in msg
     assert api.methods() == [("POST", CMS), ("POST", JOBS), ("DELETE", f"{CMS}/{NAME}-plan")]
     assert "not known" in run("status", NAME).output          # nothing recorded
@@ -170,23 +174,23 @@ def test_job_409_is_already_exists_and_the_configmap_is_removed_again(k8s):
 def test_configmap_409_creates_nothing(k8s):
     api = k8s([("POST", CMS, 409, status_obj(409, "AlreadyExists", f'configmaps "{NAME}-plan" already exists',
                                              "configmaps", f"{NAME}-plan"))])
-    msg = one_error_line(run("submit", EXAMPLES / "tiny-k8s.yaml"))
+    msg = one_error_line(run("submit", EXAMPLES / "tiny-k8s-pytorchjob.yaml"))
     assert f"ConfigMap {NS}/{NAME}-plan already exists" in msg
     assert api.methods() == [("POST", CMS)]
 
 
 def test_missing_crd_and_forbidden(k8s):
     k8s([("POST", CMS, 201, echo_created), ("DELETE", f"{CMS}/{NAME}-plan", 200, {})])   # POST pytorchjobs -> 404
-    assert "CRD (kubeflow.org/v1) is not installed" in one_error_line(run("submit", EXAMPLES / "tiny-k8s.yaml"))
+    assert "CRD (kubeflow.org/v1) is not installed" in one_error_line(run("submit", EXAMPLES / "tiny-k8s-pytorchjob.yaml"))
     k8s([("POST", CMS, 403, status_obj(403, "Forbidden", 'configmaps is forbidden: User "dev" cannot create '
                                        'resource "configmaps" in API group "" in the namespace "training"',
                                        "configmaps", ""))])
-    assert "not allowed" in one_error_line(run("submit", EXAMPLES / "tiny-k8s.yaml"))
+    assert "not allowed" in one_error_line(run("submit", EXAMPLES / "tiny-k8s-pytorchjob.yaml"))
 
 
 def test_unreachable_api_server(k8s):
     api = k8s([("POST", CMS, 0, urllib3.exceptions.MaxRetryError(None, CMS, "Connection refused"))])
-    msg = one_error_line(run("submit", EXAMPLES / "tiny-k8s.yaml"))
+    msg = one_error_line(run("submit", EXAMPLES / "tiny-k8s-pytorchjob.yaml"))
     assert "cannot reach the Kubernetes API" in msg and api.methods() == [("POST", CMS)]
 
 
@@ -195,13 +199,13 @@ def test_no_credentials(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("LAUNCH4D_STATE", str(tmp_path / "state"))
-    msg = one_error_line(run("submit", EXAMPLES / "tiny-k8s.yaml"))
+    msg = one_error_line(run("submit", EXAMPLES / "tiny-k8s-pytorchjob.yaml"))
     assert "no Kubernetes credentials" in msg
 
 
 def _submitted(k8s):
     k8s(SUBMIT_OK)
-    assert run("submit", EXAMPLES / "tiny-k8s.yaml").exit_code == 0
+    assert run("submit", EXAMPLES / "tiny-k8s-pytorchjob.yaml").exit_code == 0
 
 
 def job_with(conditions: list[dict], replicas: dict) -> dict:
@@ -257,8 +261,10 @@ def test_cancel_deletes_job_and_configmap(k8s):
     assert api.methods() == [("DELETE", f"{JOBS}/{NAME}"), ("DELETE", f"{CMS}/{NAME}-plan")]
     _, _, query, body = api.calls[0]
     assert query.get("propagationPolicy") == ["Foreground"] or (body or {}).get("propagationPolicy") == "Foreground"
-    k8s([])   # everything 404 now
-    assert "not found" in one_error_line(run("cancel", NAME))
+    api = k8s([])   # everything 404 now: cancelling again is not an error (idempotent)
+    res = run("cancel", NAME, "--json")
+    assert res.exit_code == 0, res.output
+    assert api.methods() == [("DELETE", f"{JOBS}/{NAME}"), ("DELETE", f"{CMS}/{NAME}-plan")]
 
 
 def test_kubeconfig_and_context_are_honoured(tmp_path):

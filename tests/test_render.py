@@ -190,7 +190,7 @@ def test_templates_override_file_by_file(tmp_path):
     over.mkdir(parents=True)
     (over / "train.sbatch.j2").write_text("#!/bin/bash\n#SBATCH --job-name={{ name | sbatch }}\n"
                                           "echo site-specific {{ nodes }}\n")
-    spec, plan = spec_plan()
+    spec, plan = spec_plan(**{"backend.k8s": {"api": "pytorchjob", "image": "ghcr.io/example/launch4d:0.1.0"}})
     s = render_slurm(spec, plan, str(tmp_path), templates=tmp_path / "tpl").files["train.sbatch"]
     assert s == "#!/bin/bash\n#SBATCH --job-name=tiny-slurm\necho site-specific 2\n"
     k = render_k8s(spec, plan, templates=tmp_path / "tpl").files["manifest.yaml"]   # not overridden
@@ -212,7 +212,7 @@ def crd_validator():
 
 
 def k8s_docs(**over):
-    d = yaml.safe_load((EXAMPLES / "tiny-k8s.yaml").read_text())
+    d = yaml.safe_load((EXAMPLES / "tiny-k8s-pytorchjob.yaml").read_text())
     for key, value in over.items():
         node = d
         *path, last = key.split(".")
@@ -292,7 +292,7 @@ def test_no_secret_value_in_the_manifest():
 
 @pytest.mark.parametrize("name", ["Tiny_Job", "-tiny", "tiny.job", "x" * 51])
 def test_invalid_kubernetes_names(name, tmp_path):
-    d = yaml.safe_load((EXAMPLES / "tiny-k8s.yaml").read_text())
+    d = yaml.safe_load((EXAMPLES / "tiny-k8s-pytorchjob.yaml").read_text())
     d["name"] = name
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(d))
@@ -311,7 +311,7 @@ def test_check_k8s_name():
 
 
 def test_render_cli_human_and_json(tmp_path):
-    res = cli_run("render", str(EXAMPLES / "tiny-k8s.yaml"), "-o", str(tmp_path / "k"))
+    res = cli_run("render", str(EXAMPLES / "tiny-k8s-pytorchjob.yaml"), "-o", str(tmp_path / "k"))
     assert res.exit_code == 0 and "kind: PyTorchJob" in res.output
     assert {p.name for p in (tmp_path / "k").iterdir() if p.is_file()} == {"manifest.yaml", "plan.json", "job.yaml"}
     res = cli_run("render", str(EXAMPLES / "tiny-slurm.yaml"), "--json")
@@ -321,7 +321,7 @@ def test_render_cli_human_and_json(tmp_path):
 
 
 def test_examples_load():
-    for name in ("tiny-slurm.yaml", "tiny-k8s.yaml"):
+    for name in ("tiny-slurm.yaml", "tiny-k8s.yaml", "tiny-k8s-pytorchjob.yaml"):
         assert load_spec(EXAMPLES / name).backend.kind in ("slurm", "k8s")
 
 

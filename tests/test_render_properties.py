@@ -234,15 +234,15 @@ def check_k8s(spec, plan, root: Path) -> None:
     except UserError:
         event("refused by render")
         return
-    docs = [d for d in yaml.safe_load_all(rendered.files["manifest.yaml"]) if d]
-    job = docs[1]
-    for role, rs in job["spec"]["pytorchReplicaSpecs"].items():
-        c = rs["template"]["spec"]["containers"][0]
+    job = [d for d in yaml.safe_load_all(rendered.files["manifest.yaml"]) if d][-1]
+    containers = ([job["spec"]["trainer"]] if job["kind"] == "TrainJob" else
+                  [rs["template"]["spec"]["containers"][0] for rs in job["spec"]["pytorchReplicaSpecs"].values()])
+    for c in containers:
         env = {e["name"]: e["value"] for e in c["env"]}
         for key, value in spec.backend.env.items():
-            assert env[key] == value, (role, key)
+            assert env[key] == value, key
         assert c["command"][:2] == ["bash", "-c"]
-    script = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"][2]
+    script = containers[0]["command"][2]
     proc = run_bash(root, ["-c", script], ("python", "mkdir", "pwned"),
                     {"PET_NODE_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", **env})
     assert proc.returncode == 0, proc.stderr[-2000:]

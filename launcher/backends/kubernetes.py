@@ -1,11 +1,14 @@
-"""Kubernetes backend: a PyTorchJob (kubeflow.org/v1) and its plan ConfigMap, through the API.
+"""Kubernetes backend: a TrainJob (trainer.kubeflow.org/v1alpha1, with its TrainingRuntime when
+one is rendered) or a PyTorchJob (kubeflow.org/v1), and the plan's ConfigMap, through the API.
 
-Submission creates the ConfigMap, then the PyTorchJob, then points the ConfigMap's
-ownerReference at the job so deleting the job collects it. If any step fails, what this call
+Submission creates the ConfigMap, then the objects in order, then points the others'
+ownerReference at the job so deleting the job collects them. If any step fails, what this call
 created is deleted again: nothing is left half-created. 409 Conflict is reported as "already
-exists". Status reads the job's conditions (Created/Running/Restarting/Succeeded/Failed/
-Suspended) and its pods' phases; logs read the `pytorch` container of the pod that holds the
-rank asked for (node 0 = master-0, node i = worker-(i-1)).
+exists". Status reads the job's conditions (PyTorchJob: Created/Running/Restarting/Succeeded/
+Failed/Suspended; TrainJob: Created/Suspended/Complete/Failed, Running when its pods run, and the
+JobSet's whole-gang restarts) and its pods' phases; logs read the trainer container of the pod
+that holds the rank asked for (PyTorchJob: node 0 = master-0, node i = worker-(i-1); TrainJob:
+the pod whose Indexed-Job completion index is the node rank).
 """
 
 from __future__ import annotations
@@ -25,10 +28,19 @@ if TYPE_CHECKING:
     from launcher.spec import JobSpec
 
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
+#: kind -> (group, version, plural) of every custom object we create.
+KINDS = {"PyTorchJob": (GROUP, VERSION, PLURAL),
+         "TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
+         "TrainingRuntime": ("trainer.kubeflow.org", "v1alpha1", "trainingruntimes")}
 JOB_LABEL = "training.kubeflow.org/job-name"     # set by the training operator on every pod
 OUR_LABEL = "launch4d/job"                       # set by our pod template
+JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"  # set by JobSet on a TrainJob's pods
+INDEX_LABEL = "batch.kubernetes.io/job-completion-index"  # an Indexed Job pod's index = node rank
+JOBSET = ("jobset.x-k8s.io", "v1alpha2")
 CONDITION_STATE = {"Created": PENDING, "Running": RUNNING, "Restarting": RUNNING,
                    "Suspended": PENDING, "Succeeded": SUCCEEDED, "Failed": FAILED}
+TRAINJOB_STATE = {"Created": PENDING, "Running": RUNNING, "Suspended": PENDING, "Complete": SUCCEEDED,
+                  "Failed": FAILED}
 
 
 @dataclass
@@ -76,7 +88,11 @@ def _api_error(exc: Exception, what: str) -> UserError:
     if status == 409:
         return UserError(f"{what} already exists ({message}); cancel it first or rename the job")
     if status == 404 and "could not find the requested resource" in str(message).lower():
-        return UserError(f"{what}: the PyTorchJob CRD (kubeflow.org/v1) is not installed in this cluster")
+        kind = what.split()[0]
+        if kind in KINDS:
+            group, version, _ = KINDS[kind]
+            return UserError(f"{what}: the {kind} CRD ({group}/{version}) is not installed in this cluster")
+        return UserError(f"{what}: not found ({message})")
     if status in (401, 403):
         return UserError(f"{what}: not allowed ({message})")
     if status is None:
@@ -118,46 +134,67 @@ class KubernetesBackend:
         """Render the ConfigMap + PyTorchJob and create both (or, for a dry run, only render)."""
         from launcher.render import parse_manifests, render_k8s
 
-        rendered = render_k8s(spec, plan, None, templates)
-        configmap, job = parse_manifests(rendered.files["manifest.yaml"])
+        rendered = render_k8s(spec, plan, None, templates, options.get("exclude"))
+        configmap, *objects = parse_manifests(rendered.files["manifest.yaml"])
+        job = objects[-1]
         ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
         k = spec.backend.k8s
         extra = {"namespace": ns, "configmap": configmap["metadata"]["name"], "gpus_per_node": plan.gpus_per_node,
                  "nodes": plan.nodes, "pod_run_dir": rendered.run_dir, "kubeconfig": k.kubeconfig,
-                 "context": k.context}
+                 "context": k.context, "kind": job["kind"],
+                 "owned": [[o["kind"], o["metadata"]["name"]] for o in objects[:-1]]}
         if dry_run:
             return JobHandle(self.name, "dry-run", spec.name, str(run_dir or rendered.run_dir), dry_run=True,
                              request=rendered.files["manifest.yaml"], extra=extra)
         self._use(extra)
-        uid = self.create(configmap, job)
+        uid = self.create(configmap, *objects)
         extra["uid"] = uid
         return JobHandle(self.name, name, spec.name, str(run_dir or rendered.run_dir),
                          request=rendered.files["manifest.yaml"], extra=extra)
 
-    def create(self, configmap: dict, job: dict) -> str | None:
-        """ConfigMap, then PyTorchJob, then the ConfigMap's ownerReference; undo on failure."""
+    def create(self, configmap: dict, *objects: dict) -> str | None:
+        """The ConfigMap, then each custom object in order (a TrainingRuntime before the TrainJob
+        that refers to it), then ownerReferences from the job onto the others; undo on failure."""
+        job = objects[-1]
         ns = job["metadata"]["namespace"]
-        name = job["metadata"]["name"]
         cm_name = configmap["metadata"]["name"]
         core, custom = self._core(), self._custom()
         try:
             core.create_namespaced_config_map(ns, configmap)
         except Exception as exc:  # ApiException, or urllib3 connection errors
             raise _api_error(exc, f"ConfigMap {ns}/{cm_name}") from None
-        try:
-            created = custom.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, job)
-        except Exception as exc:
-            self._delete_configmap(ns, cm_name)
-            raise _api_error(exc, f"PyTorchJob {ns}/{name}") from None
+        made: list[dict] = []
+        created: dict = {}
+        for obj in objects:
+            group, version, plural = KINDS[obj["kind"]]
+            try:
+                created = custom.create_namespaced_custom_object(group, version, ns, plural, obj)
+            except Exception as exc:
+                for done in reversed(made):
+                    self._delete_object(done["kind"], ns, done["metadata"]["name"])
+                self._delete_configmap(ns, cm_name)
+                raise _api_error(exc, f"{obj['kind']} {ns}/{obj['metadata']['name']}") from None
+            made.append(obj)
         uid = (created or {}).get("metadata", {}).get("uid")
         if uid:
-            owner = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "PyTorchJob", "name": name, "uid": uid,
-                     "controller": False, "blockOwnerDeletion": False}
+            owner = {"apiVersion": job["apiVersion"], "kind": job["kind"], "name": job["metadata"]["name"],
+                     "uid": uid, "controller": False, "blockOwnerDeletion": False}
+            patch = {"metadata": {"ownerReferences": [owner]}}
             try:
-                core.patch_namespaced_config_map(cm_name, ns, {"metadata": {"ownerReferences": [owner]}})
+                core.patch_namespaced_config_map(cm_name, ns, patch)
+                for obj in objects[:-1]:
+                    group, version, plural = KINDS[obj["kind"]]
+                    custom.patch_namespaced_custom_object(group, version, ns, plural, obj["metadata"]["name"], patch)
             except Exception:
-                pass  # not fatal: cancel deletes the ConfigMap by name as well
+                pass  # not fatal: cancel deletes them by name as well
         return uid
+
+    def _delete_object(self, kind: str, ns: str, name: str) -> None:
+        group, version, plural = KINDS[kind]
+        try:
+            self._custom().delete_namespaced_custom_object(group, version, ns, plural, name)
+        except Exception:
+            pass
 
     def _delete_configmap(self, ns: str, name: str) -> None:
         try:
@@ -166,59 +203,100 @@ class KubernetesBackend:
             pass
 
     # status -----------------------------------------------------------------------------------
-    def get_job(self, name: str, ns: str) -> dict:
+    def get_job(self, name: str, ns: str, kind: str = "PyTorchJob") -> dict:
+        group, version, plural = KINDS[kind]
         try:
-            return self._custom().get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+            return self._custom().get_namespaced_custom_object(group, version, ns, plural, name)
         except Exception as exc:
             if getattr(exc, "status", None) == 404:
-                raise UserError(f"PyTorchJob {ns}/{name} not found (deleted, or collected after its TTL)") from None
-            raise _api_error(exc, f"PyTorchJob {ns}/{name}") from None
+                raise UserError(f"{kind} {ns}/{name} not found (deleted, or collected after its TTL)") from None
+            raise _api_error(exc, f"{kind} {ns}/{name}") from None
 
-    def pods(self, name: str, ns: str) -> list[Any]:
+    def pods(self, name: str, ns: str, kind: str = "PyTorchJob") -> list[Any]:
         core = self._core()
+        selector = f"{JOBSET_LABEL}={name}" if kind == "TrainJob" else f"{JOB_LABEL}={name}"
         try:
-            pods = core.list_namespaced_pod(ns, label_selector=f"{JOB_LABEL}={name}").items
+            pods = core.list_namespaced_pod(ns, label_selector=selector).items
             if not pods:
                 pods = core.list_namespaced_pod(ns, label_selector=f"{OUR_LABEL}={name}").items
         except Exception as exc:
             raise _api_error(exc, f"pods of {ns}/{name}") from None
         return sorted(pods, key=lambda p: p.metadata.name)
 
+    def jobset_restarts(self, name: str, ns: str) -> int | None:
+        """Whole-gang restarts: the status.restarts of the JobSet Trainer made for the TrainJob
+        (same name). None when it cannot be read (not yet created, or not allowed)."""
+        try:
+            js = self._custom().get_namespaced_custom_object(*JOBSET, ns, "jobsets", name)
+        except Exception:
+            return None
+        return int((js.get("status") or {}).get("restarts") or 0)
+
     def status(self, handle: JobHandle) -> K8sJobStatus:
         self._use(handle.extra)
         ns = handle.extra.get("namespace") or "default"
-        job = self.get_job(handle.id, ns)
+        kind = handle.extra.get("kind") or "PyTorchJob"
+        job = self.get_job(handle.id, ns, kind)
         st = job.get("status") or {}
         conds = [c for c in st.get("conditions") or [] if c.get("status") == "True"]
         last = conds[-1] if conds else None
         cond = last["type"] if last else "Pending"
-        pod_list = self.pods(handle.id, ns)
+        pod_list = self.pods(handle.id, ns, kind)
         pods = {p.metadata.name: (p.status.phase if p.status else None) for p in pod_list}
         restarts = sum((cs.restart_count or 0) for p in pod_list if p.status
                        for cs in (p.status.container_statuses or [])) if pod_list else None
-        return K8sJobStatus(CONDITION_STATE.get(cond, PENDING), None, (last or {}).get("message") or "",
+        if kind != "TrainJob":
+            return K8sJobStatus(CONDITION_STATE.get(cond, PENDING), None, (last or {}).get("message") or "",
+                                condition=cond, pods=pods, restarts=restarts,
+                                replica_statuses=st.get("replicaStatuses") or {})
+        if cond in ("Created", "Pending") and any(phase == "Running" for phase in pods.values()):
+            cond = "Running"            # TrainJob has no Running condition; its pods say so
+        gang = self.jobset_restarts(handle.id, ns)
+        if gang is not None:
+            restarts = gang + (restarts or 0)
+        return K8sJobStatus(TRAINJOB_STATE.get(cond, PENDING), None, (last or {}).get("message") or "",
                             condition=cond, pods=pods, restarts=restarts,
-                            replica_statuses=st.get("replicaStatuses") or {})
+                            replica_statuses={j["name"]: j for j in st.get("jobsStatus") or [] if "name" in j})
 
     # logs -------------------------------------------------------------------------------------
+    def _targets(self, handle: JobHandle, ns: str, nodes: int, node: int | None) -> list[str]:
+        """Pod names of node `node` (all nodes when None), in node-rank order. A PyTorchJob's are
+        fixed; a TrainJob's pods are Indexed-Job pods with a random suffix, found by their
+        completion index (= node rank), the newest one after a gang restart."""
+        if handle.extra.get("kind") != "TrainJob":
+            names = [f"{handle.id}-master-0"] + [f"{handle.id}-worker-{i}" for i in range(nodes - 1)]
+            return names if node is None else [names[node]]
+        by_index: dict[int, Any] = {}
+        for p in self.pods(handle.id, ns, "TrainJob"):
+            index = (p.metadata.labels or {}).get(INDEX_LABEL)
+            if index is None or not index.isdigit():
+                continue
+            old = by_index.get(int(index))
+            if old is None or str(p.metadata.creation_timestamp or "") >= str(old.metadata.creation_timestamp or ""):
+                by_index[int(index)] = p
+        wanted = range(nodes) if node is None else [node]
+        missing = [i for i in wanted if i not in by_index]
+        if missing:
+            raise UserError(f"TrainJob {ns}/{handle.id}: no pod yet for node {missing[0]} (pending or not admitted)")
+        return [by_index[i].metadata.name for i in wanted]
+
     def logs(self, handle: JobHandle, follow: bool = False, rank: int | None = None, **_: Any) -> Iterator[str]:
         self._use(handle.extra)
         ns = handle.extra.get("namespace") or "default"
         gpus = int(handle.extra.get("gpus_per_node", 1))
         nodes = int(handle.extra.get("nodes", 1))
-        record = handle
+        container = "node" if handle.extra.get("kind") == "TrainJob" else "pytorch"
         if rank is None:
-            pod_names = [f"{record.id}-master-0"] + [f"{record.id}-worker-{i}" for i in range(nodes - 1)]
-            targets = pod_names if not follow else pod_names[:1]
+            targets = self._targets(handle, ns, nodes, 0 if follow else None)
         else:
             node = rank // gpus
             if node >= nodes:
                 raise UserError(f"--rank {rank}: the job has {nodes * gpus} ranks")
-            targets = [f"{record.id}-master-0" if node == 0 else f"{record.id}-worker-{node - 1}"]
+            targets = self._targets(handle, ns, nodes, node)
         core = self._core()
         for pod in targets:
             try:
-                resp = core.read_namespaced_pod_log(pod, ns, container="pytorch", follow=follow,
+                resp = core.read_namespaced_pod_log(pod, ns, container=container, follow=follow,
                                                     _preload_content=False)
             except Exception as exc:
                 raise _api_error(exc, f"logs of pod {ns}/{pod}") from None
@@ -232,15 +310,20 @@ class KubernetesBackend:
 
     # cancel -----------------------------------------------------------------------------------
     def cancel(self, handle: JobHandle) -> None:
+        """Delete the job (its pods go with it), then what was created with it. Idempotent: a job
+        already gone (404) is not an error, and its ConfigMap and runtime are still removed."""
         self._use(handle.extra)
         ns = handle.extra.get("namespace") or "default"
+        kind = handle.extra.get("kind") or "PyTorchJob"
+        group, version, plural = KINDS[kind]
         try:
-            self._custom().delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, handle.id,
+            self._custom().delete_namespaced_custom_object(group, version, ns, plural, handle.id,
                                                            propagation_policy="Foreground")
         except Exception as exc:
-            if getattr(exc, "status", None) == 404:
-                raise UserError(f"PyTorchJob {ns}/{handle.id} not found (already deleted?)") from None
-            raise _api_error(exc, f"PyTorchJob {ns}/{handle.id}") from None
+            if getattr(exc, "status", None) != 404:
+                raise _api_error(exc, f"{kind} {ns}/{handle.id}") from None
+        for owned_kind, owned_name in handle.extra.get("owned") or []:
+            self._delete_object(owned_kind, ns, owned_name)
         self._delete_configmap(ns, handle.extra.get("configmap", f"{handle.id}-plan"))
 
 

@@ -72,7 +72,8 @@ def _backend(kind: str):
 @json_option
 def render(job_file: str, backend: str | None, out_dir: str | None, bwmap: str | None, templates: str | None,
            force: bool, as_json: bool) -> None:
-    """Render the sbatch script or PyTorchJob manifest (nothing is submitted). Same input, same bytes."""
+    """Render the sbatch script or Kubernetes manifest (TrainJob or PyTorchJob; nothing is submitted).
+    Same input, same bytes."""
     from launcher.formats import rundir
     from launcher.formats.files import child_path
     from launcher.render import render_k8s, render_slurm
@@ -84,14 +85,16 @@ def render(job_file: str, backend: str | None, out_dir: str | None, bwmap: str |
         rendered = render_slurm(spec, plan, run_dir, templates, list(bw.exclude) if bw else None,
                                 node_order=bw.healthy_hosts if bw else None)
     else:
-        rendered = render_k8s(spec, plan, None, templates)
+        rendered = render_k8s(spec, plan, None, templates, list(bw.exclude) if bw else None)
+    for line in rendered.warnings:
+        progress(f"warning: {line}")
     written: list[str] = []
     if out_dir:
         rendered.files = {**rendered.files, rundir.JOB: text}
         written = [str(p) for p in rendered.write(out_dir, force=force)]
     main_text = rendered.files[rendered.main]
     emit({"backend": kind, "run_dir": rendered.run_dir, "main": rendered.main, "written": written,
-          "files": rendered.files},
+          "files": rendered.files, "warnings": rendered.warnings},
          as_json, lambda: main_text.rstrip("\n") + ("\n\n# wrote " + ", ".join(written) if written else ""))
 
 
