@@ -23,7 +23,7 @@ demo: install
 test: install
 	bash .ci/setup-services.sh
 	$(VENV)/bin/ruff check launcher checks tests benchmarks
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -rs -p no:cacheprovider
 
 bench: install
 	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -2,13 +2,15 @@
 
 Captured outputs of real tools and published schemas are read from ../shared (or the folder
 named by LAUNCH4D_SHARED); they are never copied into this repository. Tests that need them
-skip with a reason where they are absent.
+skip with a reason where they are absent, except under CI (CI=true, or LAUNCH4D_REQUIRE=all),
+where an absent fixture or schema fails the test: a green CI run has run every test.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -24,20 +26,38 @@ def fixtures_dir() -> Path:
     return Path(os.environ.get("LAUNCH4D_FIXTURES", shared_dir() / "fixtures")).resolve()
 
 
+def data_required() -> bool:
+    """Under CI every third-party fixture and schema must be present: their absence fails, not skips."""
+    return os.environ.get("CI", "").lower() in ("true", "1") or os.environ.get("LAUNCH4D_REQUIRE") == "all"
+
+
+def absent(why: str) -> NoReturn:
+    """Third-party data a test needs is missing: skip, or fail under CI (see data_required)."""
+    if data_required():
+        pytest.fail(f"{why}; CI requires it (CI=true / LAUNCH4D_REQUIRE=all)", pytrace=False)
+    pytest.skip(why)
+
+
 def shared_file(*parts: str) -> Path:
-    """A file under ../shared/fixtures; skip the test with a reason where it is absent."""
+    """A file under ../shared/fixtures; skip (fail under CI) where it is absent."""
     p = fixtures_dir().joinpath(*parts)
     if not p.exists():
-        pytest.skip(f"third-party fixture {p} is absent (set LAUNCH4D_FIXTURES to its folder)")
+        absent(f"third-party fixture {p} is absent (set LAUNCH4D_FIXTURES to its folder)")
     return p
 
 
 def spec_file(*parts: str) -> Path:
-    """A published schema under ../shared/specs; skip where absent."""
+    """A published schema under ../shared/specs; skip (fail under CI) where absent."""
     p = shared_dir().joinpath("specs", *parts)
     if not p.exists():
-        pytest.skip(f"published schema {p} is absent (set LAUNCH4D_SHARED)")
+        absent(f"published schema {p} is absent (set LAUNCH4D_SHARED)")
     return p
+
+
+def shared_texts(folder: str, pattern: str = "*.txt") -> list[str]:
+    """The texts of every fixture in one folder under ../shared/fixtures; [] where it is absent."""
+    d = fixtures_dir() / folder
+    return [p.read_text(errors="replace") for p in sorted(d.glob(pattern))] if d.is_dir() else []
 
 
 @pytest.fixture

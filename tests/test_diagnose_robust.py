@@ -18,7 +18,7 @@ from launcher.diagnose import diagnose
 from launcher.diagnose.collect import Sources, build_report
 from launcher.diagnose.flight import Flight, load_dump
 from launcher.diagnose.heartbeat import Heartbeats, parse_beat
-from tests.conftest import fixtures_dir
+from tests.conftest import absent, fixtures_dir
 
 FIXTURE_DIR = fixtures_dir() / "nccl-logs"
 
@@ -35,6 +35,14 @@ def _fixture_lines() -> list[str]:
 
 
 LINES = _fixture_lines()
+
+
+def test_real_nccl_logs_are_present():
+    """The fuzzing below draws from real NCCL logs; without them it sees only the two lines above."""
+    if not FIXTURE_DIR.is_dir():
+        absent(f"third-party NCCL logs {FIXTURE_DIR} are absent (set LAUNCH4D_FIXTURES)")
+
+
 SETTINGS = settings(max_examples=int(__import__("os").environ.get("DIAG_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from checks.parsers import ParseError
 from checks.parsers.nccl_tests import parse_nccl_tests, parse_nccl_tests_all
-from tests.conftest import REPO, fixtures_dir, shared_file
+from tests.conftest import REPO, absent, shared_file, shared_texts
 
 
 def runs_in(name: str):
@@ -145,18 +145,14 @@ def test_cli_parse_error_is_one_line_exit_2(tmp_path):
     assert p.stderr.startswith("error: ") and "line 3" in p.stderr and "Traceback" not in p.stderr
 
 
-def _real() -> list[str]:
-    d = fixtures_dir() / "nccl-tests"
-    return [p.read_text() for p in sorted(d.glob("*.txt"))] if d.is_dir() else []
+REAL = shared_texts("nccl-tests")
 
 
-REAL = _real()
-
-
-@pytest.mark.skipif(not REAL, reason="third-party nccl-tests fixtures absent (set LAUNCH4D_FIXTURES)")
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_fuzz_truncated_and_garbled_real_outputs(data):
+    if not REAL:
+        absent("third-party nccl-tests fixtures absent (set LAUNCH4D_FIXTURES)")
     text = data.draw(st.sampled_from(REAL))
     mode = data.draw(st.sampled_from(["truncate", "garble", "delete_line"]))
     if mode == "truncate":

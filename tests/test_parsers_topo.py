@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from checks.parsers import ParseError
 from checks.parsers.topo import parse_topo
-from tests.conftest import REPO, fixtures_dir, shared_file
+from tests.conftest import REPO, absent, shared_file, shared_texts
 
 TOPO_FILES = [
     "a800-sxm4-8gpu-nv8-8nic-mlx5bond-2numa.txt", "dgx-a100-8gpu-nv12-10nic-mlx5-4numa.txt",
@@ -127,18 +127,14 @@ def test_cli_parse_topo_json_keys():
     assert d["nvlink_groups"] == [[0, 1, 2, 3, 4, 5, 6, 7]]
 
 
-def _real_texts() -> list[str]:
-    d = fixtures_dir() / "topo"
-    return [p.read_text() for p in sorted(d.glob("*.txt"))] if d.is_dir() else []
+REAL = shared_texts("topo")
 
 
-REAL = _real_texts()
-
-
-@pytest.mark.skipif(not REAL, reason="third-party topo fixtures absent (set LAUNCH4D_FIXTURES)")
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_fuzz_truncated_and_garbled_real_outputs(data):
+    if not REAL:
+        absent("third-party topo fixtures absent (set LAUNCH4D_FIXTURES)")
     text = data.draw(st.sampled_from(REAL))
     mode = data.draw(st.sampled_from(["truncate", "garble", "delete_line", "swap"]))
     if mode == "truncate":
