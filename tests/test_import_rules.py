@@ -1,0 +1,179 @@
+"""DESIGN.md's dependency rules ("Dependencies run one way"), enforced over the source with ast.
+
+commands -> plan/render/backends/diagnose -> formats; the trainer imports plan models and formats
+only; `checks` never imports launcher's commands or backends; nothing outside the trainer (and
+launcher/verify, which traces it) imports torch at module level; kubernetes/paramiko are imported
+inside the functions that use them, so `launch --help` and `launch plan` start fast on a login node.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+PACKAGES = ("launcher", "checks")
+HEAVY = ("torch", "kubernetes", "paramiko")
+# what the trainer may use from the rest of launcher: the plan's models and the torch-free formats
+TRAINER_MAY_USE = ("launcher.plan", "launcher.spec", "launcher.layout", "launcher.capabilities",
+                   "launcher.costs", "launcher.formats", "launcher.errors")
+COMMAND_LAYER = ("launcher.cli", "launcher.commands", "launcher.bench")  # bench: `launch plan --benchmark`
+
+
+@dataclass(frozen=True)
+class Import:
+    module: str      # the importing module
+    name: str        # what it imports, resolved to an absolute dotted name
+    top_level: bool  # runs on import (not inside a function, not under TYPE_CHECKING)
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.module}:{self.line} imports {self.name}" + ("" if self.top_level else " (in a function)")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@cache
+def sources() -> dict[str, Path]:
+    return {module_name(p): p for pkg in PACKAGES for p in sorted((REPO / pkg).rglob("*.py"))}
+
+
+def _imports(path: Path) -> list[Import]:
+    mod = module_name(path)
+    pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+    found: list[Import] = []
+
+    def visit(node: ast.AST, top: bool) -> None:
+        for ch in ast.iter_child_nodes(node):
+            here = top and not isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(ch, ast.If) and "TYPE_CHECKING" in ast.unparse(ch.test):
+                here = False
+            if isinstance(ch, ast.Import):
+                found.extend(Import(mod, a.name, here, ch.lineno) for a in ch.names)
+            elif isinstance(ch, ast.ImportFrom):
+                base = ch.module or ""
+                if ch.level:
+                    up = pkg.split(".")[: len(pkg.split(".")) - (ch.level - 1)]
+                    base = ".".join(up + ([ch.module] if ch.module else []))
+                # `from launcher import plan` imports the module launcher.plan; `from x import f` imports x
+                for a in ch.names:
+                    sub = f"{base}.{a.name}"
+                    found.append(Import(mod, sub if sub in sources() else base, here, ch.lineno))
+            visit(ch, here)
+
+    visit(ast.parse(path.read_text(), str(path)), True)
+    return found
+
+
+@cache
+def all_imports() -> list[Import]:
+    return [i for p in sources().values() for i in _imports(p)]
+
+
+def within(name: str, *prefixes: str) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def violations(importers: Callable[[str], bool], imported: tuple[str, ...], *, top_level_only: bool,
+               allowed: tuple[str, ...] = ()) -> list[str]:
+    """Imports by modules that `importers` accepts of anything under `imported`, except under `allowed`."""
+    return [str(i) for i in all_imports()
+            if importers(i.module) and within(i.name, *imported) and not within(i.name, *allowed)
+            and (i.top_level or not top_level_only)]
+
+
+def under(*prefixes: str) -> Callable[[str], bool]:
+    return lambda m: within(m, *prefixes)
+
+
+def not_under(*prefixes: str) -> Callable[[str], bool]:
+    return lambda m: not within(m, *prefixes)
+
+
+def test_the_scan_sees_the_code():
+    """The rules below would pass vacuously on an empty scan: it must find the imports we know exist."""
+    imps = {(i.module, i.name, i.top_level) for i in all_imports()}
+    assert ("launcher.trainer.model", "torch", True) in imps
+    assert any(m.startswith("launcher.commands") and n == "launcher.plan" for m, n, _ in imps)
+    assert len(sources()) > 50
+
+
+def test_checks_never_imports_launcher_commands_or_backends():
+    assert violations(under("checks"), ("launcher",), top_level_only=False,
+                      allowed=("launcher.formats", "launcher.errors")) == []
+
+
+def test_torch_only_in_the_trainer_at_module_level():
+    assert violations(not_under("launcher.trainer", "launcher.verify"), ("torch",), top_level_only=True) == []
+
+
+def test_trainer_imports_only_plan_models_and_formats():
+    assert violations(under("launcher.trainer"), ("launcher",), top_level_only=False,
+                      allowed=("launcher.trainer",) + TRAINER_MAY_USE) == []
+
+
+def test_nothing_below_the_commands_imports_them():
+    assert violations(not_under(*COMMAND_LAYER), COMMAND_LAYER, top_level_only=False) == []
+
+
+def test_backends_never_import_the_trainer():
+    assert violations(under("launcher.backends"), ("launcher.trainer", "launcher.verify"), top_level_only=False) == []
+
+
+def test_commands_import_the_trainer_only_inside_functions():
+    assert violations(under(*COMMAND_LAYER), ("launcher.trainer",), top_level_only=True) == []
+
+
+def test_kubernetes_and_paramiko_imported_where_used():
+    assert violations(under(*PACKAGES), ("kubernetes", "paramiko"), top_level_only=True) == []
+
+
+def _closure(start: str) -> set[str]:
+    """Every name imported when `start` is imported: module-level imports, followed through the repo
+    (a module's parent packages included)."""
+    by_module: dict[str, list[Import]] = {}
+    for i in all_imports():
+        if i.top_level:
+            by_module.setdefault(i.module, []).append(i)
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        m = todo.pop()
+        parts = m.split(".")
+        for k in range(1, len(parts) + 1):
+            p = ".".join(parts[:k])
+            if p not in seen:
+                seen.add(p)
+                todo.extend(i.name for i in by_module.get(p, []))
+    return seen
+
+
+@pytest.mark.parametrize("module", sorted(m for m in sources() if within(m, *COMMAND_LAYER)))
+def test_the_cli_never_imports_heavy_packages(module):
+    """Importing the CLI or any command module does not import torch, kubernetes or paramiko."""
+    heavy = sorted(n for n in _closure(module) if within(n, *HEAVY))
+    assert heavy == [], f"{module} imports {heavy} at module level (through its imports)"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["plan", "examples/tiny-cpu.yaml", "--json"]])
+def test_launch_starts_without_heavy_packages(argv):
+    """The real process: `launch --help` and `launch plan` never load torch, kubernetes or paramiko."""
+    code = ("import sys\nfrom launcher.cli import main\nsys.argv = ['launch'] + sys.argv[1:]\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            f"print('HEAVY', sorted(m for m in {HEAVY!r} if m in sys.modules), file=sys.stderr)\n")
+    p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, cwd=REPO,
+                       env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "HEAVY []" in p.stderr, p.stderr
