@@ -349,20 +349,20 @@ def warnings_for(spec: JobSpec, cand: Candidate, cluster: Cluster, tp_local: boo
     if not tp_local:
         out.append(f"TP group of {lay.tp} spans nodes: its {est.tp_comm_s:.3f} s/step of TP traffic runs at "
                    f"{cluster.bandwidth.net_per_gpu_gbs:.0f} GB/s per GPU instead of "
-                   f"{cluster.bandwidth.intra_gbs:.0f} GB/s over NVLink (seed failure mode 1)")
+                   f"{cluster.bandwidth.intra_gbs:.0f} GB/s over NVLink")
     if cluster.nvlink_groups and not lay_mod.tp_blocks_on_nvlink(cluster.gpu_order or [], cluster.nvlink_groups, lay.tp):
         out.append(f"TP groups of {lay.tp} cannot all sit on NVLink-connected GPUs "
                    f"(NVLink islands {cluster.nvlink_groups}); TP traffic crosses PCIe")
     if led.logits_unchunked_gb > 0.1 * led.capacity_gb:
         out.append(f"unchunked logits s·b·V would take {led.logits_unchunked_gb:.1f} GB per GPU; the loss is "
-                   f"computed in chunks of {spec.train.loss_chunk} tokens ({led.logits_gb:.2f} GB) (seed failure mode 3)")
+                   f"computed in chunks of {spec.train.loss_chunk} tokens ({led.logits_gb:.2f} GB)")
     if lay.pp > 1:
         m = lay.grad_accum
         if m < lay.pp:
             out.append(f"{m} micro-batches < {lay.pp} pipeline stages: stages idle and a schedule may hang")
         elif m < 4 * lay.pp:
             out.append(f"{m} micro-batches < 4 × {lay.pp} stages: bubble {est.bubble_fraction:.1%} of compute "
-                       "(raise global_batch or lower pp; seed failure mode 4)")
+                       "(raise global_batch or lower pp)")
     shard = lay.dp * lay.cp
     unsharded = led.params_gb + (led.grads_gb if lay.zero < 2 else 0.0)
     what = "params+grads" if lay.zero < 2 else "params"

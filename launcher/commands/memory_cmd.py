@@ -137,7 +137,8 @@ def memory(job, params, world, zero, optimizer, precision, grad_dtype, seq, batc
            recompute, tp, cp, as_json) -> None:
     """Print the memory ledger.
 
-    With no arguments: the seed's worked examples (ZeRO table, activation modes, TP bytes, bubble).
+    With no arguments: worked examples (ZeRO table, activation modes, TP bytes, bubble,
+    Korthikanti et al.'s Fig. 1).
     With JOB: the ledger of the job's planned layout. With --params: state memory by ZeRO stage
     (and activations with --seq --hidden --heads --layers)."""
     if job:

@@ -100,7 +100,7 @@ def render_result(spec, result) -> str:
 
 
 def previous_plan_warnings(previous: Plan, best: Plan) -> list[str]:
-    """A layout change that changes the global batch is a hyperparameter change (seed)."""
+    """A layout change that changes the global batch is a hyperparameter change: say so."""
     old_gb = previous.micro_batch * previous.grad_accum * previous.dp
     new_gb = best.micro_batch * best.grad_accum * best.dp
     out = []
@@ -110,7 +110,8 @@ def previous_plan_warnings(previous: Plan, best: Plan) -> list[str]:
                    "re-tune the learning rate")
     if previous.degrees != best.degrees:
         out.append(f"degrees changed from {previous.degrees} to {best.degrees}: run a short job and check the loss "
-                   "curve overlaps the previous one (seed failure mode 5)")
+                   "curve overlaps the previous one (the same batch split differently must give the same loss; "
+                   "if it does not, the new layout computes a different gradient)")
     return out
 
 
