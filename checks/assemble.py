@@ -29,6 +29,7 @@ from checks.judges import (
     outliers,
     worst,
 )
+from checks.levels import deep_checks, record_figures
 from checks.parsers import ParseError
 from checks.parsers.gpu_query import GpuQuery, parse_gpu_query
 from checks.parsers.ibstat import IbStatus, parse_ibstat
@@ -36,7 +37,7 @@ from checks.parsers.nccl_tests import NcclTestResult, parse_nccl_tests
 from checks.parsers.nvlink import NvlinkStatus, parse_nvlink_status
 from checks.parsers.topo import Topology, parse_topo
 from checks.parsers.xid import XidLog, parse_xid
-from checks.probe import META_FILE, NCCL_NODE_FILE, PROBES
+from checks.probe import EXTRA_FILES, META_FILE, NCCL_NODE_FILE, PROBES, Probe
 from checks.results import CommandResult, NcclRun, PreflightResults
 
 CLUSTER = "*"
@@ -169,6 +170,7 @@ def assemble(results: PreflightResults, config: JudgeConfig | None = None) -> Ba
     checks += _intra_checks(data, cfg)
     pair_reports, pair_checks = _pair_checks(results, data, cfg)
     checks += pair_checks
+    checks += deep_checks(results)
 
     for host, nd in data.items():
         topo = nd.topo
@@ -200,13 +202,15 @@ def assemble(results: PreflightResults, config: JudgeConfig | None = None) -> Ba
 
     intra = [n.intra_busbw_gbs for h, n in nodes.items() if h not in exclude and n.intra_busbw_gbs]
     inter = [p.busbw_gbs for p in pair_reports if p.a not in exclude and p.b not in exclude and p.busbw_gbs > 0]
-    return BandwidthMap(
+    bw = BandwidthMap(
         nodes=nodes, pairs=sorted(pair_reports, key=lambda p: p.busbw_gbs), checks=checks,
         intra_node_busbw_gbs=round(statistics.median(intra), 2) if intra else None,
         inter_node_busbw_gbs=round(statistics.median(inter), 2) if inter else None,
         all_nodes_busbw_gbs=all_busbw, exclude=exclude, commands=list(results.commands),
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
+    record_figures(bw, results)
+    return bw
 
 
 def _hardware_checks(data: dict[str, NodeData], cfg: JudgeConfig) -> list[CheckResult]:
@@ -483,7 +487,7 @@ def load_dir(path: str | Path) -> PreflightResults:
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: not a folder")
     res = PreflightResults(hosts=[])
-    files = {p.file: p for p in PROBES}
+    files = {p.file: p for p in PROBES} | {f: Probe(k, f, "") for k, f in EXTRA_FILES.items()}
     for d in sorted(root.iterdir()):
         if not d.is_dir() or d.name in ("pairs", "all"):
             continue

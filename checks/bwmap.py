@@ -3,7 +3,10 @@
 Bandwidths are nccl-tests bus bandwidths in GB/s (busbw, which is comparable across
 collective sizes and ranks): `intra_node_busbw_gbs` from all_reduce_perf over all GPUs of one
 node, `inter_node_busbw_gbs` from all_reduce_perf over all GPUs of a node pair. The planner
-derives the per-GPU network bandwidth as inter / gpus_per_node.
+derives the per-GPU network bandwidth as inter / gpus_per_node. Version 2 (`--level long`) adds the
+measured all-to-all busbw (`alltoall_intra_busbw_gbs`, `alltoall_inter_busbw_gbs`, per node
+`alltoall_busbw_gbs`) and per-NIC GPUDirect RDMA bandwidth in Gb/s (`NodeReport.rdma_gbps`, NIC ->
+figure); version 1 files still load (those fields empty).
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-BWMAP_VERSION = 1
+BWMAP_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 
 class BandwidthMapError(ValueError):
@@ -31,6 +35,8 @@ class NodeReport:
     nvlink_groups: list[list[int]] = field(default_factory=list)
     gpu_nic: dict[str, str] = field(default_factory=dict)  # "GPU0" -> nearest NIC device ("mlx5_0")
     intra_busbw_gbs: float | None = None
+    alltoall_busbw_gbs: float | None = None
+    rdma_gbps: dict[str, float] = field(default_factory=dict)  # NIC -> ib_write_bw --use_cuda, Gb/s
     status: str = "pass"
 
 
@@ -60,6 +66,9 @@ class BandwidthMap:
     intra_node_busbw_gbs: float | None = None
     inter_node_busbw_gbs: float | None = None
     all_nodes_busbw_gbs: float | None = None  # all_reduce over every healthy node at once (informational)
+    alltoall_intra_busbw_gbs: float | None = None  # all_to_all_perf over one node's GPUs (median)
+    alltoall_inter_busbw_gbs: float | None = None  # all_to_all_perf over a node pair (median)
+    level: str = "quick"
     exclude: list[str] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
     created: str | None = None
@@ -91,9 +100,9 @@ class BandwidthMap:
     def from_dict(cls, data: dict[str, Any], where: str = "bandwidth map") -> BandwidthMap:
         if not isinstance(data, dict):
             raise BandwidthMapError(f"{where}: expected a JSON object")
-        if data.get("version") != BWMAP_VERSION:
+        if data.get("version") not in READABLE_VERSIONS:
             raise BandwidthMapError(f"{where}: version {data.get('version')!r} is not supported "
-                                    f"(expected {BWMAP_VERSION})")
+                                    f"(expected one of {', '.join(map(str, READABLE_VERSIONS))})")
         try:
             return cls(
                 nodes={h: NodeReport(**n) for h, n in data.get("nodes", {}).items()},
@@ -102,6 +111,9 @@ class BandwidthMap:
                 intra_node_busbw_gbs=data.get("intra_node_busbw_gbs"),
                 inter_node_busbw_gbs=data.get("inter_node_busbw_gbs"),
                 all_nodes_busbw_gbs=data.get("all_nodes_busbw_gbs"),
+                alltoall_intra_busbw_gbs=data.get("alltoall_intra_busbw_gbs"),
+                alltoall_inter_busbw_gbs=data.get("alltoall_inter_busbw_gbs"),
+                level=data.get("level", "quick"),
                 exclude=list(data.get("exclude", [])),
                 commands=list(data.get("commands", [])),
                 created=data.get("created"),

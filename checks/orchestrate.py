@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from checks import levels
 from checks.assemble import parse_nccl_run
 from checks.hosts import compress
 from checks.judges import JudgeConfig
@@ -59,6 +60,7 @@ class PreflightOptions:
     probes: Sequence[Probe] = PROBES
     nccl: NcclOptions = field(default_factory=NcclOptions)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
+    level: str = "quick"  # quick | standard | long (checks/levels.py)
 
 
 def ring_rounds(hosts: Sequence[str]) -> list[list[tuple[str, str]]]:
@@ -152,8 +154,10 @@ def run_preflight(runner: Runner, hosts: Sequence[str], options: PreflightOption
                   progress: Progress | None = None) -> PreflightResults:
     opts = options or PreflightOptions()
     say = progress or (lambda _m: None)
-    res = PreflightResults(hosts=list(hosts))
+    res = PreflightResults(hosts=list(hosts), level=opts.level)
     node_runs: dict[str, NcclRun] = {}
+    a2a_runs: dict[str, NcclRun] = {}
+    deep = levels.rank(opts.level)
     multi = opts.nccl.enabled and opts.nccl.pairs and runner.launcher is not None
     # Round 1 is pipelined: a pair starts as soon as both of its nodes passed their own run (the pair
     # touches only those two nodes, so it cannot disturb nodes still measuring themselves).
@@ -194,12 +198,29 @@ def run_preflight(runner: Runner, hosts: Sequence[str], options: PreflightOption
         bad = [k for k, r in probes.items() if not r.ok]
         say(f"[probe] {host}: {n if n is not None else '?'} GPUs" + (f", failed: {', '.join(bad)}" if bad else "")
             + f" ({time.monotonic() - t0:.1f}s)")
+
+        def step(s: levels.Step) -> None:
+            r = probes[s.name] = runner.run(host, s.command, s.timeout)
+            say(f"[{s.name}] {host}: " + ("ok" if r.ok else r.reason()) + f" ({r.seconds:.1f}s)")
+
+        if deep and n:
+            for s in levels.node_steps(opts.level):
+                step(s)
         if opts.nccl.enabled and n:
+            if deep:
+                step(levels.NVLINK_BEFORE)
             cmd = nccl_command(opts.nccl.binary, n, opts.nccl.sizes, opts.nccl.extra)
             r = runner.run(host, cmd, opts.nccl_timeout)
             run = NcclRun("node", [host], opts.nccl.collective, r)
             node_runs[host] = run
             say(f"[nccl-node] {host}: " + ("ok" if r.ok else r.reason()) + f" ({r.seconds:.1f}s)")
+            if deep:
+                step(levels.NVLINK_AFTER)
+            if deep >= 2:
+                cmd = nccl_command(levels.A2A_BINARY, n, opts.nccl.sizes, opts.nccl.extra)
+                a2a = runner.run(host, cmd, opts.nccl_timeout)
+                a2a_runs[host] = NcclRun("a2a-node", [host], "alltoall", a2a)
+                say(f"[alltoall-node] {host}: " + ("ok" if a2a.ok else a2a.reason()) + f" ({a2a.seconds:.1f}s)")
             # pairs only among nodes whose own run worked: a node that hangs alone would hang its pairs
             t, _ = parse_nccl_run(r, opts.nccl.collective)
             return node_done(host, t is not None and not t.failed)
@@ -219,9 +240,10 @@ def run_preflight(runner: Runner, hosts: Sequence[str], options: PreflightOption
         if ran:
             res.commands.append(f"[{compress(ran)}] {p.command}")
     for h in hosts:
-        if h in node_runs:
-            res.nccl.append(node_runs[h])
-            res.commands.append(f"[{h}] {node_runs[h].result.command}")
+        for runs_of in (node_runs, a2a_runs):
+            if h in runs_of:
+                res.nccl.append(runs_of[h])
+                res.commands.append(f"[{h}] {runs_of[h].result.command}")
     if not opts.nccl.enabled:
         return res
     if runner.launcher is None:
@@ -252,6 +274,8 @@ def run_preflight(runner: Runner, hosts: Sequence[str], options: PreflightOption
             lone = [h for h in ok_nodes if h not in covered]  # an odd one out with no partner yet
             for j, h in enumerate(lone):
                 run_round(3 + j, [(h, next(x for x in ok_nodes if x != h))])
+    if deep >= 2 and len(ok_nodes) >= 2:
+        long_pairs(runner, res, ok_nodes, opts, say)
     if opts.nccl.all_nodes and len(ok_nodes) > 2:
         from checks.assemble import assemble
 
@@ -266,3 +290,80 @@ def run_preflight(runner: Runner, hosts: Sequence[str], options: PreflightOption
             res.nccl.append(NcclRun("all", healthy, opts.nccl.collective, r))
             res.commands.append(f"[{healthy[0]}] {cmd}")
     return res
+
+
+def _pair_rounds(hosts: Sequence[str], run_round: Callable[[list[tuple[str, str]]], set[tuple[str, str]]]) -> None:
+    """Round 1 pairs neighbours; round 2 re-pairs each node of a bad pair (and an odd one out) with a
+    node from a good pair; `run_round` runs one round and returns its bad pairs."""
+    first = first_round(hosts)
+    bad = run_round(first)
+    second = second_round(hosts, first, bad)
+    if second:
+        run_round(second)
+
+
+def long_pairs(runner: Runner, res: PreflightResults, hosts: Sequence[str], opts: PreflightOptions,
+               say: Progress) -> None:
+    """Level long, between node pairs: all_to_all_perf on round 1's pairs, then per-NIC GPUDirect
+    `ib_write_bw` in rounds of disjoint pairs (server on the second node, client on the first)."""
+    a2a = NcclOptions(binary=levels.A2A_BINARY, sizes=opts.nccl.sizes, extra=opts.nccl.extra,
+                      launcher=opts.nccl.launcher)
+    pairs = first_round(hosts)
+    if opts.nccl.enabled and runner.launcher is not None and pairs:
+        def a2a_pair(ab: tuple[str, str]) -> NcclRun:
+            g = min(res.gpus_per_node.get(ab[0], 1), res.gpus_per_node.get(ab[1], 1))
+            cmd = multi_command(a2a, runner, ab, g)
+            r = runner.run_multi(list(ab), cmd, opts.nccl_timeout)
+            say(f"[alltoall-pairs] {ab[0]}<->{ab[1]}: " + ("ok" if r.ok else r.reason()) + f" ({r.seconds:.1f}s)")
+            return NcclRun("a2a-pair", list(ab), "alltoall", r)
+        with _pool(opts.workers, len(pairs)) as pool:
+            for run in pool.map(a2a_pair, pairs):
+                res.nccl.append(run)
+                res.commands.append(f"[{run.hosts[0]}] {run.result.command}")
+
+    def nics(host: str) -> list[tuple[str, int | None, float | None]]:
+        """(NIC, nearest GPU, link rate) for every active port of the node, from its ibstat and topology."""
+        from checks.parsers.ibstat import parse_ibstat
+
+        probes = res.probes.get(host, {})
+        try:
+            ib = parse_ibstat(probes["ibstat"].stdout) if "ibstat" in probes else None
+        except ParseError:
+            ib = None
+        try:
+            topo = parse_topo(probes["topo"].stdout) if "topo" in probes else None
+        except ParseError:
+            topo = None
+        near = {nic: int(g.removeprefix("GPU")) for g, nic in reversed(list((topo.nearest_nic if topo else {}).items()))}
+        ports = [p for ca in (ib.cas if ib else []) for p in ca.ports if p.active]
+        return [(p.ca, near.get(p.ca, 0 if near or res.gpus_per_node.get(host) else None), p.rate_gbps)
+                for p in ports]
+
+    def rdma_pair(ab: tuple[str, str]) -> list[levels.RdmaRun]:
+        a, b = ab
+        out = []
+        for i, (nic, gpu, rate) in enumerate(nics(a)):
+            port = 18515 + i
+            with ThreadPoolExecutor(max_workers=1) as one:
+                server = one.submit(runner.run, b, levels.rdma_command(nic, gpu, port), 120)
+                time.sleep(1.0)  # the server listens before the client connects
+                client = runner.run(a, levels.rdma_command(nic, gpu, port, server=b), 120)
+                srv = server.result()
+            out.append(levels.RdmaRun(a, b, nic, gpu, rate, client, srv))
+            res.commands.append(f"[{a}] {client.command}")
+        fig = ", ".join(f"{r.nic} {'ok' if r.result.ok else r.result.reason()}" for r in out)
+        say(f"[rdma] {a}->{b}: {fig or 'no active NIC'}")
+        return out
+
+    def rdma_round(rnd: list[tuple[str, str]]) -> set[tuple[str, str]]:
+        with _pool(opts.workers, len(rnd)) as pool:
+            runs = dict(zip(rnd, pool.map(rdma_pair, rnd)))
+        bad = set()
+        for ab, rs in runs.items():
+            res.rdma.extend(rs)
+            judged = levels.rdma_checks(rs)
+            if any(c.status != "pass" for c in judged):
+                bad.add(ab)
+        return bad
+
+    _pair_rounds(list(hosts), rdma_round)

@@ -50,6 +50,9 @@ PROBES: tuple[Probe, ...] = (
 )
 PROBE_BY_NAME = {p.name: p for p in PROBES}
 NCCL_NODE_FILE = "nccl-node.txt"
+#: The deeper levels' outputs (checks/levels.py): kind -> file under DIR/<host>/
+EXTRA_FILES = {"nvlink-errors": "nvlink-errors.txt", "nvlink-errors-after": "nvlink-errors-after.txt",
+               "dcgm-diag": "dcgm-diag.txt", "nvbandwidth": "nvbandwidth.txt"}
 META_FILE = "probe.json"
 
 
@@ -115,7 +118,7 @@ def save(out_dir: Path, host: str, results: dict[str, CommandResult]) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     meta = {}
     for name, r in results.items():
-        fname = PROBE_BY_NAME[name].file if name in PROBE_BY_NAME else NCCL_NODE_FILE
+        fname = PROBE_BY_NAME[name].file if name in PROBE_BY_NAME else EXTRA_FILES.get(name, NCCL_NODE_FILE)
         (d / fname).write_text(r.stdout)
         meta[name] = {"file": fname, "command": r.command, "rc": r.rc, "timed_out": r.timed_out,
                       "error": r.error, "seconds": round(r.seconds, 3), "stderr": r.stderr[-2000:]}

@@ -61,3 +61,5 @@ class PreflightResults:
     nccl: list[NcclRun] = field(default_factory=list)
     commands: list[str] = field(default_factory=list)
     gpus_per_node: dict[str, int] = field(default_factory=dict)
+    level: str = "quick"
+    rdma: list = field(default_factory=list)  # checks.levels.RdmaRun, per pair and NIC (level long)

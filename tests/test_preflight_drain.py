@@ -123,3 +123,15 @@ def test_a_failed_node_is_drained_on_slurm_and_the_next_job_avoids_it(slurm_clus
         assert re.search(r"(?m)^\s+NodeList=n1$", shown), shown
     finally:
         slurm_cluster.run("scontrol", "update", "nodename=n2", "state=resume", check=False)
+
+
+def test_a_version_1_map_still_loads_and_drains(tmp_path):
+    """Maps written before the levels (version 1, no all-to-all or RDMA fields) stay usable."""
+    old = {"version": 1, "nodes": {"n2": {"host": "n2", "gpus": 8, "status": "fail"}}, "exclude": ["n2"],
+           "checks": [{"node": "n2", "check": "ecc", "status": "fail", "value": 7, "threshold": 0, "message": ""}]}
+    f = tmp_path / "old.json"
+    f.write_text(json.dumps(old))
+    bw = BandwidthMap.load(f)
+    assert bw.alltoall_inter_busbw_gbs is None and bw.nodes["n2"].rdma_gbps == {} and bw.level == "quick"
+    rc, out = launch("preflight", "drain", f)
+    assert rc == 0 and out.strip() == "scontrol update nodename=n2 state=drain reason='launch4d: ecc: 7 (threshold 0)'"

@@ -169,7 +169,7 @@ def test_cli_import_report_json_exit_codes_and_exclude(tmp_path):
     assert p.returncode == 1, p.stderr
     assert "FAIL  n4" in p.stdout and "gpu_count" in p.stdout and "Exclude: n4" in p.stdout
     bw = BandwidthMap.load(out)
-    assert bw.exclude == ["n4"] and bw.version == 1
+    assert bw.exclude == ["n4"] and bw.version == 2
     p = cli("preflight", "import", str(d), "--json")
     assert json.loads(p.stdout)["exclude"] == ["n4"]
     p = cli("preflight", "import", str(d), "--exclude-failed")

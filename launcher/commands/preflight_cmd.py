@@ -141,6 +141,9 @@ def threshold_options(f: Any) -> Any:
 @click.option("--nccl-timeout", type=click.FloatRange(1), default=900.0, show_default=True,
               help="Seconds per nccl-tests run.")
 @click.option("--workers", type=click.IntRange(1), default=64, show_default=True, help="Hosts handled at once.")
+@click.option("--level", type=click.Choice(["quick", "standard", "long"]), default="quick", show_default=True,
+              help="quick: probes + nccl-tests; standard: + dcgmi diag -r 2, nvbandwidth, nvlink -e around NCCL; "
+                   "long: + dcgmi diag -r 3, all_to_all_perf, per-NIC ib_write_bw --use_cuda between pairs.")
 @click.option("--no-nccl", is_flag=True, help="Only the node probes, no nccl-tests.")
 @click.option("--no-pairs", is_flag=True, help="Skip the node-pair rounds.")
 @click.option("--no-all", is_flag=True, help="Skip the all-node run.")
@@ -168,7 +171,7 @@ def threshold_options(f: Any) -> Any:
 def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, slurm_allocation: bool,
               backend: str | None, user: str | None, port: int | None, identity_file: str | None,
               known_hosts: str | None, accept_new_hosts: bool, jump: str | None, ssh_config: str | None,
-              connect_timeout: float, probe_timeout: float, nccl_timeout: float, workers: int, no_nccl: bool,
+              connect_timeout: float, probe_timeout: float, nccl_timeout: float, workers: int, level: str, no_nccl: bool,
               no_pairs: bool, no_all: bool, nccl_binary: str, sizes: str, nccl_args: str, launcher_tpl: str | None,
               save_raw: str | None, out_dir: str | None, partition: str | None, account: str | None, time_limit: str,
               gpus_per_node: int | None, srun_mpi: str, dry_run: bool, namespace: str, image: str, kube_context: str | None,
@@ -212,6 +215,9 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
     cfg = _judge_config(thresholds, expected_gpus, min_intra_busbw, min_inter_busbw)
 
     if backend == "slurm":
+        if level != "quick":
+            raise UserError(f"--level {level}: the slurm batch-job backend runs the quick level only; use "
+                            "--slurm-allocation (srun) inside an allocation for deeper levels")
         return _slurm_job(hosts, nccl, out_dir, partition, account, time_limit, gpus_per_node, srun_mpi,
                           probe_timeout, nccl_timeout, dry_run, as_json)
     from checks.runners import get_runner
@@ -229,7 +235,7 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
     except Exception as exc:  # noqa: BLE001 - e.g. no kubeconfig: one line, exit 2
         raise UserError(f"--backend {backend}: {type(exc).__name__}: {exc}") from None
     opts = PreflightOptions(probe_timeout=probe_timeout, nccl_timeout=nccl_timeout, workers=workers, nccl=nccl,
-                            judge=cfg)
+                            judge=cfg, level=level)
     from checks.assemble import assemble, save_dir
 
     with runner:

@@ -1,7 +1,9 @@
 """Replay executables for preflight tests, and the per-node settings that drive them.
 
 `install(node_dir, ...)` links nvidia-smi, all_reduce_perf, mpirun, ibstat and dmesg from this
-folder into node_dir/bin (a node's PATH, see tests/services/sshd.py) and writes node_dir/replay.env.
+folder into node_dir/bin (a node's PATH, see tests/services/sshd.py) and writes node_dir/replay.env;
+dcgmi, nvbandwidth, ib_write_bw and all_to_all_perf (the deeper levels' tools) only when their
+setting is given, so a node without it lacks the tool as a real one would.
 Values naming real captures are paths relative to the shared fixtures folder, read by the scripts
 at run time (REPLAY_FIXTURES); absolute paths name files a test wrote itself (constructed.py).
 """
@@ -14,8 +16,13 @@ from pathlib import Path
 
 REPLAY_DIR = Path(__file__).resolve().parent
 TOOLS = ("nvidia-smi", "all_reduce_perf", "mpirun", "ibstat", "dmesg")
+#: Tools a node has only when their setting is given (the deeper levels' tools; a node without
+#: the setting lacks the tool, as a node without DCGM lacks dcgmi): tool -> the key that installs it.
+OPTIONAL_TOOLS = {"dcgmi": "DCGM", "nvbandwidth": "NVBW", "ib_write_bw": "RDMA", "all_to_all_perf": "A2A_NODE"}
 KEYS = ("TOPO", "GPU_QUERY", "NVLINK", "IBSTAT", "DMESG", "NCCL_NODE", "NCCL_PAIR", "NCCL_ALL",
-        "NCCL_PAIR_OVERRIDE", "NCCL_ALL_OVERRIDE", "NCCL_HANG", "REPLAY_DELAY", "SMI_DELAY")
+        "NCCL_PAIR_OVERRIDE", "NCCL_ALL_OVERRIDE", "NCCL_HANG", "REPLAY_DELAY", "SMI_DELAY",
+        "NVLINK_ERR", "NVLINK_ERR_AFTER", "DCGM", "DCGM_R3", "NVBW", "A2A_NODE", "A2A_PAIR",
+        "RDMA", "RDMA_SERVER", "RDMA_BAD", "RDMA_BAD_NIC")
 
 
 def install(node_dir: Path, cluster_dir: Path, fixtures: Path, **settings: str | Path | None) -> None:
@@ -25,11 +32,13 @@ def install(node_dir: Path, cluster_dir: Path, fixtures: Path, **settings: str |
         raise ValueError(f"unknown replay settings: {sorted(unknown)}")
     bin_dir = node_dir / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
-    for tool in TOOLS:
+    for tool in (*TOOLS, *OPTIONAL_TOOLS):
         link = bin_dir / tool
         if link.is_symlink() or link.exists():
             link.unlink()
-        os.symlink(REPLAY_DIR / tool, link)
+        if tool in TOOLS or settings.get(OPTIONAL_TOOLS[tool]) is not None:
+            os.symlink(REPLAY_DIR / tool, link)
+    (node_dir / "nvlink-e.count").unlink(missing_ok=True)
     env = {"REPLAY_FIXTURES": str(fixtures), "REPLAY_CLUSTER": str(cluster_dir)}
     env.update({k: str(v) for k, v in settings.items() if v is not None})
     (node_dir / "replay.env").write_text("".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items()))

@@ -1,0 +1,246 @@
+"""Preflight levels: which deeper tests run beyond the quick probes, and how their outputs are judged.
+
+quick     the node probes (nvidia-smi topo/query/nvlink -s, ibstat, Xids) and nccl-tests all_reduce:
+          seconds per node.
+standard  + `dcgmi diag -r 2` (PCIe, memory), nvbandwidth (host<->device and GPU<->GPU copy bandwidth)
+          and `nvidia-smi nvlink -e` read right before and right after the node's NCCL test (error
+          counters that rise under load): minutes per node.
+long      + `dcgmi diag -r 3` instead of -r 2 (targeted stress and power, memory bandwidth),
+          `all_to_all_perf` per node and per node pair (the measured all-to-all the EP cost uses),
+          and per-NIC `ib_write_bw --use_cuda` between node pairs in rounds of disjoint pairs.
+
+A tool a node lacks (the shell's exit status 127: command not found) is "not measured", a warning,
+never a failure: a site without DCGM can still run `--level standard`. An output the parser cannot
+read is a warning too: a node is drained on a judge's verdict, not on a format surprise. The judges
+are checks/health_judges.py; each (node, check) becomes one CheckResult naming the GPU, link or NIC.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from checks.bwmap import BandwidthMap, CheckResult
+from checks.health_judges import (
+    Finding,
+    judge_dcgm_diag,
+    judge_nvbandwidth,
+    judge_nvlink_errors,
+    judge_perftest,
+)
+from checks.judges import STATUS_ORDER
+from checks.parsers import ParseError
+from checks.parsers.dcgm_diag import parse_dcgm_diag
+from checks.parsers.nvbandwidth import parse_nvbandwidth
+from checks.parsers.nvlink_errors import parse_nvlink_errors
+from checks.parsers.perftest import parse_perftest
+from checks.results import CommandResult, PreflightResults
+
+LEVELS = ("quick", "standard", "long")
+NOT_FOUND_RC = 127  # what a shell returns for a command it cannot find
+NVB_TESTS = "host_to_device_memcpy_ce device_to_host_memcpy_ce device_to_device_memcpy_read_ce"
+A2A_BINARY = "all_to_all_perf"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One deeper test on one node: its name (its raw-output file is probe.EXTRA_FILES[name]) and command."""
+
+    name: str
+    command: str
+    timeout: float
+
+
+NVLINK_BEFORE = Step("nvlink-errors", "nvidia-smi nvlink -e", 60)
+NVLINK_AFTER = Step("nvlink-errors-after", "nvidia-smi nvlink -e", 60)
+DCGM_R2 = Step("dcgm-diag", "dcgmi diag -r 2", 600)
+DCGM_R3 = Step("dcgm-diag", "dcgmi diag -r 3", 2400)
+NVBANDWIDTH = Step("nvbandwidth", f"nvbandwidth -t {NVB_TESTS}", 900)
+
+
+def rank(level: str) -> int:
+    return LEVELS.index(level)
+
+
+def node_steps(level: str) -> list[Step]:
+    """The deeper single-node tests run before the node's NCCL test, in order."""
+    if rank(level) < 1:
+        return []
+    return [DCGM_R3 if rank(level) >= 2 else DCGM_R2, NVBANDWIDTH]
+
+
+def rdma_command(nic: str, gpu: int | None, port: int, server: str | None = None, seconds: int = 5) -> str:
+    """perftest's write bandwidth on one NIC, GPU memory when `gpu` is given; the client names `server`."""
+    cuda = f" --use_cuda={gpu}" if gpu is not None else ""
+    return (f"ib_write_bw -d {nic}{cuda} -F --report_gbits -D {seconds} -p {port}"
+            + (f" {server}" if server else ""))
+
+
+@dataclass
+class RdmaRun:
+    client: str
+    server: str
+    nic: str
+    gpu: int | None
+    link_gbps: float | None
+    result: CommandResult  # the client's output (it prints the figure)
+    server_result: CommandResult | None = None
+
+
+# ------------------------------------------------------------------ judging what the levels gathered
+
+def _not_measured(host: str, check: str, res: CommandResult) -> CheckResult | None:
+    if res.rc == NOT_FOUND_RC and not res.stdout.strip():
+        tool = (res.command.split() or ["the tool"])[0]
+        return CheckResult(host, check, "warn", None, None, f"not measured: {tool} is not installed on this node")
+    if res.error or res.timed_out:
+        return CheckResult(host, check, "warn", None, None, f"not measured: {res.reason()}")
+    return None
+
+
+def _parse(res: CommandResult, parse: Callable[[str], Any]) -> Any:
+    cache = res.__dict__.setdefault("_parsed", {})
+    key = "deep:" + getattr(parse, "__name__", "")
+    if key not in cache:
+        try:
+            cache[key] = parse(res.stdout)
+        except ParseError as exc:
+            cache[key] = exc
+    return cache[key]
+
+
+def collapse(host: str, findings: Sequence[Finding]) -> list[CheckResult]:
+    """One CheckResult per check: its worst status, naming every GPU/link/NIC that was not a pass."""
+    by: dict[str, list[Finding]] = {}
+    for f in findings:
+        by.setdefault(f.check, []).append(f)
+    out = []
+    for check, fs in by.items():
+        worst = max(fs, key=lambda f: STATUS_ORDER[f.status])
+        bad = [f for f in fs if f.status != "pass"]
+        if bad:
+            msg = "; ".join(f.message if f.message.startswith(f.component) else f"{f.component}: {f.message}"
+                            for f in sorted(bad, key=lambda f: -STATUS_ORDER[f.status]))
+            if worst.remediation:
+                msg += f" -> {worst.remediation}"
+        else:
+            msg = worst.message
+        out.append(CheckResult(host, check, worst.status, worst.figure, worst.threshold, msg))
+    return out
+
+
+def _judged(host: str, check: str, res: CommandResult, parse: Callable[[str], Any],
+            judge: Callable[[Any], list[Finding]]) -> list[CheckResult]:
+    gone = _not_measured(host, check, res)
+    if gone is not None:
+        return [gone]
+    parsed = _parse(res, parse)
+    if isinstance(parsed, ParseError):
+        return [CheckResult(host, check, "warn", None, None, f"not judged: unparseable output: {parsed}")]
+    return collapse(host, judge(parsed))
+
+
+def deep_checks(results: PreflightResults) -> list[CheckResult]:
+    """The standard and long levels' checks, for every node that ran them."""
+    out: list[CheckResult] = []
+    for host, probes in results.probes.items():
+        if "dcgm-diag" in probes:
+            out += _judged(host, "dcgm", probes["dcgm-diag"], parse_dcgm_diag,
+                           lambda d, h=host: judge_dcgm_diag(d, h))
+        if "nvbandwidth" in probes:
+            out += _judged(host, "nvbandwidth", probes["nvbandwidth"], parse_nvbandwidth,
+                           lambda d, h=host: judge_nvbandwidth(d, h))
+        if "nvlink-errors-after" in probes:
+            before = probes.get("nvlink-errors")
+            prior = _parse(before, parse_nvlink_errors) if before is not None and before.ok else None
+            prior = None if isinstance(prior, ParseError) else prior
+            judged = _judged(host, "nvlink_errors", probes["nvlink-errors-after"], parse_nvlink_errors,
+                             lambda d, h=host, p=prior: judge_nvlink_errors(d, before=p, node=h))
+            for c in judged:  # the judge says "nvlink"; the quick level's `nvlink -s` check has that name
+                c.check = "nvlink_errors" if c.check == "nvlink" else c.check
+            out += judged
+    out += rdma_checks(results.rdma)
+    out += a2a_checks(results)
+    return out
+
+
+def rdma_checks(runs: Sequence[RdmaRun]) -> list[CheckResult]:
+    """Per (node, NIC), the best figure over the pairs it ran in: a NIC that reaches line rate with
+    some partner is sound; one slow with every partner (round 2 re-pairs suspects with good nodes) is not."""
+    best: dict[tuple[str, str], tuple[float, RdmaRun, Any]] = {}
+    failed: dict[tuple[str, str], RdmaRun] = {}
+    for r in runs:
+        parsed = _parse(r.result, parse_perftest) if r.result.ok else None
+        bw = parsed.bw_avg_gbps if parsed is not None and not isinstance(parsed, ParseError) else None
+        for host in (r.client, r.server):
+            key = (host, r.nic)
+            if bw is None:
+                failed.setdefault(key, r)
+            elif key not in best or bw > best[key][0]:
+                best[key] = (bw, r, parsed)
+    out: list[CheckResult] = []
+    for (host, nic), (_bw, r, parsed) in best.items():
+        fs = judge_perftest(parsed, host, link_rate_gbps=r.link_gbps)
+        for f in fs:
+            f.component = nic  # the NIC asked for (a capture's Device line may name another)
+        out += [CheckResult(c.node, f"rdma:{nic}", c.status, c.value, c.threshold,
+                            f"{c.message} (best of its pairs; GPU {r.gpu})") for c in collapse(host, fs)]
+    for (host, nic), r in failed.items():
+        if (host, nic) in best:
+            continue
+        gone = _not_measured(host, f"rdma:{nic}", r.result)
+        out.append(gone or CheckResult(host, f"rdma:{nic}", "warn", None, None,
+                                       f"ib_write_bw with {r.server if host == r.client else r.client} gave no "
+                                       f"figure: {r.result.reason() if not r.result.ok else 'unparseable'}"))
+    return out
+
+
+def a2a_checks(results: PreflightResults) -> list[CheckResult]:
+    """all_to_all_perf per node and per pair: a run that failed fails; otherwise the figure is recorded."""
+    from checks.assemble import parse_nccl_run
+
+    out = []
+    for run in results.nccl:
+        if run.kind not in ("a2a-node", "a2a-pair"):
+            continue
+        check = "alltoall_node" if run.kind == "a2a-node" else "alltoall_inter"
+        if run.result.rc == NOT_FOUND_RC and not run.result.stdout.strip():
+            out += [CheckResult(h, check, "warn", None, None, f"not measured: {A2A_BINARY} is not installed")
+                    for h in run.hosts]
+            continue
+        t, why = parse_nccl_run(run.result, "alltoall")
+        where = "+".join(run.hosts)
+        if t is None or t.failed:
+            out += [CheckResult(h, check, "fail", None, None, f"{where}: {why or '; '.join(t.errors[:3])}")
+                    for h in run.hosts]
+        else:
+            out += [CheckResult(h, check, "pass", t.busbw_at_max_size, None,
+                                f"{where}: all-to-all busbw {t.busbw_at_max_size} GB/s") for h in run.hosts]
+    return out
+
+
+def record_figures(bw: BandwidthMap, results: PreflightResults) -> None:
+    """Put the measured all-to-all and per-NIC RDMA figures into the map (healthy nodes' medians)."""
+    from checks.assemble import parse_nccl_run
+
+    bw.level = results.level
+    node_a2a, pair_a2a = [], []
+    for run in results.nccl:
+        if run.kind not in ("a2a-node", "a2a-pair"):
+            continue
+        t, _ = parse_nccl_run(run.result, "alltoall")
+        fig = t.busbw_at_max_size if t is not None and not t.failed else None
+        if not fig or any(h in bw.exclude for h in run.hosts):
+            continue
+        if run.kind == "a2a-node" and run.hosts[0] in bw.nodes:
+            bw.nodes[run.hosts[0]].alltoall_busbw_gbs = fig
+            node_a2a.append(fig)
+        elif run.kind == "a2a-pair":
+            pair_a2a.append(fig)
+    bw.alltoall_intra_busbw_gbs = round(statistics.median(node_a2a), 2) if node_a2a else None
+    bw.alltoall_inter_busbw_gbs = round(statistics.median(pair_a2a), 2) if pair_a2a else None
+    for c in bw.checks:
+        if c.check.startswith("rdma:") and c.node in bw.nodes and isinstance(c.value, (int, float)):
+            bw.nodes[c.node].rdma_gbps[c.check.split(":", 1)[1]] = c.value
