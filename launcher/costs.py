@@ -112,6 +112,8 @@ class Bandwidth:
     intra_gbs: float          # effective bus bandwidth of a collective inside one node
     net_per_gpu_gbs: float    # effective per-GPU inter-node bandwidth, one direction
     source: str               # what the figures came from, for the plan's report
+    alltoall_intra_gbs: float | None = None  # measured all_to_all_perf busbw in one node (preflight --level long)
+    alltoall_inter_gbs: float | None = None  # measured all_to_all_perf busbw over a node pair
 
     @property
     def ratio(self) -> float:
@@ -145,6 +147,15 @@ def group_busbw(bw: Bandwidth, size: int, stride: int, gpus_per_node: int, per_g
     if per_gpu_nic:
         return bw.net_per_gpu_gbs
     return min(bw.intra_gbs, per_node * bw.net_per_gpu_gbs)
+
+
+def alltoall_busbw(bw: Bandwidth, size: int, stride: int, gpus_per_node: int) -> float:
+    """All-to-all bus bandwidth (GB/s) of a group: the measured all_to_all_perf figure for a group in one
+    node or across nodes when preflight measured it, else half the all-reduce figure (all-to-all
+    reaches about half the busbw of a ring collective)."""
+    per_node = max(1, min(size, gpus_per_node // stride)) if stride < gpus_per_node else 1
+    measured = bw.alltoall_intra_gbs if -(-size // per_node) == 1 else bw.alltoall_inter_gbs
+    return measured or group_busbw(bw, size, stride, gpus_per_node) * 0.5
 
 
 def ring(nbytes: float, g: int, busbw_gbs: float, alpha_s: float, allreduce: bool = False) -> float:
@@ -314,7 +325,7 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
     # EP: all-to-all dispatch + combine, forward and backward, of each token's top-k hidden states.
     ep_mb = 0.0
     if model.experts > 1 and lay.ep > 1:
-        ep_bw = group_busbw(bw, lay.ep, st["dp"], gpus_per_node) * 1e9 * 0.5   # all-to-all reaches ~half busbw
+        ep_bw = alltoall_busbw(bw, lay.ep, st["dp"], gpus_per_node) * 1e9
         ep_mb = 4 * s_local * b * h * dtype * model.experts_per_token * (lay.ep - 1) / lay.ep * layers_stage / lay.tp / ep_bw
     mb_time = compute_mb + tp_mb + cp_mb + ep_mb
 

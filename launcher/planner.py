@@ -138,9 +138,12 @@ def cluster_from(spec: JobSpec, bwmap: BandwidthMap | None, bwmap_name: str | No
     source = f"measured in {bwmap_name}: " + ", ".join(parts) if parts else adv.source
     if parts and not (intra and inter):
         source += "; the rest advertised"
+    a2a = (bwmap.alltoall_intra_busbw_gbs, bwmap.alltoall_inter_busbw_gbs)
+    if any(a2a):
+        source += "; all-to-all " + ", ".join(f"{k} {v:.1f} GB/s" for k, v in zip(("intra", "inter"), a2a) if v)
     bw = Bandwidth(intra_gbs=intra or adv.intra_gbs,
                    net_per_gpu_gbs=(inter / c.gpus_per_node) if inter else adv.net_per_gpu_gbs,
-                   source=source)
+                   source=source, alltoall_intra_gbs=a2a[0], alltoall_inter_gbs=a2a[1])
     hosts = healthy[: c.nodes] if bwmap.nodes else None
     groups = None
     order = None
