@@ -510,6 +510,15 @@ def image_warnings(image: str) -> list[str]:
     return [f"backend.k8s.image {image}: tag `latest` moves; pin a version or digest"] if tag == "latest" else []
 
 
+def restart_warnings(spec: JobSpec) -> list[str]:
+    """A restarted gang resumes from the run dir's checkpoints only if the run dir outlives the pods."""
+    k = spec.backend.k8s
+    if k.api == "trainjob" and k.max_restarts and not k.pvc:
+        return [f"backend.k8s.max_restarts {k.max_restarts} without backend.k8s.pvc: the run dir is in the "
+                "pods, so a restarted gang starts again from step 0"]
+    return []
+
+
 def render_k8s(spec: JobSpec, plan: Plan, run_dir: str | None = None,
                templates: str | Path | None = None, exclude: list[str] | None = None) -> Rendered:
     """The plan's ConfigMap, then a TrainJob (with its TrainingRuntime when one is needed) or a
@@ -533,7 +542,7 @@ def render_k8s(spec: JobSpec, plan: Plan, run_dir: str | None = None,
     check_manifests(manifests)
     return Rendered("k8s", run_dir, "manifest.yaml",
                     {"manifest.yaml": configmap + "---\n" + job, rundir.PLAN: plan.to_json() + "\n"},
-                    warnings=image_warnings(spec.backend.k8s.image or ""))
+                    warnings=image_warnings(spec.backend.k8s.image or "") + restart_warnings(spec))
 
 
 def parse_manifests(text: str) -> list[dict]:

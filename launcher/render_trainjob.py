@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from checks.drain import HEALTH_KEY
+
 GROUP, VERSION = "trainer.kubeflow.org", "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 CONTAINER = "node"                       # the torch runtime's trainer container and replicatedJob
@@ -55,10 +57,12 @@ def _pod_patch(ctx: dict[str, Any]) -> dict[str, Any]:
         volumes.append({"name": "runs", "persistentVolumeClaim": {"claimName": k.pvc}})
     affinity: dict[str, Any] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
         {"labelSelector": {"matchLabels": {"launch4d/job": name}}, "topologyKey": "kubernetes.io/hostname"}]}}
+    # Nodes `launch preflight --drain --scheduler k8s` labelled failed, and the ones named here.
+    keep_out = [{"key": HEALTH_KEY, "operator": "NotIn", "values": ["fail"]}]
     if k.exclude_nodes:
-        affinity["nodeAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn",
-                                   "values": sorted(k.exclude_nodes)}]}]}}
+        keep_out.append({"key": "kubernetes.io/hostname", "operator": "NotIn", "values": sorted(k.exclude_nodes)})
+    affinity["nodeAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": keep_out}]}}
     pod: dict[str, Any] = {}
     if k.service_account:
         pod["serviceAccountName"] = k.service_account
@@ -68,7 +72,8 @@ def _pod_patch(ctx: dict[str, Any]) -> dict[str, Any]:
         pod["tolerations"] = [dict(t) for t in k.tolerations]
     if k.image_pull_secrets:
         pod["imagePullSecrets"] = [{"name": s} for s in k.image_pull_secrets]
-    pod.update(affinity=affinity, volumes=volumes, containers=[{"name": CONTAINER, "volumeMounts": mounts}])
+    pod.update(affinity=affinity, volumes=volumes, terminationGracePeriodSeconds=k.termination_grace_s,
+               containers=[{"name": CONTAINER, "volumeMounts": mounts}])
     meta: dict[str, Any] = {"labels": {"app.kubernetes.io/managed-by": "launch4d", "launch4d/job": name}}
     topo = {TOPOLOGY[kind]: level for kind, level in (("required", k.topology.required),
                                                         ("preferred", k.topology.preferred)) if level}

@@ -93,6 +93,8 @@ class K8sSpec:
     runtime: str = bounded("torch-distributed", doc="TrainJob: the ClusterTrainingRuntime it refers to")
     max_restarts: int = bounded(0, 0, 1000, doc="TrainJob: whole-gang restarts (JobSet failurePolicy) before it fails")
     topology: K8sTopologySpec = field(default_factory=K8sTopologySpec)
+    termination_grace_s: int = bounded(
+        300, 30, 86400, doc="SIGTERM to kill on preemption or cancel: the trainer checkpoints in between")
     exclude_nodes: list[str] = field(default_factory=list)  # kept out: nodeAffinity NotIn on the hostname
     image_pull_secrets: list[str] = field(default_factory=list)
     service_account: str | None = None

@@ -183,8 +183,9 @@ def test_bad_nodes_become_a_node_affinity_not_in():
     ps = tj["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0][
         "template"]["spec"]["template"]["spec"]
     (term,) = ps["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert term["matchExpressions"] == [{"key": "kubernetes.io/hostname", "operator": "NotIn",
-                                         "values": ["gpu-node-3", "gpu-node-7", "gpu-node-9"]}]
+    assert term["matchExpressions"] == [
+        {"key": "launch4d.io/health", "operator": "NotIn", "values": ["fail"]},   # `preflight --drain` labels
+        {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["gpu-node-3", "gpu-node-7", "gpu-node-9"]}]
 
 
 @pytest.mark.parametrize("example", ["tiny-k8s.yaml", "llama3-405b-1024xh100.yaml"])
@@ -239,3 +240,35 @@ def test_same_input_same_bytes():
     a = render_docs()[2].files["manifest.yaml"]
     b = render_docs()[2].files["manifest.yaml"]
     assert a == b
+
+
+def test_preflight_bandwidth_map_keeps_failed_nodes_out(tmp_path, monkeypatch):
+    """`launch submit --preflight BWMAP` (dry run: nothing reaches an API): the map's failed nodes
+    are a nodeAffinity NotIn on the TrainJob's pods."""
+    from checks.bwmap import BandwidthMap, NodeReport
+
+    monkeypatch.setenv("LAUNCH4D_STATE", str(tmp_path / "state"))
+    bw = BandwidthMap(nodes={h: NodeReport(host=h, gpus=2) for h in ("gpu-a1", "gpu-a2", "gpu-a3")},
+                      exclude=["gpu-a2"])
+    (tmp_path / "bw.json").write_text(json.dumps(bw.to_dict()))
+    res = CliRunner().invoke(cli, ["submit", str(EXAMPLES / "tiny-k8s.yaml"), "--preflight", str(tmp_path / "bw.json"),
+                                   "--dry-run", "--json"])
+    assert res.exit_code == 0, res.output
+    tj = [d for d in yaml.safe_load_all(json.loads(res.stdout)["request"]) if d][-1]
+    assert_valid(tj)
+    ps = tj["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0][
+        "template"]["spec"]["template"]["spec"]
+    expr = ps["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+    assert expr["matchExpressions"][1] == {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["gpu-a2"]}
+
+
+def test_preemption_grace_and_restart_without_volume_warns():
+    _, _, rendered, (_, _, tj) = render_docs(**{"backend.k8s.termination_grace_s": 900})
+    ps = tj["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0][
+        "template"]["spec"]["template"]["spec"]
+    assert ps["terminationGracePeriodSeconds"] == 900    # SIGTERM first: the trainer checkpoints, then exits
+    assert rendered.warnings == []
+    _, _, rendered, _ = render_docs(**{"backend.k8s.pvc": None})
+    assert rendered.warnings == ["backend.k8s.max_restarts 3 without backend.k8s.pvc: the run dir is in the pods, "
+                                 "so a restarted gang starts again from step 0"]
+    assert "--resume auto" in render_docs()[3][-1]["spec"]["trainer"]["command"][2]

@@ -142,7 +142,8 @@ class KubernetesBackend:
         extra = {"namespace": ns, "configmap": configmap["metadata"]["name"], "gpus_per_node": plan.gpus_per_node,
                  "nodes": plan.nodes, "pod_run_dir": rendered.run_dir, "kubeconfig": k.kubeconfig,
                  "context": k.context, "kind": job["kind"],
-                 "owned": [[o["kind"], o["metadata"]["name"]] for o in objects[:-1]]}
+                 "owned": [[o["kind"], o["metadata"]["name"]] for o in objects[:-1]],
+                 "warnings": rendered.warnings}
         if dry_run:
             return JobHandle(self.name, "dry-run", spec.name, str(run_dir or rendered.run_dir), dry_run=True,
                              request=rendered.files["manifest.yaml"], extra=extra)

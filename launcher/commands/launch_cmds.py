@@ -132,9 +132,12 @@ def submit(job_file: str, backend: str | None, bwmap: str | None, run_dir: str |
     if not dry_run:
         check_state()  # a broken state file is found before anything is submitted
     options: dict[str, Any] = {"templates": templates, "job_text": text}
+    options["exclude"] = list(bw.exclude) if bw else None
     if kind == "slurm":
-        options.update(exclude=list(bw.exclude) if bw else None, node_order=bw.healthy_hosts if bw else None)
+        options["node_order"] = bw.healthy_hosts if bw else None
     handle = be.submit(spec, plan, rd, dry_run=dry_run, **options)
+    for line in handle.extra.pop("warnings", None) or []:
+        progress(f"warning: {line}")
     payload = {"id": handle.id, "backend": kind, "name": handle.name, "run_dir": handle.run_dir,
                "dry_run": handle.dry_run, "host": handle.extra.get("host"),
                "namespace": handle.extra.get("namespace"), "request": handle.request}
