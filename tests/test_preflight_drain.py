@@ -9,6 +9,7 @@ read them back into arguments.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -135,3 +136,44 @@ def test_a_version_1_map_still_loads_and_drains(tmp_path):
     assert bw.alltoall_inter_busbw_gbs is None and bw.nodes["n2"].rdma_gbps == {} and bw.level == "quick"
     rc, out = launch("preflight", "drain", f)
     assert rc == 0 and out.strip() == "scontrol update nodename=n2 state=drain reason='launch4d: ecc: 7 (threshold 0)'"
+
+
+@pytest.mark.slow
+def test_the_example_prolog_drains_its_own_node_on_a_failed_quick_check(slurm_cluster, tmp_path):  # noqa: F811
+    """examples/slurm-prolog.sh run as slurmd would run it (SLURMD_NODENAME set) on a "node" whose tools
+    are the replay tools: n1 healthy exits 0 and stays in service; n2, whose kernel log is the real
+    Xid 79 capture, is drained by launch4d with the reason and exits 1 (Slurm then requeues the job)."""
+    from tests.conftest import fixtures_dir
+    from tests.replay import install
+    from tests.replay.constructed import gpu_query_csv, ibstat_text, nvlink_status
+
+    for name, text in {"gq.csv": gpu_query_csv(), "nv.txt": nvlink_status(), "ib.txt": ibstat_text()}.items():
+        (tmp_path / name).write_text(text)
+    wrapper = tmp_path / "launch"
+    wrapper.write_text(f"#!/bin/sh\nexec {sys.executable} -c 'from launcher.cli import main; main()' \"$@\"\n")
+    wrapper.chmod(0o755)
+
+    def prolog(node: str, **bad: str) -> tuple[int, str]:
+        d = tmp_path / node
+        install(d, tmp_path, fixtures_dir(), TOPO="topo/h100-sxm-8gpu-12nic-mlx5-1numa.txt",
+                GPU_QUERY=tmp_path / "gq.csv", NVLINK=tmp_path / "nv.txt", IBSTAT=tmp_path / "ib.txt", **bad)
+        log = tmp_path / f"{node}.log"
+        env = {**slurm_cluster.env, "PATH": f"{d / 'bin'}:{os.environ['PATH']}", "PYTHONPATH": str(REPO),
+               "SLURMD_NODENAME": node, "SLURM_JOB_ID": "42", "LAUNCH4D": str(wrapper),
+               "LAUNCH4D_PROLOG_LOG": str(log)}
+        p = subprocess.run(["bash", str(EXAMPLES / "slurm-prolog.sh")], env=env,
+                           capture_output=True, text=True, timeout=300)
+        return p.returncode, log.read_text()
+
+    try:
+        rc, log = prolog("n1")
+        assert rc == 0, log
+        assert "node n1 job 42: exit 0" in log and "no node failed: nothing to drain" in log
+        assert "DRAIN" not in slurm_cluster.run("scontrol", "show", "node", "n1").stdout
+        rc, log = prolog("n2", DMESG="/".join(XID79))
+        assert rc == 1, log
+        assert "node n2 job 42: exit 1" in log and "FAIL  n2" in log
+        shown = slurm_cluster.run("scontrol", "show", "node", "n2").stdout
+        assert "DRAIN" in shown and "Reason=launch4d: xid: " in shown
+    finally:
+        slurm_cluster.run("scontrol", "update", "nodename=n1,n2", "state=resume", check=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Sequence
 
@@ -11,7 +12,9 @@ from checks.runners import Runner
 
 
 def local_names() -> set[str]:
-    return {"localhost", "127.0.0.1", socket.gethostname(), socket.gethostname().split(".")[0]}
+    """This machine's names, and its Slurm node name when run by slurmd (a prolog)."""
+    names = {"localhost", "127.0.0.1", socket.gethostname(), socket.gethostname().split(".")[0]}
+    return names | ({os.environ["SLURMD_NODENAME"]} if os.environ.get("SLURMD_NODENAME") else set())
 
 
 class LocalRunner(Runner):

@@ -195,8 +195,10 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
         elif slurm_allocation:
             hosts = from_allocation()
         else:
+            import os
             import socket
-            hosts = [socket.gethostname()]
+            # in a Slurm prolog the node is known by its Slurm name, which --drain must use
+            hosts = [os.environ.get("SLURMD_NODENAME") or socket.gethostname()]
     except HostsError as exc:
         raise UserError(str(exc)) from None
     backend = backend or ("srun" if slurm_allocation else "ssh" if (hosts_expr or hostfile) else "local")
