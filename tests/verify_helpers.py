@@ -1,11 +1,14 @@
 """What a real gloo run allocates on this CPU, per rank, for comparison with `launch verify`.
 
-Why malloc: the CPU has no allocator statistics like CUDA's max_memory_allocated, and RSS counts
-pages the allocator keeps after a free. glibc's mallinfo2() counts the bytes in use right now
-(small blocks and mmap'd large ones), which on this machine is every tensor storage torch holds
-plus the interpreter's small objects. A dispatch mode reads it after every op of the measured
-step, so the peak is what the real run held between two ops — independent of torch's memory
-tracker, which verify uses.
+Measured without torch's memory tracker (which verify uses), in two parts:
+- at the start of the measured (second) step: every live tensor storage in the process, found
+  by walking the garbage collector's objects (parameters, optimizer state, buffers, the batch,
+  the pipeline's receive buffers, ...);
+- during the step: what malloc hands out on top of that. The CPU has no allocator statistics like
+  CUDA's max_memory_allocated, and RSS counts pages the allocator keeps after a free; glibc's
+  mallinfo2() counts the bytes in use right now. A dispatch mode reads it after every op.
+Python's own caches grown in the first step (DTensor's sharding cache, ...) are then not counted,
+as they are not on a GPU.
 """
 
 from __future__ import annotations
@@ -33,11 +36,23 @@ def malloc_in_use() -> int:
     return int(m.uordblks + m.hblkhd)
 
 
+def live_tensor_bytes() -> int:
+    """Bytes of the distinct storages of every tensor the process holds (DTensors: their shards)."""
+    import torch
+
+    seen: dict[int, int] = {}
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.Tensor) and not hasattr(obj, "_local_tensor") and obj.device.type == "cpu":
+            st = obj.untyped_storage()
+            seen[st.data_ptr()] = max(seen.get(st.data_ptr(), 0), st.nbytes())
+    return sum(seen.values())
+
+
 def measure_rank(rank: int, nprocs: int, jobs: list[dict], workdir: str, port: int) -> None:
     """torch.multiprocessing.spawn target: for each job {name, plan}, build the trainer's Engine for
     this rank (gloo, CPU), run one step (optimizer state, pipeline buffers), then a second step with
-    malloc read after every op. Writes <workdir>/<name>.rank<R>.json: {"peak": bytes in use at the
-    step's peak minus before the model was built} or {"error"}."""
+    malloc read after every op. Writes <workdir>/<name>.rank<R>.json: {"peak": live tensor bytes at
+    the step's start + the most malloc held above its level then} or {"error"}."""
     import torch
     import torch.distributed as dist
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -71,15 +86,14 @@ def measure_rank(rank: int, nprocs: int, jobs: list[dict], workdir: str, port: i
             g = torch.Generator().manual_seed(1)
             batch = torch.randint(0, cfg.model.vocab, (p.micro_batch * p.grad_accum, cfg.train.seq_len + 1),
                                   generator=g)
-            dist.barrier()
-            gc.collect()
-            before = malloc_in_use()
             eng = Engine(cfg, mesh)
             eng.step(batch, lambda *a, **k: None)
             gc.collect()
+            live = live_tensor_bytes()
+            start = malloc_in_use()
             with PeakMalloc() as pk:
                 eng.step(batch, lambda *a, **k: None)
-            out = {"peak": pk.peak - before}
+            out = {"peak": live + max(0, pk.peak - start), "live": live}
         except Exception as exc:  # noqa: BLE001 - reported to the test through the file
             out = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}
         dist.barrier()
