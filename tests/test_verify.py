@@ -40,8 +40,26 @@ def test_micro_batch_counts_trace_two_counts_only_when_cheaper():
     assert counts == [10, 12]                      # past pp in flight, same parity as 256
     counts, _ = micro_batch_counts("1f1b", 8, 255)
     assert counts == [11, 13]
+    counts, _ = micro_batch_counts("1f1b", 8, 256, pp_rank=7)
+    assert counts == [4, 6]                        # the last stage keeps one micro-batch in flight
     counts, _ = micro_batch_counts("interleaved-1f1b", 4, 64)
     assert counts == [8, 12]                       # whole rounds of pp
+
+
+def test_layer_extension_equals_the_full_trace():
+    """Under FSDP a stage's peak is linear in its (identical) layers: traced at 2 and 3 (ZeRO 3) or
+    1 and 2 (ZeRO 2, 1F1B) layers and extended to 8 (4 per stage), it equals the full trace, per category."""
+    from launcher.verify import trace_plan
+
+    model = {"layers": 8, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn_hidden": 128, "vocab": 256}
+    for kw in (dict(tp=2, dp=2, zero=3), dict(pp=2, dp=2, zero=2, schedule="1f1b")):
+        plan = make_plan(**kw, seq_len=64, model_over=model, global_batch=8)
+        ext = trace_plan(plan, build_last_rank=False)
+        full = trace_plan(plan, build_last_rank=False, full_layers=True)
+        for a, b in zip(ext.roles, full.roles):
+            assert "layers extended" in a.sources["activations"] and "layers" not in b.sources["activations"]
+            for c, v in b.categories_gb.items():
+                assert a.categories_gb[c] == pytest.approx(v, rel=1e-6, abs=1e-9), (kw, a.role.name, c)
 
 
 def test_extend_steady_state_and_linear_growth():

@@ -313,22 +313,22 @@ def trace_step(cfg: TrainerConfig, bf16: bool, micro_batches: int) -> tuple[Step
     return StepTrace(micro_batches=micro_batches, peak=total, categories=cats, detail=detail), role
 
 
-def build_only(cfg: TrainerConfig, bf16: bool, rank: int) -> dict[str, int]:
-    """Build `rank`'s Engine (mesh, TP plan, stage split, FSDP wrapping, CP) without stepping;
-    its state from local shard shapes."""
-    with fake_world(rank, cfg.parallel.world_size), real_device_meshes():
-        mesh = build_mesh(cfg, torch.device("cpu"))
-        with FakeTensorMode(allow_non_fake_inputs=True), mock.patch.object(engine_mod, "Transformer",
-                                                                           MetaBuiltTransformer):
-            eng = Engine(cfg, mesh, bf16=bf16)
-            if eng.schedule is not None:
-                make_pipeline_static(eng, cfg)
-            init_optimizer_state(eng)
-            return computed_state(eng)
+def build_state(cfg: TrainerConfig, bf16: bool) -> dict[str, int]:
+    """Build this (fake) rank's Engine (mesh, TP plan, stage split, FSDP wrapping, CP, optimizer)
+    without stepping; its state from local shard shapes. Call inside fake_world() and
+    real_device_meshes()."""
+    mesh = build_mesh(cfg, torch.device("cpu"))
+    with FakeTensorMode(allow_non_fake_inputs=True), mock.patch.object(engine_mod, "Transformer",
+                                                                       MetaBuiltTransformer):
+        eng = Engine(cfg, mesh, bf16=bf16)
+        if eng.schedule is not None:
+            make_pipeline_static(eng, cfg)
+        init_optimizer_state(eng)
+        return computed_state(eng)
 
 
 def trace_rank(cfg: TrainerConfig, rank: int, bf16: bool, micro_batch_counts: list[int]) -> RoleTrace:
-    """Trace `rank` once per micro-batch count (one Engine each); state from the first build."""
+    """Trace `rank` once per micro-batch count (one Engine each, one fake world)."""
     t0 = time.perf_counter()
     out = None
     with fake_world(rank, cfg.parallel.world_size), real_device_meshes():

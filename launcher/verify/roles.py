@@ -61,11 +61,10 @@ def plan_roles(plan: Plan) -> list[Role]:
     return out
 
 
-def micro_batch_counts(schedule: str, pp: int, m: int) -> tuple[list[int], str]:
-    """The micro-batch counts to trace for a plan with `m` per step, and why those.
-
-    Two counts of the same residue as `m` (mod the schedule's period: 1F1B alternates which
-    operation peaks with the parity of the count), past the schedule's warm-up."""
+def micro_batch_counts(schedule: str, pp: int, m: int, pp_rank: int = 0) -> tuple[list[int], str]:
+    """The micro-batch counts to trace for pipeline rank `pp_rank` of a plan with `m` per step, and
+    why those. Two counts of the same residue as `m` (mod the schedule's period: 1F1B alternates
+    which operation peaks with the parity of the count), past the rank's warm-up."""
     if pp == 1:
         base, step, why = 2, 1, "no pipeline: micro-batches run one after another"
     elif schedule == "gpipe":
@@ -73,17 +72,43 @@ def micro_batch_counts(schedule: str, pp: int, m: int) -> tuple[list[int], str]:
     elif schedule == "interleaved-1f1b":
         base, step, why = 2 * pp, pp, "interleaved 1F1B: in flight bounded by the rounds of pp"
     else:
-        base, step, why = pp + 2, 2, "1F1B: at most pp micro-batches in flight"
+        base, step, why = pp - pp_rank + 2, 2, f"1F1B: pp - {pp_rank} = {pp - pp_rank} micro-batches in flight here"
     first = base + (m - base) % step
     if m <= 2 * first + step:          # tracing two counts would cost more than tracing m
         return [m], f"all {m} micro-batches traced"
     return [first, first + step], why
 
 
+def layer_variants(role: Role, zero: int, dp_cp: int) -> list[int] | None:
+    """Layers per stage to trace instead of the role's own, when that is cheaper: two small counts
+    whose peaks extend linearly to the real one (identical layers), or None (trace as planned).
+    Only under FSDP (ZeRO 2/3 over dp·cp > 1), where every block is its own unit: ZeRO 0/1 peak in
+    the optimizer step, whose buckets and per-owner partitions do not grow linearly with layers.
+    ZeRO 3 prefetches the next block's parameters, so its smallest linear case is 2 layers."""
+    if zero < 2 or dp_cp == 1 or not role.layers or len(set(role.layers)) != 1:
+        return None                      # uneven stages on one rank: trace them as they are
+    k1 = 2 if zero >= 3 else 1
+    return [k1, k1 + 1] if role.layers[0] > k1 + 2 else None
+
+
+def layer_plan(plan: Plan, k: int) -> Plan:
+    """`plan` with every pipeline stage k layers deep (the model shortened to match)."""
+    import dataclasses
+
+    n = len(plan.stage_layers)
+    return dataclasses.replace(plan, model=dataclasses.replace(plan.model, layers=k * n), stage_layers=[k] * n)
+
+
+def extend_layers(ks: list[int], figures: list[dict[str, float]], layers: int) -> dict[str, float]:
+    """Figures at `layers` per stage from those traced at ks = [k1, k2] (linear: identical layers)."""
+    (k1, k2), (a, b) = ks, figures
+    return {c: a[c] + (b[c] - a[c]) * (layers - k1) / (k2 - k1) for c in b}
+
+
 def extend(counts: list[int], peaks: list[dict[str, float]], m: int) -> tuple[dict[str, float], str]:
     """The figures at `m` micro-batches from those traced at `counts` (see module docstring)."""
     if len(counts) == 1:
-        return dict(peaks[0]), "traced"
+        return dict(peaks[0]), f"all {counts[0]} micro-batches traced"
     (m1, m2), (a, b) = counts, peaks
     if all(abs(b[k] - a[k]) <= 1e-3 * max(1.0, abs(b[k])) for k in b):
         return dict(b), f"traced at {m1} and {m2} micro-batches: same peak (steady state), so also at {m}"

@@ -30,10 +30,12 @@ def one_line(exc: BaseException) -> str:
     return line(exc) if root is exc else f"{line(exc)} <- {line(root)}"
 
 
-def run_one(plan: Plan, rank: int, bf16: bool, counts: list[int] | None) -> dict:
-    """Trace (counts given) or only build (counts None) one rank. Returns {"steps", "state"} when
-    traced; {"state", "error"} when it builds but the step cannot be traced; {"error"} when the
-    plan does not build at this rank."""
+def run_one(plan: Plan, rank: int, bf16: bool, counts: list[int] | None,
+            variants: list[tuple[int, Plan]] | None = None) -> dict:
+    """Build `rank` of the full plan (its state from local shard shapes), then trace one step per
+    micro-batch count of each (layers, plan) variant (default: the plan itself), all in one fake
+    world. Returns {"state", "traces": [{"layers", "steps"}]} when traced; {"state", "error"} when it
+    builds but a step cannot be traced; {"error"} when the plan does not build at this rank."""
     import logging
 
     import torch
@@ -44,32 +46,37 @@ def run_one(plan: Plan, rank: int, bf16: bool, counts: list[int] | None) -> dict
     logging.getLogger("launcher.trainer").setLevel(logging.WARNING)
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    cfg = config_from_plan(plan)
     out: dict = {}
-    if counts:
+    with memtrace.fake_world(rank, plan.world_size), memtrace.real_device_meshes():
         try:
-            tr = memtrace.trace_rank(cfg, rank, bf16, counts)
-            out = {"steps": [{**s.categories, "total": s.peak} for s in tr.steps], "state": tr.state}
-        except Exception as exc:  # noqa: BLE001 - the step could not be traced: compute what can be
-            out = {"error": one_line(exc)}
-    if "steps" not in out:
-        try:
-            out["state"] = memtrace.build_only(cfg, bf16, rank)
+            out["state"] = memtrace.build_state(config_from_plan(plan), bf16)
         except Exception as exc:  # noqa: BLE001 - the plan does not build at this rank
             out = {"error": f"rank {rank}: {one_line(exc)}"}
+        if counts and "state" in out:
+            try:
+                traces = []
+                for layers, vplan in variants or [(0, plan)]:
+                    cfg = config_from_plan(vplan)
+                    steps = [memtrace.trace_step(cfg, bf16, m)[0] for m in counts]
+                    traces.append({"layers": layers, "steps": [{**s.categories, "total": s.peak} for s in steps]})
+                out["traces"] = traces
+            except Exception as exc:  # noqa: BLE001 - the step could not be traced: the state stands
+                out["error"] = one_line(exc)
     out["seconds"] = time.perf_counter() - t0
     return out
 
 
-def run_roles(plan: Plan, trace_ranks: list[int], build_ranks: list[int], bf16: bool, counts: list[int],
-              workers: int | None = None, progress: Callable[[str], None] | None = None) -> dict[int, dict]:
-    """run_one for every rank, each in a fresh process; {rank: outcome}."""
-    jobs = [(r, counts) for r in trace_ranks] + [(r, None) for r in build_ranks]
+def run_roles(plan: Plan, trace_jobs: list[tuple[int, list[int], list[tuple[int, Plan]] | None]],
+              build_ranks: list[int], bf16: bool, workers: int | None = None,
+              progress: Callable[[str], None] | None = None) -> dict[int, dict]:
+    """run_one for every (rank, micro-batch counts, layer variants) and every rank only built, each
+    in a fresh process; {rank: outcome}."""
+    jobs = list(trace_jobs) + [(r, None, None) for r in build_ranks]
     n = max(1, min(len(jobs), workers or os.cpu_count() or 1))
     ctx = multiprocessing.get_context("spawn")
     out: dict[int, dict] = {}
     with ProcessPoolExecutor(max_workers=n, mp_context=ctx, max_tasks_per_child=1) as pool:
-        futures = {pool.submit(run_one, plan, r, bf16, c): (r, c) for r, c in jobs}
+        futures = {pool.submit(run_one, plan, r, bf16, c, v): (r, c) for r, c, v in jobs}
         for fut in as_completed(futures):
             rank, c = futures[fut]
             try:
@@ -77,7 +84,7 @@ def run_roles(plan: Plan, trace_ranks: list[int], build_ranks: list[int], bf16: 
             except Exception as exc:  # noqa: BLE001 - the worker died (e.g. out of host memory)
                 out[rank] = {"error": f"rank {rank}: the tracing process failed: {one_line(exc)}", "seconds": 0.0}
             if progress:
-                what = "traced" if "steps" in out[rank] else ("built" if c is None and "error" not in out[rank]
+                what = "traced" if "traces" in out[rank] else ("built" if c is None and "error" not in out[rank]
                                                             else "not traced")
                 progress(f"verify: rank {rank} {what} ({out[rank]['seconds']:.1f} s)")
     return out
