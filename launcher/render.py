@@ -510,13 +510,25 @@ def image_warnings(image: str) -> list[str]:
     return [f"backend.k8s.image {image}: tag `latest` moves; pin a version or digest"] if tag == "latest" else []
 
 
-def restart_warnings(spec: JobSpec) -> list[str]:
-    """A restarted gang resumes from the run dir's checkpoints only if the run dir outlives the pods."""
+#: Fields only one job kind reads; set on the other they would be silently without effect.
+K8S_ONLY = {"pytorchjob": ("clean_pod_policy", "backoff_limit", "ttl_seconds_after_finished", "restart_policy"),
+            "trainjob": ("runtime", "max_restarts", "topology")}
+
+
+def k8s_warnings(spec: JobSpec) -> list[str]:
+    """Settings that do not do what they say: a restart budget whose restarts cannot resume (the run
+    dir must outlive the pods), and fields of the other job kind."""
     k = spec.backend.k8s
+    out = []
     if k.api == "trainjob" and k.max_restarts and not k.pvc:
-        return [f"backend.k8s.max_restarts {k.max_restarts} without backend.k8s.pvc: the run dir is in the "
-                "pods, so a restarted gang starts again from step 0"]
-    return []
+        out.append(f"backend.k8s.max_restarts {k.max_restarts} without backend.k8s.pvc: the run dir is in the "
+                   "pods, so a restarted gang starts again from step 0")
+    default = type(k)()
+    for api, names in K8S_ONLY.items():
+        if api != k.api:
+            out += [f"backend.k8s.{n}: only read with api: {api}; ignored for api: {k.api}" for n in names
+                    if getattr(k, n) != getattr(default, n)]
+    return out
 
 
 def render_k8s(spec: JobSpec, plan: Plan, run_dir: str | None = None,
@@ -542,7 +554,7 @@ def render_k8s(spec: JobSpec, plan: Plan, run_dir: str | None = None,
     check_manifests(manifests)
     return Rendered("k8s", run_dir, "manifest.yaml",
                     {"manifest.yaml": configmap + "---\n" + job, rundir.PLAN: plan.to_json() + "\n"},
-                    warnings=image_warnings(spec.backend.k8s.image or "") + restart_warnings(spec))
+                    warnings=image_warnings(spec.backend.k8s.image or "") + k8s_warnings(spec))
 
 
 def parse_manifests(text: str) -> list[dict]:

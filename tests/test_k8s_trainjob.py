@@ -272,3 +272,13 @@ def test_preemption_grace_and_restart_without_volume_warns():
     assert rendered.warnings == ["backend.k8s.max_restarts 3 without backend.k8s.pvc: the run dir is in the pods, "
                                  "so a restarted gang starts again from step 0"]
     assert "--resume auto" in render_docs()[3][-1]["spec"]["trainer"]["command"][2]
+
+
+def test_fields_of_the_other_job_kind_warn():
+    _, _, rendered, _ = render_docs(**{"backend.k8s.backoff_limit": 5, "backend.k8s.clean_pod_policy": "All"})
+    assert rendered.warnings == ["backend.k8s.clean_pod_policy: only read with api: pytorchjob; ignored for api: "
+                                 "trainjob", "backend.k8s.backoff_limit: only read with api: pytorchjob; ignored "
+                                 "for api: trainjob"]
+    _, _, rendered, _ = render_docs(**{"backend.k8s.api": "pytorchjob"})
+    assert rendered.warnings == [f"backend.k8s.{n}: only read with api: trainjob; ignored for api: pytorchjob"
+                                 for n in ("max_restarts", "topology")]
