@@ -11,12 +11,16 @@ that node and component, and a node lacking a tool is "not measured", never fail
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from checks.assemble import assemble
 from checks.orchestrate import PreflightOptions, run_preflight
 from checks.runners.ssh import SSHRunner
-from tests.conftest import fixtures_dir, shared_file
+from tests.conftest import REPO, fixtures_dir, shared_file
 from tests.replay import install
 from tests.replay.constructed import gpu_query_csv, ibstat_text, nvlink_status
 from tests.services.sshd import SshCluster, sshd_available
@@ -117,3 +121,33 @@ def test_long_level_finds_the_degraded_gpudirect_nic_and_records_all_to_all(clus
     assert bw.alltoall_intra_busbw_gbs is not None and bw.alltoall_inter_busbw_gbs == 13.51
     assert bw.nodes["node01"].alltoall_busbw_gbs == bw.alltoall_intra_busbw_gbs
     assert res.probes["node01"]["dcgm-diag"].command == "dcgmi diag -r 3"
+
+
+def test_cli_standard_level_drains_the_named_node_and_the_raw_outputs_judge_the_same(cluster, tmp_path):
+    """`launch preflight --level standard --drain` over SSH prints the drain for exactly node03 with
+    DCGM's verdict as the reason; `--save-raw` keeps the deeper outputs, and `preflight import` of
+    that folder judges them to the same failed checks."""
+    configure(cluster, bad="node03", DCGM=DCGM_FAIL)
+    raw = tmp_path / "raw"
+    p = subprocess.run([sys.executable, "-c", "from launcher.cli import main; main()", "preflight",
+                        "--hosts", "node[01-04]", "--ssh-config", str(cluster.ssh_config), "--known-hosts",
+                        str(cluster.known_hosts), "--connect-timeout", "3", "--nccl-timeout", "20",
+                        "--level", "standard", "--save-raw", str(raw), "--drain", "--json"],
+                       capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert p.returncode == 1, p.stderr
+    d = json.loads(p.stdout)
+    (node,) = d["drain"]["nodes"]
+    assert node["node"] == "node03" and not d["drain"]["applied"]
+    assert node["reason"].startswith("launch4d: dcgm:Targeted Power: GPU 1 Max power of 224.1 did not reach")
+    assert node["commands"][0].startswith("scontrol update nodename=node03 state=drain reason='launch4d: dcgm:")
+    for phase in ("[dcgm-diag] node03: exit status 226", "[nvbandwidth] node01: ok", "[nvlink-errors-after] node04"):
+        assert phase in p.stderr
+    assert (raw / "node03" / "dcgm-diag.txt").read_text() == shared_file(*DCGM_FAIL.split("/")).read_text()
+    failed = {(c["node"], c["check"]) for c in d["checks"] if c["status"] == "fail"}
+    p = subprocess.run([sys.executable, "-c", "from launcher.cli import main; main()", "preflight", "import",
+                        str(raw), "--json"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    again = json.loads(p.stdout)
+    assert {(c["node"], c["check"]) for c in again["checks"] if c["status"] == "fail"} == failed == {
+        ("node03", "dcgm:Targeted Power")}
+    assert {c["check"] for c in again["checks"] if c["node"] == "node01"} >= {"dcgm", "nvlink_errors",
+                                                                             "nvbandwidth:device_to_device_memcpy_read_ce"}
