@@ -427,6 +427,13 @@ def k8s_log_dir(spec: JobSpec) -> str:
     return d if d.startswith("/") else f"/workspace/{d}"
 
 
+def shutdown_timeout(grace_s: int) -> int:
+    """How long torchrun (the pod's PID 1) waits for its workers after the SIGTERM the kubelet sends
+    on preemption or delete, before it SIGKILLs them: the pod's grace period less a margin for
+    torchrun's own exit. torchrun's default, 30 s, would kill a trainer mid-checkpoint."""
+    return max(grace_s - 15, 1)
+
+
 def k8s_context(spec: JobSpec, plan: Plan, run_dir: str) -> dict[str, Any]:
     _check_plan(spec, plan)
     k = spec.backend.k8s
@@ -479,6 +486,7 @@ def k8s_context(spec: JobSpec, plan: Plan, run_dir: str) -> dict[str, Any]:
         f"exec python -m torch.distributed.run --nnodes={plan.nodes} --nproc-per-node={g} "
         "--node-rank=\"$node_rank\" --rdzv-backend=static --master-addr=\"$master_addr\" "
         "--master-port=\"$master_port\" --max-restarts=0 --tee=3 "
+        f"--shutdown-timeout={shutdown_timeout(k.termination_grace_s)} "
         f"-m launcher.trainer {trainer_args(spec, plan_path, run_dir)}",
     ])
     if not k.image:

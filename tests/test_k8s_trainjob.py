@@ -282,3 +282,27 @@ def test_fields_of_the_other_job_kind_warn():
     _, _, rendered, _ = render_docs(**{"backend.k8s.api": "pytorchjob"})
     assert rendered.warnings == [f"backend.k8s.{n}: only read with api: trainjob; ignored for api: pytorchjob"
                                  for n in ("max_restarts", "topology")]
+
+
+def test_torchrun_waits_the_grace_period_for_the_checkpoint():
+    """Kubernetes SIGTERMs the container's PID 1 (torchrun, exec'd) and SIGKILLs after the grace
+    period; torchrun forwards SIGTERM to the trainers and kills them after --shutdown-timeout
+    (default 30 s). The rendered value is inside the grace period, and this torch's torchrun
+    parser takes the rendered arguments."""
+    import shlex
+
+    torch_run = pytest.importorskip("torch.distributed.run")
+    for api in ("trainjob", "pytorchjob"):
+        _, _, _, docs = render_docs(**{"backend.k8s.api": api, "backend.k8s.termination_grace_s": 600})
+        job = docs[-1]
+        command = (job["spec"]["trainer"] if api == "trainjob"
+                   else job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0])["command"]
+        line = next(ln for ln in command[2].splitlines() if ln.startswith("exec python -m torch.distributed.run"))
+        shell = {"$node_rank": "1", "$master_addr": "head", "$master_port": "29400"}   # what bash expands
+        argv = []
+        for arg in shlex.split(line)[4:]:
+            key, _, value = arg.partition("=")
+            argv.append(f"{key}={shell[value]}" if value in shell else arg)
+        args = torch_run.get_args_parser().parse_args(argv)
+        assert args.shutdown_timeout == 585 and args.rdzv_backend == "static"
+        assert args.training_script == "launcher.trainer" and args.module
