@@ -29,7 +29,7 @@ from checks.judges import (
     outliers,
     worst,
 )
-from checks.levels import deep_checks, record_figures
+from checks.levels import deep_checks, load_runs, record_figures, save_runs
 from checks.parsers import ParseError
 from checks.parsers.gpu_query import GpuQuery, parse_gpu_query
 from checks.parsers.ibstat import IbStatus, parse_ibstat
@@ -535,6 +535,7 @@ def load_dir(path: str | Path) -> PreflightResults:
                 continue
             r = CommandResult(hosts[0], f"(from {f})", text, "", 0)
             res.nccl.append(NcclRun("pair" if kind == "pairs" else "all", hosts, "all_reduce", r))
+    load_runs(root, res)
     return res
 
 
@@ -563,6 +564,7 @@ def save_dir(results: PreflightResults, path: str | Path) -> Path:
             if f.exists():
                 f = root / sub / f"{name}~{i}.txt"  # the same pair again (a retry in round 2)
             atomic_write(f, r.result.stdout + (f"\n{r.result.stderr}" if r.result.stderr else ""), "preflight output", durable=False)
+    save_runs(results, root)
     return root
 
 

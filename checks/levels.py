@@ -17,9 +17,11 @@ are checks/health_judges.py; each (node, check) becomes one CheckResult naming t
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from checks.bwmap import BandwidthMap, CheckResult
@@ -36,7 +38,7 @@ from checks.parsers.dcgm_diag import parse_dcgm_diag
 from checks.parsers.nvbandwidth import parse_nvbandwidth
 from checks.parsers.nvlink_errors import parse_nvlink_errors
 from checks.parsers.perftest import parse_perftest
-from checks.results import CommandResult, PreflightResults
+from checks.results import CommandResult, NcclRun, PreflightResults
 
 LEVELS = ("quick", "standard", "long")
 NOT_FOUND_RC = 127  # what a shell returns for a command it cannot find
@@ -244,3 +246,73 @@ def record_figures(bw: BandwidthMap, results: PreflightResults) -> None:
     for c in bw.checks:
         if c.check.startswith("rdma:") and c.node in bw.nodes and isinstance(c.value, (int, float)):
             bw.nodes[c.node].rdma_gbps[c.check.split(":", 1)[1]] = c.value
+
+
+# ------------------------------------------------------------------ raw outputs (--save-raw / import)
+
+A2A_NODE_FILE = "alltoall-node.txt"
+A2A_PAIRS_DIR = "alltoall-pairs"
+RDMA_DIR = "rdma"
+RDMA_INDEX = "runs.json"
+
+
+def save_runs(results: PreflightResults, root: Path) -> None:
+    """The long level's runs in the layout `load_runs` reads: DIR/<host>/alltoall-node.txt,
+    DIR/alltoall-pairs/<a>+<b>.txt, DIR/rdma/<client>+<server>+<nic>.txt with DIR/rdma/runs.json."""
+    from launcher.formats.files import atomic_write, make_dirs
+
+    for run in results.nccl:
+        if run.kind == "a2a-node":
+            make_dirs(root / run.hosts[0], "preflight output directory")
+            atomic_write(root / run.hosts[0] / A2A_NODE_FILE, run.result.stdout, "preflight output", durable=False)
+        elif run.kind == "a2a-pair":
+            make_dirs(root / A2A_PAIRS_DIR, "preflight output directory")
+            atomic_write(root / A2A_PAIRS_DIR / f"{'+'.join(run.hosts)}.txt", run.result.stdout, "preflight output",
+                         durable=False)
+    if not results.rdma:
+        return
+    make_dirs(root / RDMA_DIR, "preflight output directory")
+    index = []
+    for i, r in enumerate(results.rdma):
+        name = f"{r.client}+{r.server}+{r.nic}~{i}.txt"
+        atomic_write(root / RDMA_DIR / name, r.result.stdout, "preflight output", durable=False)
+        index.append({"file": name, "client": r.client, "server": r.server, "nic": r.nic, "gpu": r.gpu,
+                      "link_gbps": r.link_gbps, "command": r.result.command, "rc": r.result.rc})
+    atomic_write(root / RDMA_DIR / RDMA_INDEX, json.dumps(index, indent=2) + "\n", "preflight output", durable=False)
+
+
+def load_runs(root: Path, res: PreflightResults) -> None:
+    """Read back what `save_runs` wrote, and set the level the outputs show."""
+    from launcher.formats.files import read_text
+
+    for host in res.hosts:
+        f = root / host / A2A_NODE_FILE
+        if f.is_file():
+            res.nccl.append(NcclRun("a2a-node", [host], "alltoall",
+                                    CommandResult(host, f"(from {f})", read_text(f, "all_to_all_perf output",
+                                                                                 errors="replace"), "", 0)))
+    for f in sorted((root / A2A_PAIRS_DIR).glob("*.txt")) if (root / A2A_PAIRS_DIR).is_dir() else []:
+        hosts = f.stem.split("+")
+        if len(hosts) == 2:
+            res.nccl.append(NcclRun("a2a-pair", hosts, "alltoall",
+                                    CommandResult(hosts[0], f"(from {f})", read_text(f, "all_to_all_perf output",
+                                                                                      errors="replace"), "", 0)))
+    idx = root / RDMA_DIR / RDMA_INDEX
+    if idx.is_file():
+        try:
+            entries = json.loads(read_text(idx, "RDMA run index"))
+        except json.JSONDecodeError:
+            entries = []
+        for e in entries if isinstance(entries, list) else []:
+            try:
+                f = root / RDMA_DIR / Path(str(e["file"])).name
+                out = read_text(f, "ib_write_bw output", errors="replace")
+                res.rdma.append(RdmaRun(str(e["client"]), str(e["server"]), str(e["nic"]), e.get("gpu"),
+                                        e.get("link_gbps"), CommandResult(str(e["client"]), str(e.get("command", "")),
+                                                                          out, "", e.get("rc", 0))))
+            except (KeyError, TypeError, OSError):
+                continue
+    if res.rdma or any(r.kind.startswith("a2a") for r in res.nccl):
+        res.level = "long"
+    elif any("dcgm-diag" in p or "nvbandwidth" in p or "nvlink-errors-after" in p for p in res.probes.values()):
+        res.level = "standard"

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from checks.assemble import assemble
+from checks.assemble import assemble, load_dir, save_dir
 from checks.orchestrate import PreflightOptions, run_preflight
 from checks.runners.ssh import SSHRunner
 from tests.conftest import REPO, fixtures_dir, shared_file
@@ -104,7 +104,7 @@ def test_a_node_without_dcgmi_or_nvbandwidth_is_not_measured_not_failed(cluster)
     assert bw.exclude == []
 
 
-def test_long_level_finds_the_degraded_gpudirect_nic_and_records_all_to_all(cluster):
+def test_long_level_finds_the_degraded_gpudirect_nic_and_records_all_to_all(cluster, tmp_path):
     configure(cluster, bad="node03", RDMA_BAD_NIC="mlx5_1", RDMA_BAD=RDMA_DEGRADED)
     res, bw = preflight(cluster, "long")
     assert not_passing(bw) == {("node03", "rdma:mlx5_1"): "fail"}, not_passing(bw)
@@ -121,6 +121,12 @@ def test_long_level_finds_the_degraded_gpudirect_nic_and_records_all_to_all(clus
     assert bw.alltoall_intra_busbw_gbs is not None and bw.alltoall_inter_busbw_gbs == 13.51
     assert bw.nodes["node01"].alltoall_busbw_gbs == bw.alltoall_intra_busbw_gbs
     assert res.probes["node01"]["dcgm-diag"].command == "dcgmi diag -r 3"
+    # the raw outputs saved and imported again give the same verdicts and figures
+    again = assemble(load_dir(save_dir(res, tmp_path / "raw")))
+    assert not_passing(again) == not_passing(bw) and again.level == "long"
+    assert again.nodes["node04"].rdma_gbps == bw.nodes["node04"].rdma_gbps
+    assert (again.alltoall_intra_busbw_gbs, again.alltoall_inter_busbw_gbs) == (bw.alltoall_intra_busbw_gbs,
+                                                                                bw.alltoall_inter_busbw_gbs)
 
 
 def test_cli_standard_level_drains_the_named_node_and_the_raw_outputs_judge_the_same(cluster, tmp_path):
