@@ -479,7 +479,8 @@ def k8s_context(spec: JobSpec, plan: Plan, run_dir: str) -> dict[str, Any]:
     script = "\n".join([
         "set -euo pipefail",
         "mkdir -p " + " ".join(q(f"{run_dir}/{d}") for d in (rundir.NCCL_LOGS, rundir.FLIGHT, rundir.HEARTBEAT)),
-        "node_rank=${PET_NODE_RANK:-${RANK:-0}}",
+        # PET_NODE_RANK: both operators set it; an Indexed Job's pod (TrainJob) also has its index.
+        "node_rank=${PET_NODE_RANK:-${JOB_COMPLETION_INDEX:-${RANK:-0}}}",
         *rendezvous,
         "if [ -n \"${LAUNCH4D_GPU_LISTS:-}\" ]; then lists=( $LAUNCH4D_GPU_LISTS ); "
         "export CUDA_VISIBLE_DEVICES=${lists[$node_rank]}; fi",

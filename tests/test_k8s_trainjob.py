@@ -306,3 +306,17 @@ def test_torchrun_waits_the_grace_period_for_the_checkpoint():
         args = torch_run.get_args_parser().parse_args(argv)
         assert args.shutdown_timeout == 585 and args.rdzv_backend == "static"
         assert args.training_script == "launcher.trainer" and args.module
+
+
+def test_node_rank_is_the_pods_index_even_without_trainers_env(tmp_path):
+    """The pod command's node rank: PET_NODE_RANK when Trainer sets it, else the Indexed Job's
+    JOB_COMPLETION_INDEX (the pod's JobSet index), never a silent 0 on every node."""
+    _, _, _, docs = render_docs()
+    script = docs[-1]["spec"]["trainer"]["command"][2]
+    head = script.split("exec python", 1)[0] + 'printf "%s %s %s" "$node_rank" "$master_addr" "$master_port"'
+    head = head.replace("mkdir -p", "true")
+    for env, want in (({"PET_NODE_RANK": "1", "PET_MASTER_ADDR": "h", "PET_MASTER_PORT": "2"}, "1 h 2"),
+                      ({"JOB_COMPLETION_INDEX": "1"}, "1 tiny-k8s-node-0-0.tiny-k8s 29400")):
+        out = subprocess.run(["bash", "-c", head], env={"PATH": "/usr/bin:/bin", **env}, capture_output=True,
+                             text=True, check=True).stdout
+        assert out == want
