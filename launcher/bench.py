@@ -38,10 +38,18 @@ class Measured:
     def ok(self) -> bool:
         return self.exit_code == 0 and self.measured_step_s is not None
 
+    @property
+    def error(self) -> float | None:
+        """predicted / measured − 1, for a run that measured its steps."""
+        if self.exit_code != 0 or self.measured_step_s is None:
+            return None
+        return self.predicted_step_s / self.measured_step_s - 1
+
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        if self.ok:
-            d["error"] = round(self.predicted_step_s / self.measured_step_s - 1, 4)
+        err = self.error
+        if err is not None:
+            d["error"] = round(err, 4)
         return d
 
 
@@ -73,16 +81,16 @@ def measure(run_dir: Path) -> tuple[float | None, float | None, float | None, in
 def run_benchmark(spec, plans: list, base: Path, job_text: str | None, as_json: bool,
                   timeout_s: float | None = None) -> list[Measured]:
     """Run each plan in turn through the job's backend (local: torchrun here) and measure it."""
-    from launcher.backends import get_backend
+    from launcher.backends.local import LocalBackend
     from launcher.commands import progress
     from launcher.commands.run_cmd import _start, check_devices
 
     if spec.backend.kind == "slurm":
         return run_benchmark_slurm(spec, plans, base, job_text, timeout_s)
-    backend = get_backend(spec.backend.kind)
-    if not hasattr(backend, "wait"):
+    if spec.backend.kind != "local":
         raise UserError(f"backend.kind: {spec.backend.kind!r} cannot wait for a job here; "
-                        "--benchmark runs with kind local")
+                        "--benchmark runs with kind local or slurm")
+    backend = LocalBackend()
     out = []
     for i, plan in enumerate(plans):
         name = describe(plan)
@@ -96,8 +104,7 @@ def run_benchmark(spec, plans: list, base: Path, job_text: str | None, as_json: 
         if not status.done:
             backend.cancel(handle, force=True)
             status = backend.wait(handle)
-        if hasattr(backend, "sweep"):
-            backend.sweep(handle)
+        backend.sweep(handle)
         step_s, tps, mem, n = measure(Path(handle.run_dir))
         code = status.exit_code if status.exit_code is not None else 1
         out.append(Measured(i, name, handle.run_dir, plan.estimate["step_time_s"], step_s, tps, mem, code, n))
@@ -156,8 +163,8 @@ def render(results: list[Measured]) -> str:
              f"  {'#':>2} {'layout':40} {'predicted s':>12} {'measured s':>11} {'error':>7} {'tok/s':>10} "
              f"{'peak GB':>8}  status"]
     for m in by_measurement(results):
-        if m.ok:
-            err = m.predicted_step_s / m.measured_step_s - 1
+        err = m.error
+        if err is not None:
             lines.append(f"  {m.index:>2} {m.layout:40} {m.predicted_step_s:>12.4f} {m.measured_step_s:>11.4f} "
                          f"{err:>+7.0%} {m.tokens_per_s:>10,.0f} {m.peak_mem_gb:>8.2f}  ok")
         else:

@@ -230,13 +230,15 @@ class LocalBackend:
 
     def _wrapper_alive(self, handle: JobHandle) -> bool:
         pid = handle.extra.get("pid")
+        if not pid:
+            return False
         ticks = handle.extra.get("start_ticks")
-        return bool(pid) and procs.is_ours(int(pid), self.marker(handle), int(ticks) if ticks is not None else None)
+        return procs.is_ours(int(pid), self.marker(handle), int(ticks) if ticks is not None else None)
 
     def _log_text(self, handle: JobHandle) -> str:
         try:
             with open(handle.log_path or "", "rb") as f:
-                f.seek(int(handle.extra.get("log_offset", 0)))
+                f.seek(int(handle.extra.get("log_offset") or 0))
                 return f.read().decode(errors="replace")
         except OSError:
             return ""

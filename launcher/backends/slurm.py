@@ -297,7 +297,7 @@ class SlurmBackend:
             if job_text is not None:
                 files["job.yaml"] = job_text
             command = f"cd {shlex.quote(rd)} && sbatch --parsable train.sbatch"
-            extra = {"ssh": asdict(target) if target else None, "remote_dir": rd if target else None,
+            extra: dict[str, Any] = {"ssh": asdict(target) if target else None, "remote_dir": rd if target else None,
                      "host": target.host if target else None, "gpus_per_node": plan.gpus_per_node,
                      "nodes": plan.nodes, "requeue": spec.backend.slurm.requeue,
                      "log_path": f"{rd}/logs/slurm-%j.out"}
@@ -337,7 +337,7 @@ class SlurmBackend:
                                                             [rd, *dirs])
             out = []
             for i, (plan, d) in enumerate(zip(plans, dirs)):
-                extra = {"ssh": asdict(target) if target else None, "remote_dir": d if target else None,
+                extra: dict[str, Any] = {"ssh": asdict(target) if target else None, "remote_dir": d if target else None,
                          "host": target.host if target else None, "gpus_per_node": plan.gpus_per_node,
                          "nodes": plan.nodes, "requeue": spec.backend.slurm.requeue, "log_dir": f"{rd}/logs",
                          "array_job": job_id, "array_task": i, "log_path": f"{rd}/logs/slurm-{job_id}_{i}.out"}
@@ -476,7 +476,7 @@ class SlurmBackend:
         rc, out, _ = _optional(runner, ["scontrol", "show", "job", job_id])
         if rc != 0:
             return {}
-        return dict(m.groups() for m in re.finditer(r"(?:^|\s)([A-Za-z][A-Za-z:/]*)=(\S*)", out))
+        return {m[1]: m[2] for m in re.finditer(r"(?:^|\s)([A-Za-z][A-Za-z:/]*)=(\S*)", out)}
 
     def _left_out(self, runner, handle: JobHandle, exc: str | None) -> str:
         """For a pending job: the nodes the node check left out, and why (from logs/nodecheck.log)."""

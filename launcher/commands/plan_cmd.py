@@ -164,7 +164,7 @@ def plan(job: str, bwmap: str | None, top: int, output: str | None, previous: st
 
         rep = verify_plan(chosen, as_json)
         chosen.memory_traced = rep.builds and all(r.status == "traced" for r in rep.roles)
-    if output:
+    if output and chosen is not None:  # None raised above
         chosen.save(output)
     if as_json:
         payload = result.to_dict()

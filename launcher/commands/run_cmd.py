@@ -97,7 +97,7 @@ def _beats(run_dir: Path):
     return hb
 
 
-def stall_report(run_dir: Path, world: int) -> str:
+def stall_report(run_dir: Path, world: int | None) -> str:
     """Where each rank is: from stack dumps when there are live ones (the frame each rank is in), else from
     the heartbeat files (launcher.diagnose's reading of both)."""
     from launcher.diagnose.findings import ERROR
@@ -268,7 +268,8 @@ def follow(backend, handle, as_json: bool, quiet_s: float = 120.0,
 @json_option
 def run(job: str, run_dir: str | None, nproc: int | None, resume: str, dry_run: bool, as_json: bool) -> int:
     """Plan JOB and run it here with torchrun; exit with the job's status."""
-    from launcher.backends import default_run_dir, get_backend
+    from launcher.backends import default_run_dir
+    from launcher.backends.local import LocalBackend
     from launcher.planner import plan_job
 
     if resume not in ("auto", "never"):
@@ -288,7 +289,7 @@ def run(job: str, run_dir: str | None, nproc: int | None, resume: str, dry_run: 
 
         read_token_file(spec.train.data, spec.model.vocab, spec.train.seq_len)
     rd = Path(run_dir) if run_dir else default_run_dir(spec)
-    backend = get_backend("local")
+    backend = LocalBackend()
     if dry_run:
         handle = backend.submit(spec, plan, rd, dry_run=True, resume=resume)
         emit({"run_dir": str(rd.resolve()), "plan": plan.to_dict(), "command": handle.request}, as_json,
@@ -325,7 +326,7 @@ def run(job: str, run_dir: str | None, nproc: int | None, resume: str, dry_run: 
     return code
 
 
-def _start(backend, spec, plan, rd: Path, resume: str, text: str):
+def _start(backend, spec, plan, rd: Path, resume: str, text: str | None):
     """Create and lock the run dir, then start the job. The lock is passed to the job's processes,
     so a second `launch run` on this dir is refused for as long as any of them lives; a failure
     before the job starts removes the run dir this call created."""
