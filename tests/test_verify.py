@@ -40,8 +40,8 @@ def test_micro_batch_counts_trace_two_counts_only_when_cheaper():
     assert counts == [10, 12]                      # past pp in flight, same parity as 256
     counts, _ = micro_batch_counts("1f1b", 8, 255)
     assert counts == [11, 13]
-    counts, _ = micro_batch_counts("1f1b", 8, 256, pp_rank=7)
-    assert counts == [4, 6]                        # the last stage keeps one micro-batch in flight
+    counts, _ = micro_batch_counts("1f1b", 8, 256, pp_rank=6)
+    assert counts == [8, 10]                       # 2 in flight, but 1F1B needs >= pp micro-batches
     counts, _ = micro_batch_counts("interleaved-1f1b", 4, 64)
     assert counts == [8, 12]                       # whole rounds of pp
 
@@ -67,6 +67,8 @@ def test_extend_steady_state_and_linear_growth():
     assert steady == {"total": 10.0, "a": 4.0} and "steady" in note
     grown, note = extend([4, 6], [{"total": 10.0}, {"total": 12.0}], 100)
     assert grown == {"total": 106.0} and "linearly" in note
+    moved, note = extend([4, 6], [{"total": 10.0, "a": 5.0}, {"total": 12.0, "a": 4.0}], 100)
+    assert moved == {"total": 12.0, "a": 4.0} and "NOT extended" in note
 
 
 def test_plan_verify_tiny_example_traces_every_category(tmp_path):

@@ -87,7 +87,9 @@ def trace_plan(plan: Plan, progress: Callable[[str], None] | None = None,
         if "traces" in out:
             per_variant = [extend(counts, t["steps"], p.grad_accum) for t in out["traces"]]
             at_m, note = per_variant[0]
-            sources = ["traced" if len(counts) == 1 else "traced, extended to the plan's micro-batches"]
+            sources = ["traced" if len(counts) == 1 else
+                       f"traced at {counts[1]} micro-batches, NOT extended (may be low)" if "NOT extended" in note
+                       else "traced, extended to the plan's micro-batches"]
             if variants:
                 ks = [k for k, _ in variants]
                 at_m = extend_layers(ks, [f for f, _ in per_variant], role.layers[0])

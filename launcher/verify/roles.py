@@ -72,7 +72,7 @@ def micro_batch_counts(schedule: str, pp: int, m: int, pp_rank: int = 0) -> tupl
     elif schedule == "interleaved-1f1b":
         base, step, why = 2 * pp, pp, "interleaved 1F1B: in flight bounded by the rounds of pp"
     else:
-        base, step, why = pp - pp_rank + 2, 2, f"1F1B: pp - {pp_rank} = {pp - pp_rank} micro-batches in flight here"
+        base, step, why = max(pp, pp - pp_rank + 2), 2, f"1F1B: pp - {pp_rank} = {pp - pp_rank} micro-batches in flight here"
     first = base + (m - base) % step
     if m <= 2 * first + step:          # tracing two counts would cost more than tracing m
         return [m], f"all {m} micro-batches traced"
@@ -112,5 +112,9 @@ def extend(counts: list[int], peaks: list[dict[str, float]], m: int) -> tuple[di
     (m1, m2), (a, b) = counts, peaks
     if all(abs(b[k] - a[k]) <= 1e-3 * max(1.0, abs(b[k])) for k in b):
         return dict(b), f"traced at {m1} and {m2} micro-batches: same peak (steady state), so also at {m}"
+    if any(b[k] < a[k] - 1e-3 * max(1.0, abs(a[k])) for k in b):
+        # the peak fell in a different phase at the two counts: a line through them means nothing
+        return dict(b), (f"traced at {m1} and {m2} micro-batches; the peak moved between phases, so the "
+                         f"figures are those at {m2}, NOT extended to {m} (may be low)")
     out = {k: a[k] + (b[k] - a[k]) * (m - m1) / (m2 - m1) for k in b}
     return out, f"traced at {m1} and {m2} micro-batches, extended linearly to {m} (identical micro-batches)"
