@@ -298,22 +298,29 @@ class RankParams:
         return self.blocks_dense + self.blocks_expert + self.root
 
 
-def rank_params(model, lay: Layout, role: str) -> RankParams:
-    """`role` 'first' (embedding; also the head when pp = 1) or 'last' (output head, final norm)."""
+def pp_rank_of(lay: Layout, role: str | int) -> int:
+    """'first' (pipeline rank 0), 'last' (rank pp-1) or a pipeline rank."""
+    return 0 if role == "first" else lay.pp - 1 if role == "last" else int(role)
+
+
+def rank_params(model, lay: Layout, role: str | int) -> RankParams:
+    """Parameters of pipeline rank `role` ('first', 'last' or a rank): rank 0 holds the embedding
+    (and, with pp = 1, the head), rank pp-1 the output head and final norm (model.keep_only)."""
     c = param_counts(model)
     t, layers = lay.tp, model.layers / lay.pp
     norms = 2 * model.hidden
     dense, expert = c.layer_dense * layers / t, c.layer_expert * layers / (t * lay.ep)
     vh = model.vocab * model.hidden / t
-    if role == "first":
-        root = c.embedding / t + ((c.head + c.final_norm) / t if lay.pp == 1 else 0)
-        head_w = (vh if lay.pp == 1 else 0)       # untied head, or the tied embedding the loss multiplies with
-    else:
+    r = pp_rank_of(lay, role)
+    root, head_w = 0.0, 0.0
+    if r == 0:
+        root += c.embedding / t
+    if r == lay.pp - 1:
         tied_copy = c.embedding if model.tied_embeddings and lay.pp > 1 else 0   # model.keep_only
-        root = (c.head + tied_copy + c.final_norm) / t
-        head_w = vh
+        root += (c.head + tied_copy + c.final_norm) / t
+        head_w = vh          # the untied head, or the (tied) embedding the loss multiplies with
     matmul = dense + expert - norms * layers / t + head_w
-    largest = max(vh, model.ffn_hidden * model.hidden / t, model.hidden * model.hidden / t)
+    largest = max(vh if root else 0.0, model.ffn_hidden * model.hidden / t, model.hidden * model.hidden / t)
     block = (c.layer_dense / t + c.layer_expert / (t * lay.ep))
     return RankParams(dense, expert, root, matmul, largest, block)
 
@@ -353,8 +360,8 @@ class RankMemory:
         return self.params + self.grads + self.optimizer + self.activations + self.temporaries + self.comm_buffers
 
 
-def rank_memory(model, train, gpu, lay: Layout, role: str) -> RankMemory:
-    """Peak memory of the first or last pipeline rank as the trainer runs the plan."""
+def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
+    """Peak memory of pipeline rank `role` ('first', 'last' or a rank) as the trainer runs the plan."""
     num = trainer_numerics(train, gpu, lay)
     rp = rank_params(model, lay, role)
     n = lay.dp * lay.cp                              # FSDP / ZeRO 1 group: dp·cp (mesh.dp_cp_mesh)
@@ -396,7 +403,7 @@ def rank_memory(model, train, gpu, lay: Layout, role: str) -> RankMemory:
     tokens = s / lay.cp * b
     layers = model.layers / lay.pp
     held = in_flight_microbatches(lay.schedule, lay.pp, lay.grad_accum, lay.virtual_stages,
-                                  rank=0 if role == "first" else lay.pp - 1)
+                                  rank=pp_rank_of(lay, role))
     acts = per_layer * layers * held
     if lay.recompute == "full":
         # backward recomputes one block at a time: that block's whole activations exist meanwhile
@@ -406,7 +413,7 @@ def rank_memory(model, train, gpu, lay: Layout, role: str) -> RankMemory:
         acts += 2 * num.residual * model.hidden * tokens / lay.tp * held
     if lay.cp > 1:
         acts += s / lay.cp * s                       # the causal mask over gathered keys (bool, one per part)
-    has_head = role == "last" or lay.pp == 1
+    has_head = pp_rank_of(lay, role) == lay.pp - 1
     if has_head:
         # final norm, and the final hidden states the chunked loss keeps (all-gathered under TP) with their grad
         acts += (4 + num.residual) * model.hidden * tokens / lay.tp + 2 * num.act * model.hidden * tokens
