@@ -369,10 +369,11 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
     fsdp = lay.zero >= 2 and n > 1
     opt_b = TRAINER_STATE_BYTES[train.optimizer]
     dense = rp.blocks_dense + rp.root
+    cache = 0.0
     # --- state: fp32 params and grads (the optimizer's masters), sharded by FSDP under ZeRO 2/3
     if fsdp:
         params = 4 * (dense / n + rp.blocks_expert / n_exp)
-        grads = 4 * (dense / n + rp.blocks_expert / n_exp)
+        grads = step_grads = 4 * (dense / n + rp.blocks_expert / n_exp)
         optimizer = opt_b * (dense / n + rp.blocks_expert / n_exp)
         gathered = num.gathered
         # the root unit is fully_shard(reshard_after_forward=False): gathered through forward and backward
@@ -382,11 +383,12 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
             # also disables reshard-after-backward until the last micro-batch (stage.py)
             params += gathered * (rp.blocks_dense + rp.blocks_expert)
         if lay.pp > 1:
-            # ... and gradient sync: unsharded grads accumulate in the fp32 reduce dtype for the whole stage
-            grads += 4 * rp.total
+            # ... and gradient sync: unsharded grads accumulate in the fp32 reduce dtype for the whole
+            # stage; the sharded ones appear only at the final reduce-scatter, after the activations
+            grads = 4 * rp.total
     else:
         params = 4 * rp.total
-        grads = 4 * rp.total
+        grads = step_grads = 4 * rp.total
         # ZeRO 1 (zero1.py): optimizer state split over dp·cp in whole tensors (EP experts apart, over
         # their dp·cp/ep replicas), so the busiest rank holds at least the largest tensor's state (the
         # embedding's when dp·cp is large)
@@ -396,7 +398,9 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
                      else max(owned / n, rp.largest))
         optimizer = opt_b * owned
         if num.mode == "autocast":
-            params += 2 * rp.matmul                  # autocast's cache of bf16 weight casts lives all step
+            # autocast's bf16 weight casts (cached, and kept by each Linear for backward) live until the
+            # autocast region around forward/backward ends, before the optimizer step
+            cache = 2 * rp.matmul
     # --- activations: per micro-batch × the schedule's in-flight micro-batches
     s, b = train.seq_len, lay.micro_batch
     per_layer = trainer_layer_activation_bytes(model, s, b, lay.recompute, num, tp=lay.tp, cp=lay.cp)
@@ -432,11 +436,11 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
     if not accumulated:
         # one micro-batch, no FSDP: gradients appear as activations are freed; the head's come first
         accumulated = max(0.0, grads - acts) + (4 * rp.root if has_head else 0.0)
-    fwd_bwd = RankMemory(params, accumulated, optimizer, acts, logits, comm, "forward/backward")
+    fwd_bwd = RankMemory(params + cache, accumulated, optimizer, acts, logits, comm, "forward/backward")
     stepped = dense / n + rp.blocks_expert / n_exp if fsdp or lay.zero == 1 else rp.total   # what step() updates
     temp = max(optimizer_temp_bytes(train, gpu, stepped, rp.largest / (n if fsdp else 1)),
                16 * rp.largest / (n if fsdp else 1))  # grad-norm clip: a float64 copy and its square
-    step = RankMemory(params - (num.gathered * rp.root if fsdp else 0.0), grads, optimizer, 0.0, temp,
+    step = RankMemory(params - (num.gathered * rp.root if fsdp else 0.0), step_grads, optimizer, 0.0, temp,
                       comm if not fsdp else 0.0, "optimizer step")
     return fwd_bwd if fwd_bwd.total >= step.total else step
 

@@ -124,7 +124,7 @@ def test_zero2_under_pp_holds_whole_fp32_gradients():
     m, t, g = spec.model, spec.train, spec.gpu
     stage = rank_params(m, _lay(2, 2, 8), "first").total
     with_pp = rank_memory(m, t, g, _lay(2, 2, 8), "first")
-    assert with_pp.grads == pytest.approx(4 * stage + 4 * stage / 8)     # whole fp32 accumulation + the shard
+    assert with_pp.grads == pytest.approx(4 * stage)     # whole fp32 accumulation (the shard comes at the end)
     no_pp = rank_memory(m, t, g, _lay(2, 1, 8), "first")
     assert no_pp.grads == pytest.approx(4 * rank_params(m, _lay(2, 1, 8), "first").total / 8)
 
@@ -133,7 +133,8 @@ def test_zero1_shards_only_the_optimizer_state():
     spec = spec_from_dict({"model": "llama3-8b", "train": {"seq_len": 4096, "global_batch": 64}})
     m, t, g = spec.model, spec.train, spec.gpu
     z0, z1 = rank_memory(m, t, g, _lay(0, 1, 8), "first"), rank_memory(m, t, g, _lay(1, 1, 8), "first")
-    assert (z1.params, z1.grads) == (z0.params, z0.grads)
+    whole = 4 * rank_params(m, _lay(1, 1, 8), "first").total
+    assert z1.params >= whole and z0.params >= whole and z1.grads == z0.grads == whole
     assert z1.optimizer == pytest.approx(z0.optimizer / 8)
 
 
