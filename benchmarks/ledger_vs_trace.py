@@ -21,7 +21,7 @@ import argparse
 import json
 import time
 
-from launcher.ledger import GB, Layout, rank_memory
+from launcher.ledger import GB, rank_memory
 from launcher.planner import plan_job
 from launcher.spec import spec_from_dict
 
@@ -76,12 +76,6 @@ LARGE = [
 ]
 
 
-def layout_of(plan) -> Layout:
-    d = plan.degrees
-    return Layout(d["tp"], d["cp"], d["pp"], d["dp"], d["ep"], plan.zero_stage, plan.recompute, plan.micro_batch,
-                  plan.grad_accum, plan.schedule, plan.virtual_stages)
-
-
 def compare(name: str, job: dict) -> list[dict]:
     """One row per traced role: the traced peak and categories beside the ledger's (GB)."""
     from launcher.verify import trace_plan
@@ -91,7 +85,7 @@ def compare(name: str, job: dict) -> list[dict]:
     t0 = time.perf_counter()
     report = trace_plan(plan)
     seconds = time.perf_counter() - t0
-    lay = layout_of(plan)
+    lay = plan.layout
     rows = []
     for res in report.roles:
         led = rank_memory(spec.model, spec.train, spec.gpu, lay, res.role.pp_rank)

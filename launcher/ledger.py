@@ -512,5 +512,5 @@ def memory_ledger(model, train, gpu, lay: Layout, headroom: float = DEFAULT_HEAD
 
 
 @lru_cache(maxsize=65536)
-def _rank_memory(model, train, gpu, lay: Layout, role: str) -> RankMemory:
+def _rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
     return rank_memory(model, train, gpu, lay, role)

@@ -33,19 +33,15 @@ __all__ = ["RoleResult", "VerifyReport", "render", "trace_plan", "plan_roles"]
 
 def ledger_for(plan: Plan, role: Role) -> tuple[dict[str, float] | None, float | None, float, float]:
     """(per-category GB, total GB without the runtime allowance, allowance GB, limit GB) of the
-    ledger for this role: launcher.ledger.rank_memory prices the first and the last pipeline rank
-    (a middle pipeline rank has no ledger figure). The limit is what a plan may use: the GPU's
-    memory less the plan's headroom."""
+    ledger for this role: launcher.ledger.rank_memory prices each pipeline rank. The limit is what a
+    plan may use: the GPU's memory less the plan's headroom."""
     from launcher import ledger
 
     mem = plan.memory or {}
     cap = float(plan.gpu.memory_gb)
     allowance = float(mem.get("runtime_gb", ledger.BUFFER_FIXED_GB))
     limit = float(mem.get("limit_gb", cap * (1 - float(mem.get("headroom", ledger.DEFAULT_HEADROOM)))))
-    which = "first" if role.embedding else "last" if role.head else None
-    if which is None:
-        return None, None, allowance, limit
-    m = ledger.rank_memory(plan.model, plan.train, plan.gpu, plan.layout, which)
+    m = ledger.rank_memory(plan.model, plan.train, plan.gpu, plan.layout, role.pp_rank)
     cats = {c: getattr(m, c) / GB for c in CATEGORIES}
     return cats, m.total / GB, allowance, limit
 
