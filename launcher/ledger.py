@@ -338,9 +338,10 @@ def optimizer_temp_bytes(train, gpu, local_params: float, largest: float) -> flo
 
 def logits_chunk_bytes(train, model, lay: Layout, num: Numerics) -> float:
     """The chunked loss (loss.py): one checkpointed chunk of `loss_chunk` tokens' logits exists at a time;
-    its backward holds the logits, their fp32 copy, log-softmax and their gradients (vocab-parallel ÷tp)."""
+    its backward holds the logits, their fp32 copy and log-softmax, and the logits' gradient
+    (vocab-parallel ÷tp); about 12 B per element beside the logits themselves (traced)."""
     tokens = min(train.loss_chunk, train.seq_len / lay.cp * lay.micro_batch)
-    return tokens * model.vocab / lay.tp * (2 * num.act + 4 * 4)
+    return tokens * model.vocab / lay.tp * (num.act + 12)
 
 
 @dataclass(frozen=True)
@@ -409,9 +410,10 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
     held = in_flight_microbatches(lay.schedule, lay.pp, lay.grad_accum, lay.virtual_stages,
                                   rank=pp_rank_of(lay, role))
     acts = per_layer * layers * held
+    recomputed = 0.0
     if lay.recompute == "full":
         # backward recomputes one block at a time: that block's whole activations exist meanwhile
-        acts += trainer_layer_activation_bytes(model, s, b, "none", num, tp=lay.tp, cp=lay.cp)
+        recomputed = trainer_layer_activation_bytes(model, s, b, "none", num, tp=lay.tp, cp=lay.cp)
     if lay.pp > 1:
         # the schedule keeps each in-flight micro-batch's stage output (and input on later stages)
         acts += 2 * num.residual * model.hidden * tokens / lay.tp * held
@@ -421,27 +423,27 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
     if has_head:
         # final norm, and the final hidden states the chunked loss keeps (all-gathered under TP) with their grad
         acts += (4 + num.residual) * model.hidden * tokens / lay.tp + 2 * num.act * model.hidden * tokens
-    # --- communication buffers
-    comm = 0.0
-    if fsdp:
-        # reduce-scatter of one block's gradients: the unsharded grad and its fp32 reduce-dtype copy
-        comm += (num.gathered + 4) * rp.block
-        if lay.zero == 3 and lay.pp == 1:
-            comm += 2 * num.gathered * rp.block      # all-gather of the current block and the prefetched next
-    elif n > 1:
-        comm += 4 * min(rp.total, ALLREDUCE_BUCKET_ELEMS)   # the flat bucket all_reduce_grads concatenates
+    # --- communication buffers at the forward/backward peak (the start of the last micro-batch's
+    # backward): ZeRO 3 has re-gathered the last block and prefetches the one before; ZeRO 2's blocks
+    # are still gathered (params). Reduce-scatters and the ZeRO 0/1 all-reduce come later.
+    comm = 2 * num.gathered * rp.block if fsdp and lay.zero == 3 and lay.pp == 1 else 0.0
+    # the flat bucket fsdp.all_reduce_grads concatenates after backward (ZeRO 0/1)
+    step_comm = 4 * min(rp.total, ALLREDUCE_BUCKET_ELEMS) if not fsdp and n > 1 else 0.0
     # --- the two peaks: the last micro-batch's forward/backward, and the optimizer step
     logits = logits_chunk_bytes(train, model, lay, num) if has_head else 0.0
-    accumulated = grads if (lay.grad_accum > 1 or lay.pp > 1 or fsdp) else 0.0
-    if not accumulated:
-        # one micro-batch, no FSDP: gradients appear as activations are freed; the head's come first
-        accumulated = max(0.0, grads - acts) + (4 * rp.root if has_head else 0.0)
+    if recomputed > logits:          # the loss's backward is over before the first block is recomputed
+        acts, logits = acts + recomputed, 0.0
+    if lay.grad_accum > 1 or lay.pp > 1:
+        accumulated = grads
+    else:
+        # one micro-batch: gradients appear as activations are freed; the head's come first
+        accumulated = max(0.0, grads - acts) + (4 * rp.root / (n if fsdp else 1) if has_head else 0.0)
     fwd_bwd = RankMemory(params + cache, accumulated, optimizer, acts, logits, comm, "forward/backward")
     stepped = dense / n + rp.blocks_expert / n_exp if fsdp or lay.zero == 1 else rp.total   # what step() updates
     temp = max(optimizer_temp_bytes(train, gpu, stepped, rp.largest / (n if fsdp else 1)),
                16 * rp.largest / (n if fsdp else 1))  # grad-norm clip: a float64 copy and its square
     step = RankMemory(params - (num.gathered * rp.root if fsdp else 0.0), step_grads, optimizer, 0.0, temp,
-                      comm if not fsdp else 0.0, "optimizer step")
+                      step_comm, "optimizer step")
     return fwd_bwd if fwd_bwd.total >= step.total else step
 
 
