@@ -31,8 +31,12 @@ PHASES = ("init", "forward", "backward", "optimizer", "checkpoint", "done", "err
 
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _sig(x: float, digits: int = 6) -> float:
@@ -171,7 +175,12 @@ class Heartbeat:
             busy = sorted(t - w for t, w in self.times)
             rec.update(step_time_s=round(walls[len(walls) // 2], 6), busy_s=round(busy[len(busy) // 2], 6),
                        timed_steps=len(self.times))
-        _atomic_write(self.path, json.dumps(rec) + "\n")
+        try:
+            _atomic_write(self.path, json.dumps(rec) + "\n")
+        except OSError:
+            # A heartbeat is a diagnostic: on a full or failing disk the last one written stays, and
+            # the error the trainer is reporting (e.g. a checkpoint's ENOSPC) is not masked by this one.
+            pass
         return rec
 
     def timing(self, step_time_s: float, wait_s: float, window: int = 8) -> None:
