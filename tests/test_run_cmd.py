@@ -114,7 +114,7 @@ def test_local_backend_follows_a_job_to_its_exit_code(tmp_path):
     be = LocalBackend()
     (tmp_path / "logs").mkdir()
     log, exit_file = tmp_path / "logs" / "node0.log", tmp_path / "logs" / "exit_code"
-    proc = subprocess.Popen(["bash", "-c", f"echo '[rank0]: hello'; echo '[rank1]: other'; sleep 0.5; "
+    proc = subprocess.Popen(["bash", "-c", f"echo '[rank0]: hello'; echo '[rank1]: other'; sleep 3; "
                                            f"echo 3 > {exit_file}"],
                             stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, "LAUNCH4D_JOB": "t1"})  # the marker every job process carries
