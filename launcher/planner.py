@@ -130,11 +130,18 @@ def cluster_from(spec: JobSpec, bwmap: BandwidthMap | None, bwmap_name: str | No
                         f"but cluster.nodes is {c.nodes}")
     intra = bwmap.intra_node_busbw_gbs
     inter = bwmap.inter_node_busbw_gbs
+    hosts = healthy[: c.nodes] if bwmap.nodes else None
     parts = []
     if intra:
         parts.append(f"intra-node {intra:.1f} GB/s busbw")
     if inter:
         parts.append(f"inter-node {inter:.1f} GB/s busbw (= {inter / c.gpus_per_node:.1f} GB/s per GPU)")
+    else:
+        rdma = rdma_per_gpu_gbs(bwmap, hosts or [], c.gpus_per_node)
+        if rdma:
+            inter = rdma * c.gpus_per_node
+            parts.append(f"inter-node from per-NIC GPUDirect RDMA (ib_write_bw), slowest node "
+                         f"{rdma:.1f} GB/s per GPU")
     source = f"measured in {bwmap_name}: " + ", ".join(parts) if parts else adv.source
     if parts and not (intra and inter):
         source += "; the rest advertised"
@@ -144,7 +151,6 @@ def cluster_from(spec: JobSpec, bwmap: BandwidthMap | None, bwmap_name: str | No
     bw = Bandwidth(intra_gbs=intra or adv.intra_gbs,
                    net_per_gpu_gbs=(inter / c.gpus_per_node) if inter else adv.net_per_gpu_gbs,
                    source=source, alltoall_intra_gbs=a2a[0], alltoall_inter_gbs=a2a[1])
-    hosts = healthy[: c.nodes] if bwmap.nodes else None
     groups = None
     order = None
     if hosts:
@@ -155,6 +161,16 @@ def cluster_from(spec: JobSpec, bwmap: BandwidthMap | None, bwmap_name: str | No
     nics = {h: dict(bwmap.nodes[h].gpu_nic) for h in hosts or [] if bwmap.nodes[h].gpu_nic}
     return Cluster(c.nodes, c.gpus_per_node, bw, hosts=hosts, excluded=list(bwmap.exclude),
                    gpu_order=order, nvlink_groups=groups, gpu_nic=nics)
+
+
+def rdma_per_gpu_gbs(bwmap: BandwidthMap, hosts: list[str], gpus_per_node: int) -> float | None:
+    """Per-GPU network bandwidth (GB/s) from preflight's per-NIC `ib_write_bw --use_cuda` figures
+    (Gb/s): each node's NICs summed, the slowest node's share per GPU, since a collective over nodes
+    runs at its slowest member. Used where no inter-node NCCL figure was measured."""
+    totals = [sum(bwmap.nodes[h].rdma_gbps.values()) / 8 for h in hosts if bwmap.nodes[h].rdma_gbps]
+    if not totals or len(totals) < len(hosts):
+        return None
+    return min(totals) / gpus_per_node
 
 
 def load_bwmap(spec: JobSpec, override: str | None) -> tuple[BandwidthMap | None, str | None]:

@@ -44,3 +44,24 @@ def test_a_map_with_all_to_all_reaches_the_planner():
     plain = cluster_from(spec, dataclasses.replace(bw, alltoall_intra_busbw_gbs=None, alltoall_inter_busbw_gbs=None),
                          "bw.json")
     assert plain.bandwidth.alltoall_intra_gbs is None and "all-to-all" not in plain.bandwidth.source
+
+
+def test_per_nic_rdma_sets_the_network_figure_where_no_nccl_figure_was_measured():
+    """`--level long` measures ib_write_bw per NIC (Gb/s); without an inter-node NCCL figure, the slowest
+    node's NICs summed and shared over its GPUs become the per-GPU network bandwidth."""
+    spec = spec_from_dict({"model": "llama3-8b", "train": {"seq_len": 4096, "global_batch": 64, "steps": 1},
+                           "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu": "h100-sxm"}})
+    nics = {f"mlx5_{i}": 392.34 for i in range(8)}                      # 8 x 400 Gb/s, one node healthy
+    slow = {**nics, "mlx5_1": 10.5}                                     # the degraded GPUDirect path
+    bw = BandwidthMap(nodes={"a": NodeReport(host="a", gpus=8, rdma_gbps=nics),
+                             "b": NodeReport(host="b", gpus=8, rdma_gbps=slow)}, intra_node_busbw_gbs=480.0)
+    c = cluster_from(spec, bw, "bw.json")
+    assert c.bandwidth.net_per_gpu_gbs == pytest.approx((7 * 392.34 + 10.5) / 8 / 8)
+    assert "per-NIC GPUDirect RDMA" in c.bandwidth.source
+    # a measured NCCL inter-node figure is the end-to-end one and wins
+    measured = cluster_from(spec, dataclasses.replace(bw, inter_node_busbw_gbs=340.0), "bw.json")
+    assert measured.bandwidth.net_per_gpu_gbs == pytest.approx(340.0 / 8)
+    # a node without RDMA figures: not measured, the advertised figure stays
+    partial = dataclasses.replace(bw, nodes={**bw.nodes, "b": NodeReport(host="b", gpus=8)})
+    assert cluster_from(spec, partial, "bw.json").bandwidth.net_per_gpu_gbs == pytest.approx(
+        advertised_bandwidth(spec.gpu).net_per_gpu_gbs)
