@@ -1,7 +1,7 @@
 """Calibrate the time model against published step times and print the error per stack family.
 
 Every row is a published run (source cited per row), run through the same `estimate()` the planner
-uses with the stack profile of the software that ran it (launcher.costs.STACKS). Rows alternate
+uses with the stack profile of the software that ran it (launcher.plan.costs.STACKS). Rows alternate
 between a fit half and a held-out half (within each family, in the order listed); `--fit` refits
 each family's compute-efficiency ceiling (and, for DeepSpeed, its overlap) on the fit half and
 reports the held-out error with the refitted value beside the shipped constants.
@@ -25,9 +25,9 @@ import math
 import statistics
 from dataclasses import dataclass, replace
 
-from launcher.costs import STACKS, Stack, advertised_bandwidth, estimate
-from launcher.ledger import Layout
-from launcher.spec import ModelSpec, TrainSpec, resolve_gpu, resolve_model
+from launcher.plan.costs import STACKS, Stack, advertised_bandwidth, estimate
+from launcher.plan.ledger import Layout
+from launcher.plan.spec import ModelSpec, TrainSpec, resolve_gpu, resolve_model
 
 
 def gpt(layers: int, hidden: int, heads: int) -> ModelSpec:
@@ -52,7 +52,7 @@ class Case:
     published: float
     unit: str            # "s" (step time), "tok/s/GPU", or "TF-N21" (TFLOP/s per GPU, Narayanan's count)
     gpus_per_node: int = 8
-    stack: str = ""      # the profile in launcher.costs.STACKS, when not the family's own
+    stack: str = ""      # the profile in launcher.plan.costs.STACKS, when not the family's own
 
     def profile(self, fitted: dict[str, Stack] | None = None) -> Stack:
         base = (fitted or {}).get(self.family) or STACKS[self.family]
@@ -183,7 +183,7 @@ def main() -> None:
             half = "fit" if c in fit_rows else "held"
             print(f"{c.label:34} {c.source:11} {half:5} {c.published:>10.2f} {predicted(c, c.profile()):>10.2f} "
                   f"{error(c):>+9.1%}  {c.unit}")
-    print("\n|step-time error| per stack family, shipped constants (launcher/costs.py STACKS):")
+    print("\n|step-time error| per stack family, shipped constants (launcher/plan/costs.py STACKS):")
     for family, name in FAMILIES.items():
         fit_rows, held = halves(family)
         print(f"  {name:36} ceiling {STACKS[family].efficiency_max:.2f}  fit half: {summary(fit_rows)}"

@@ -4,7 +4,7 @@ For every layout of a matrix (model shapes tiny … llama3-405b, dense / GQA / M
 recompute none/selective/full, pp 1/2/4 with gpipe / 1F1B / interleaved 1F1B, cp 1/2, tp 1/2/8),
 the plan is traced at its full world size (launcher.verify.trace_plan: fake process group,
 FakeTensorMode, torch's memory tracker) and each pipeline rank's traced peak and categories are
-printed beside launcher.ledger.rank_memory for that rank, with the difference.
+printed beside launcher.plan.ledger.rank_memory for that rank, with the difference.
 
     python benchmarks/ledger_vs_trace.py              # the whole matrix (slow: large models trace for minutes)
     python benchmarks/ledger_vs_trace.py --quick      # the small shapes only
@@ -21,9 +21,9 @@ import argparse
 import json
 import time
 
-from launcher.ledger import GB, rank_memory
-from launcher.planner import plan_job
-from launcher.spec import spec_from_dict
+from launcher.plan.ledger import GB, rank_memory
+from launcher.plan.planner import plan_job
+from launcher.plan.spec import spec_from_dict
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "temporaries", "comm_buffers")
 TINY_MOE = {"layers": 4, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn_hidden": 96, "vocab": 256,

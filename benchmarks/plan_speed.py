@@ -18,8 +18,8 @@ from pathlib import Path
 
 import yaml
 
-from launcher.planner import plan_job
-from launcher.spec import spec_from_dict
+from launcher.plan.planner import plan_job
+from launcher.plan.spec import spec_from_dict
 
 CASES = [
     ("llama3-8b", 1, 8192, 64),

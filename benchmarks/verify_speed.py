@@ -14,8 +14,8 @@ import os
 import resource
 import time
 
-from launcher.planner import plan_job
-from launcher.spec import spec_from_dict
+from launcher.plan.planner import plan_job
+from launcher.plan.spec import spec_from_dict
 from launcher.verify import render, trace_plan
 
 

@@ -25,8 +25,8 @@ from launcher.formats import rundir
 from launcher.formats.files import check_writable_target, make_dirs, read_text, remove_created, write_files
 from launcher.formats.shell import quote as shell_quote
 from launcher.formats.shell import sbatch_arg, sbatch_value
-from launcher.plan import Plan
-from launcher.spec import JobSpec
+from launcher.plan.model import Plan
+from launcher.plan.spec import JobSpec
 
 PLAN_MOUNT = "/etc/launch4d"
 RFC1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")

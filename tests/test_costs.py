@@ -1,7 +1,7 @@
 """The time model and the planner's choice, judged by published sweeps: where one paper measured
-several layouts of one model on one cluster, the planner's ranking (launcher.planner.rank, the
+several layouts of one model on one cluster, the planner's ranking (launcher.plan.planner.rank, the
 tie-break included) must put the measured fastest first, each layout costed with the profile of
-the stack that ran it (launcher.costs.STACKS). Sources: ../shared/notes/planner.md and
+the stack that ran it (launcher.plan.costs.STACKS). Sources: ../shared/notes/planner.md and
 benchmarks/calibrate_costs.py (which cites each row); no figure here is fitted to these tests.
 """
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.costs import STACKS, advertised_bandwidth, estimate, rank_stage_layers
-from launcher.layout import stage_layers
-from launcher.ledger import Layout, memory_ledger
-from launcher.planner import CP_SHORT_SEQ, TIE_BAND, Candidate, plan_job, rank
-from launcher.spec import ModelSpec, TrainSpec, resolve_gpu, resolve_model, spec_from_dict
+from launcher.plan.costs import STACKS, advertised_bandwidth, estimate, rank_stage_layers
+from launcher.plan.layout import stage_layers
+from launcher.plan.ledger import Layout, memory_ledger
+from launcher.plan.planner import CP_SHORT_SEQ, TIE_BAND, Candidate, plan_job, rank
+from launcher.plan.spec import ModelSpec, TrainSpec, resolve_gpu, resolve_model, spec_from_dict
 
 
 def gpt(layers: int, hidden: int, heads: int) -> ModelSpec:

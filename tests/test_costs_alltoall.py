@@ -8,10 +8,10 @@ import dataclasses
 import pytest
 
 from checks.bwmap import BandwidthMap, NodeReport
-from launcher.costs import advertised_bandwidth, estimate
-from launcher.ledger import Layout
-from launcher.planner import cluster_from
-from launcher.spec import TrainSpec, resolve_gpu, resolve_model, spec_from_dict
+from launcher.plan.costs import advertised_bandwidth, estimate
+from launcher.plan.ledger import Layout
+from launcher.plan.planner import cluster_from
+from launcher.plan.spec import TrainSpec, resolve_gpu, resolve_model, spec_from_dict
 
 
 def ep_time(bw, ep: int, dp: int) -> float:

@@ -18,7 +18,7 @@ import pytest
 from checks.bwmap import BandwidthMap, NodeReport
 from launcher.diagnose import diagnose
 from launcher.diagnose.collect import build_report, read_sources
-from launcher.plan import Plan
+from launcher.plan.model import Plan
 from tests.conftest import shared_file
 from tests.trainer_helpers import make_plan as trainer_plan
 

@@ -152,8 +152,8 @@ def test_trainer_stalled_rank_is_named_with_its_host(tmp_path):
     pytest.importorskip("torch")
     run_dir = tmp_path / "run"
     (run_dir / "logs").mkdir(parents=True)
-    from launcher.planner import plan_job
-    from launcher.spec import spec_from_dict
+    from launcher.plan.planner import plan_job
+    from launcher.plan.spec import spec_from_dict
 
     spec = spec_from_dict({
         "name": "stall", "model": "tiny",

@@ -8,8 +8,8 @@ import json
 from click.testing import CliRunner
 
 from launcher.cli import cli
-from launcher.planner import plan_job
-from launcher.spec import spec_from_dict
+from launcher.plan.planner import plan_job
+from launcher.plan.spec import spec_from_dict
 from tests.conftest import EXAMPLES
 
 

@@ -165,7 +165,7 @@ JOB_COMMANDS: dict[str, tuple[Path, list[str]]] = {
 
 def _job_cases():
     """Every command x every bad job file; the job-file loader refuses names, control characters
-    and non-finite numbers for every command (launcher.spec, launcher.schema)."""
+    and non-finite numbers for every command (launcher.plan.spec, launcher.plan.schema)."""
     for cmd in JOB_COMMANDS:
         for inp in JOB_INPUTS:
             yield pytest.param(cmd, inp, id=f"{cmd}:{inp}")

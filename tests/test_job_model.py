@@ -17,13 +17,13 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from launcher import capabilities
 from launcher.cli import cli
 from launcher.errors import UserError
-from launcher.plan import Plan, plan_schema
-from launcher.planner import plan_job
-from launcher.schema_doc import DOC, render_reference, updated
-from launcher.spec import job_schema, load_spec, spec_from_dict
+from launcher.plan import capabilities
+from launcher.plan.model import Plan, plan_schema
+from launcher.plan.planner import plan_job
+from launcher.plan.schema_doc import DOC, render_reference, updated
+from launcher.plan.spec import job_schema, load_spec, spec_from_dict
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
@@ -231,5 +231,5 @@ def test_cli_schema_json():
 
 def test_doc_reference_is_generated_and_current():
     text = DOC.read_text()
-    assert updated(text, render_reference()) == text, "docs/job-file.md is stale: run python -m launcher.schema_doc"
+    assert updated(text, render_reference()) == text, "docs/job-file.md is stale: run python -m launcher.plan.schema_doc"
     assert "| `seq_len` | integer 1 … 16777216 | **required** |" in text

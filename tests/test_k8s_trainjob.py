@@ -19,9 +19,9 @@ from click.testing import CliRunner
 from launcher.backends.k8s_crd import load_crd, validate
 from launcher.cli import cli
 from launcher.errors import UserError
-from launcher.planner import plan_job
+from launcher.plan.planner import plan_job
+from launcher.plan.spec import spec_from_dict
 from launcher.render import render_k8s
-from launcher.spec import spec_from_dict
 from tests.conftest import EXAMPLES, spec_file
 
 pytest.importorskip("jsonschema")

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.ledger import rank_memory
-from launcher.plan import Plan
-from launcher.spec import GpuSpec
+from launcher.plan.ledger import rank_memory
+from launcher.plan.model import Plan
+from launcher.plan.spec import GpuSpec
 from tests.trainer_helpers import make_plan, spawn_layouts
 
 SHAPE = dict(layers=4, hidden=128, heads=4, kv_heads=2, ffn_hidden=352, vocab=512)

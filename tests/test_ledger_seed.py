@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from launcher.cli import cli
-from launcher.ledger import (
+from launcher.plan.ledger import (
     GIB,
     act_gb,
     bubble_ratio,

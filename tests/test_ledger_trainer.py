@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.ledger import (
+from launcher.plan.ledger import (
     Layout,
     Numerics,
     act_gb,
@@ -21,8 +21,8 @@ from launcher.ledger import (
     rank_params,
     trainer_layer_activation_bytes,
 )
-from launcher.planner import plan_job
-from launcher.spec import ModelSpec, resolve_gpu, spec_from_dict
+from launcher.plan.planner import plan_job
+from launcher.plan.spec import ModelSpec, resolve_gpu, spec_from_dict
 
 SHAPES = {
     "gqa-swiglu": dict(hidden=128, heads=4, kv_heads=2, ffn_hidden=352, vocab=512),
@@ -36,7 +36,7 @@ def saved_activation_bytes(shape: dict, layers: int, mode: str, numerics: str, s
     (parameters, and under autocast the cached bf16 weight casts, excluded)."""
     import torch
 
-    from launcher.spec import ModelSpec
+    from launcher.plan.spec import ModelSpec
     from launcher.trainer.model import Transformer
     from launcher.trainer.recompute import apply_recompute
 

@@ -99,8 +99,8 @@ def test_cancel_cli_is_idempotent(tmp_path, monkeypatch):
 
 
 def _tiny_plan(run_dir: Path) -> Path:
-    from launcher.planner import plan_job
-    from launcher.spec import spec_from_dict
+    from launcher.plan.planner import plan_job
+    from launcher.plan.spec import spec_from_dict
 
     spec = spec_from_dict({
         "name": "orphans", "model": "tiny",

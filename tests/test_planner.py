@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 
 from checks.bwmap import BandwidthMap, NodeReport
 from launcher.cli import cli
-from launcher.layout import groups, groups_node_local
-from launcher.ledger import Layout, memory_ledger
-from launcher.plan import Plan
-from launcher.planner import plan_job, stage_layers
-from launcher.spec import load_spec, spec_from_dict
+from launcher.plan.layout import groups, groups_node_local
+from launcher.plan.ledger import Layout, memory_ledger
+from launcher.plan.model import Plan
+from launcher.plan.planner import plan_job, stage_layers
+from launcher.plan.spec import load_spec, spec_from_dict
 from tests.conftest import EXAMPLES, REPO
 
 MODELS = ["tiny", "llama3-1b", "llama3-8b", "llama3-70b", "mixtral-8x7b"]

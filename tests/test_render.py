@@ -20,9 +20,9 @@ from click.testing import CliRunner
 
 from launcher.cli import cli
 from launcher.errors import UserError
-from launcher.planner import plan_job
+from launcher.plan.planner import plan_job
+from launcher.plan.spec import load_spec, spec_from_dict
 from launcher.render import check_k8s_name, render_k8s, render_slurm
-from launcher.spec import load_spec, spec_from_dict
 from tests.conftest import EXAMPLES, spec_file
 
 

@@ -29,9 +29,9 @@ from hypothesis import strategies as st
 from launcher.cli import cli
 from launcher.errors import UserError
 from launcher.formats.shell import SBATCH_SAFE, quote
-from launcher.planner import plan_job
+from launcher.plan.planner import plan_job
+from launcher.plan.spec import spec_from_dict
 from launcher.render import render_k8s, render_slurm
-from launcher.spec import spec_from_dict
 from tests.conftest import EXAMPLES
 
 # Modest: the suite runs on 2 cores; each example renders and runs a few bash processes.

@@ -250,8 +250,8 @@ def test_token_file_job_and_pipeline_resume_from_checkpoint(tmp_path, env):
 
 
 def test_local_env_pins_cpu_jobs_and_follows_the_plans_gpu_order(tmp_path, monkeypatch):
-    from launcher.layout import placements
-    from launcher.spec import load_spec, resolve_gpu
+    from launcher.plan.layout import placements
+    from launcher.plan.spec import load_spec, resolve_gpu
     from tests.test_trainer_data import make_plan
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

@@ -21,7 +21,7 @@ import yaml
 from click.testing import CliRunner
 
 from launcher.cli import cli
-from launcher.plan import Plan
+from launcher.plan.model import Plan
 from tests.conftest import EXAMPLES
 from tests.services.slurm import slurm_cluster  # noqa: F401  (session fixture)
 

@@ -195,7 +195,7 @@ def test_no_check_step_when_there_is_nothing_to_check(tmp_path):
 
 # --- job arrays ---------------------------------------------------------------------------------
 def test_an_array_runs_each_tasks_own_plan_and_run_dir(tmp_path):
-    from launcher.planner import plan_job
+    from launcher.plan.planner import plan_job
     from launcher.render import render_slurm_array
 
     spec, _ = spec_plan(**{"parallel": "auto"})

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from launcher.cli import cli
 from launcher.errors import SpecError
-from launcher.spec import load_spec, spec_from_dict
+from launcher.plan.spec import load_spec, spec_from_dict
 from tests.conftest import EXAMPLES, REPO
 
 BASE = {"model": "llama3-8b", "train": {"seq_len": 4096, "global_batch": 64},

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from launcher.errors import UserError
-from launcher.plan import Plan
+from launcher.plan.model import Plan
 from launcher.trainer.data import TokenSource
 from launcher.trainer.tokenize import decode, tokenize_file
 from tests.trainer_helpers import make_plan as trainer_plan

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from launcher.costs import model_flops_per_token
+from launcher.plan.costs import model_flops_per_token
 from launcher.trainer.metrics import Heartbeat, MetricsLogger, read_heartbeats, read_metrics
 from tests.test_trainer_data import make_plan
 

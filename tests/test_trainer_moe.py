@@ -113,7 +113,7 @@ def _resume_worker(rank: int, world: int, jobs: list, workdir: str, port: int) -
 
     import torch.distributed as dist
 
-    from launcher.plan import Plan
+    from launcher.plan.model import Plan
     from launcher.trainer.engine import train
     from tests.trainer_helpers import clear_dtensor_caches
 

@@ -1,5 +1,5 @@
 """The bundled trainer runs the planner's uneven pipeline splits: interleaved 1F1B with a layer count
-that pp·v does not divide, the first and last stage one layer fewer (launcher.layout.stage_layers,
+that pp·v does not divide, the first and last stage one layer fewer (launcher.plan.layout.stage_layers,
 as Llama 3's 126 layers on pp 16). Loss and gradient-norm parity with one process (real gloo ranks),
 at the tolerance of tests/test_trainer_parity.py."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.layout import stage_layers
+from launcher.plan.layout import stage_layers
 from tests.trainer_helpers import make_plan, spawn_layouts
 
 RTOL = 1e-5

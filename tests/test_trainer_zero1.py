@@ -98,8 +98,8 @@ def test_zero1_optimizer_state_is_split_over_dp(results, name, ref, stages):
 def test_ledger_zero1_optimizer_is_what_the_trainer_holds(results, name, dp):
     """The planning ledger's optimizer figure for this layout is the busiest rank's real state
     (within 1%: the ledger spreads the state evenly, the trainer by whole tensors)."""
-    from launcher.ledger import Layout, rank_memory
-    from launcher.spec import spec_from_dict
+    from launcher.plan.ledger import Layout, rank_memory
+    from launcher.plan.spec import spec_from_dict
 
     spec = spec_from_dict({"model": "tiny", "train": {"seq_len": 32, "global_batch": 8, "precision": "fp32",
                                                       "optimizer": "adam"}, "cluster": {"gpu": "cpu"}})
@@ -116,8 +116,8 @@ def test_ledger_zero1_optimizer_is_the_busiest_owner(preset, dp):
     the embedding alone outweighs an even share."""
     import torch
 
-    from launcher.ledger import TRAINER_STATE_BYTES, Layout, rank_memory
-    from launcher.spec import spec_from_dict
+    from launcher.plan.ledger import TRAINER_STATE_BYTES, Layout, rank_memory
+    from launcher.plan.spec import spec_from_dict
     from launcher.trainer.model import Transformer
 
     spec = spec_from_dict({"model": preset, "train": {"seq_len": 32, "global_batch": dp, "precision": "fp32"}})

@@ -13,11 +13,11 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
-from launcher import layout, presets
-from launcher.plan import Layout, Plan
-from launcher.schema import load_dataclass
-from launcher.spec import TrainSpec, resolve_gpu, resolve_model
-from launcher.spec_backend import DiagnosticsSpec
+from launcher.plan import layout, presets
+from launcher.plan.model import Layout, Plan
+from launcher.plan.schema import load_dataclass
+from launcher.plan.spec import TrainSpec, resolve_gpu, resolve_model
+from launcher.plan.spec_backend import DiagnosticsSpec
 
 
 def make_plan(tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, *, ep: int = 1, zero: int = 3, recompute: str = "none",

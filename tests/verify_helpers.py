@@ -20,7 +20,7 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
-from launcher.plan import Plan
+from launcher.plan.model import Plan
 
 
 class _MallInfo2(ctypes.Structure):

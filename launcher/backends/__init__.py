@@ -23,8 +23,8 @@ from launcher.errors import UserError
 from launcher.formats.exitcodes import PREEMPT_EXIT_CODE
 
 if TYPE_CHECKING:
-    from launcher.plan import Plan
-    from launcher.spec import JobSpec
+    from launcher.plan.model import Plan
+    from launcher.plan.spec import JobSpec
 
 T = TypeVar("T")
 
@@ -173,7 +173,7 @@ def default_run_dir(spec: JobSpec, now: float | None = None) -> Path:
 def check_run_dir(run_dir: str | Path, plan: Plan) -> None:
     """Refuse a run dir that is not a directory or holds another job's plan (before touching it)."""
     from launcher.formats import rundir
-    from launcher.plan import Plan as PlanCls
+    from launcher.plan.model import Plan as PlanCls
 
     rd = Path(run_dir)
     if rd.exists() and not rd.is_dir():

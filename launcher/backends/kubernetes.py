@@ -24,8 +24,8 @@ from launcher.backends.slurm import filter_rank
 from launcher.errors import UserError
 
 if TYPE_CHECKING:
-    from launcher.plan import Plan
-    from launcher.spec import JobSpec
+    from launcher.plan.model import Plan
+    from launcher.plan.spec import JobSpec
 
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
 #: kind -> (group, version, plural) of every custom object we create.

@@ -52,8 +52,8 @@ from launcher.formats import rundir
 from launcher.formats.files import read_text
 
 if TYPE_CHECKING:
-    from launcher.plan import Plan
-    from launcher.spec import JobSpec
+    from launcher.plan.model import Plan
+    from launcher.plan.spec import JobSpec
 
 LOG_PREFIX = "[rank${rank}]: "
 RANK_LINE = re.compile(r"^\[rank(\d+)\]: ?(.*)$")

@@ -39,8 +39,8 @@ from launcher.backends import (
 from launcher.errors import UserError
 
 if TYPE_CHECKING:
-    from launcher.plan import Plan
-    from launcher.spec import JobSpec
+    from launcher.plan.model import Plan
+    from launcher.plan.spec import JobSpec
 
 # Every Slurm job state (squeue long names; sacct may append "+" or " by <uid>") -> shared state.
 SLURM_STATES: dict[str, str] = {

@@ -1,6 +1,6 @@
 """`launch render|submit|status|logs|cancel`: turn a plan into a job on Slurm or Kubernetes, and follow it.
 
-The commands are thin: plan (launcher.planner), render (launcher.render), then one backend
+The commands are thin: plan (launcher.plan.planner), render (launcher.render), then one backend
 (launcher.backends) that the command never looks inside. Submitted jobs are recorded in the
 local job state file so status/logs/cancel work later, from another shell, by id or name.
 """
@@ -23,8 +23,8 @@ BACKEND_CHOICE = click.Choice(["slurm", "k8s"])
 # --- shared steps ---------------------------------------------------------------------------
 def _load(job_file: str, backend: str | None, preflight: str | None):
     """Job file -> (spec, plan, bwmap, backend kind, the job file's text: read once)."""
-    from launcher.planner import load_bwmap, plan_job
-    from launcher.spec import load_spec_text
+    from launcher.plan.planner import load_bwmap, plan_job
+    from launcher.plan.spec import load_spec_text
 
     spec, text = load_spec_text(job_file)
     kind = backend or spec.backend.kind

@@ -9,7 +9,7 @@ import click
 
 from launcher.commands import emit, json_option
 from launcher.errors import UserError
-from launcher.ledger import (
+from launcher.plan.ledger import (
     GIB,
     act_gb,
     bubble_ratio,
@@ -142,8 +142,8 @@ def memory(job, params, world, zero, optimizer, precision, grad_dtype, seq, batc
     With JOB: the ledger of the job's planned layout. With --params: state memory by ZeRO stage
     (and activations with --seq --hidden --heads --layers)."""
     if job:
-        from launcher.planner import plan_job
-        from launcher.spec import load_spec
+        from launcher.plan.planner import plan_job
+        from launcher.plan.spec import load_spec
 
         spec = load_spec(job)
         result = plan_job(spec, top=0)

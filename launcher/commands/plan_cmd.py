@@ -6,7 +6,7 @@ import click
 
 from launcher.commands import json_option
 from launcher.errors import UserError
-from launcher.plan import Plan
+from launcher.plan.model import Plan
 
 
 def _gb(x: float) -> str:
@@ -21,7 +21,7 @@ def plan_line(p: Plan) -> str:
 
 
 def render_plan(p: Plan, title: str = "best") -> str:
-    from launcher.layout import rank_map_table
+    from launcher.plan.layout import rank_map_table
 
     m, e = p.memory, p.estimate
     lines = [
@@ -49,7 +49,7 @@ def render_plan(p: Plan, title: str = "best") -> str:
 
 
 def budget_line(b: dict, source: str) -> str:
-    from launcher.costs import duration
+    from launcher.plan.costs import duration
 
     cost = f", {b['cost']:,.0f} at {b['price_per_gpu_hour']:g} per GPU-hour" if b.get("cost") is not None else \
         " (set cluster.price_per_gpu_hour for the cost)"
@@ -79,7 +79,7 @@ def render_result(spec, result) -> str:
                 f"why: {ch['equal_plans']} plan(s) within {ch['band']:.0%} of the fastest; {ch['reason']}."]
     priced = spec.cluster.price_per_gpu_hour is not None
     if result.alternatives:
-        from launcher.costs import duration
+        from launcher.plan.costs import duration
 
         out += ["", "alternatives:",
                 f"  {'tp':>3} {'cp':>3} {'pp':>3} {'dp':>5} {'ep':>3} {'zero':>4} {'recompute':>9} {'mb':>3} "
@@ -137,14 +137,14 @@ def plan(job: str, bwmap: str | None, top: int, output: str | None, previous: st
 
     Exit 0 with a plan that fits; 1 when the (fixed) layout does not fit or nothing fits (or, with
     --benchmark, when no benchmarked plan ran)."""
-    from launcher.planner import load_bwmap, plan_job
+    from launcher.plan.planner import load_bwmap, plan_job
 
     if bench_k:
         from launcher.commands.run_cmd import load_job
 
         spec, text = load_job(job, None)
     else:
-        from launcher.spec import load_spec
+        from launcher.plan.spec import load_spec
 
         spec, text = load_spec(job), None
     bw, bw_name = load_bwmap(spec, bwmap)
@@ -175,7 +175,7 @@ def plan(job: str, bwmap: str | None, top: int, output: str | None, previous: st
 
             payload["benchmark"] = [m.to_dict() for m in measured]
             payload["chosen_by_measurement"] = by_measurement(measured)[0].index
-        from launcher.plan import plan_json
+        from launcher.plan.model import plan_json
 
         click.echo(plan_json(payload))
     else:                                  # no dict of every rank record for a table that shows 8 rows
@@ -200,7 +200,7 @@ def _benchmark(spec, result, bw, bw_name, k, steps, base, text, as_json):
 
     from launcher import bench
     from launcher.backends import default_run_dir
-    from launcher.planner import plan_job
+    from launcher.plan.planner import plan_job
 
     short = plan_job(bench.bench_spec(spec, steps), bw, top=k - 1, bwmap_name=bw_name, ranks_for=k)
     plans = [short.best] + short.alternatives

@@ -28,7 +28,7 @@ def load_job(job: str, nproc: int | None):
     """The validated spec (with --nproc applied, a relative train.data made absolute) and the text."""
     import yaml
 
-    from launcher.spec import load_spec_text, spec_from_dict
+    from launcher.plan.spec import load_spec_text, spec_from_dict
 
     spec, text = load_spec_text(job)  # read once; validates the file as written, with its own messages
     data = yaml.safe_load(text)
@@ -155,7 +155,7 @@ def straggler_report(run_dir: Path) -> tuple[tuple[int, ...], str]:
 
 
 def _pp_stage_of_ranks(run_dir: Path) -> dict[int, int]:
-    from launcher.plan import Plan
+    from launcher.plan.model import Plan
 
     try:
         plan = Plan.load(run_dir / "plan.json")
@@ -270,7 +270,7 @@ def run(job: str, run_dir: str | None, nproc: int | None, resume: str, dry_run: 
     """Plan JOB and run it here with torchrun; exit with the job's status."""
     from launcher.backends import default_run_dir
     from launcher.backends.local import LocalBackend
-    from launcher.planner import plan_job
+    from launcher.plan.planner import plan_job
 
     if resume not in ("auto", "never"):
         resume = str(checkpoint_source(resume))

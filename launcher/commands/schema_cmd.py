@@ -13,14 +13,14 @@ from launcher.commands import emit, json_option
 def schema(which: str, as_json: bool) -> None:
     """Print the job file's (or plan.json's) schema: a reference table, or JSON Schema with --json."""
     if which == "job":
-        from launcher.schema_doc import render_reference
-        from launcher.spec import job_schema
+        from launcher.plan.schema_doc import render_reference
+        from launcher.plan.spec import job_schema
 
         s = job_schema()
         emit(s, as_json, lambda: render_reference(s))
         return
-    from launcher.plan import plan_schema
-    from launcher.schema_doc import table
+    from launcher.plan.model import plan_schema
+    from launcher.plan.schema_doc import table
 
     s = plan_schema()
 

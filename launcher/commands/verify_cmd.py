@@ -13,7 +13,7 @@ import click
 
 from launcher.commands import emit, json_option, progress
 from launcher.errors import UserError
-from launcher.plan import Plan
+from launcher.plan.model import Plan
 
 
 def load_plan_or_job(path: str, bwmap: str | None = None) -> Plan:
@@ -28,8 +28,8 @@ def load_plan_or_job(path: str, bwmap: str | None = None) -> Plan:
             is_plan = False
         if is_plan:
             return Plan.load(path)
-    from launcher.planner import load_bwmap, plan_job
-    from launcher.spec import load_spec
+    from launcher.plan.planner import load_bwmap, plan_job
+    from launcher.plan.spec import load_spec
 
     spec = load_spec(path)
     bw, name = load_bwmap(spec, bwmap)

@@ -1,7 +1,7 @@
 """What the NCCL init lines say about placement: transports in use, socket fallback where IB
 exists, TP communicators whose channels go over the network, and GPUs not on their nearest NIC.
 
-The plan's TP groups come from launcher.layout.groups(plan.degrees, plan.mesh_order, "tp"); a
+The plan's TP groups come from launcher.plan.layout.groups(plan.degrees, plan.mesh_order, "tp"); a
 communicator is a TP communicator when the global ranks of its members (each process's rank in the
 largest communicator it joined) fall inside one TP group and in no same-sized group of another
 dimension. Nearest NICs come from a BandwidthMap's nodes[host].gpu_nic (GPU index -> NIC name).
@@ -132,7 +132,7 @@ def _comm_global(init: NcclInit, comm: Comm) -> set[int]:
 
 
 def _tp_over_net(init: NcclInit, plan: Any) -> list[Finding]:
-    from launcher import layout
+    from launcher.plan import layout
 
     tp = plan.degrees.get("tp", 1)
     if tp <= 1:

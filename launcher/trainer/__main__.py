@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
         import torch.distributed as dist
 
-        from launcher.plan import Plan
+        from launcher.plan.model import Plan
         from launcher.trainer.config import config_from_plan
         from launcher.trainer.engine import default_device, train
         from launcher.trainer.mesh import hostname

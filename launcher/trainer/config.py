@@ -11,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from launcher import capabilities
 from launcher.errors import UserError
-from launcher.plan import Plan
-from launcher.spec import ModelSpec, TrainSpec
+from launcher.plan import capabilities
+from launcher.plan.model import Plan
+from launcher.plan.spec import ModelSpec, TrainSpec
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from launcher.errors import UserError
-from launcher.plan import Plan
+from launcher.plan.model import Plan
 
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 MAX_SYNTHETIC_STRIDE = 16
@@ -93,7 +93,7 @@ def synthetic_row(seed: int, step: int, row: int, seq_len: int, vocab: int) -> t
 class TokenSource:
     """This dp rank's share of each step's global batch, in step order, resumable.
 
-    `plan` is the launcher.plan.Plan the trainer runs.
+    `plan` is the launcher.plan.model.Plan the trainer runs.
     """
 
     def __init__(self, plan: Plan, dp_rank: int, dp_size: int):

@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from launcher import layout
 from launcher.errors import UserError
+from launcher.plan import layout
 from launcher.trainer.config import TrainerConfig
 from launcher.trainer.moe import EPGroups
 
@@ -73,7 +73,7 @@ def build_mesh(cfg: TrainerConfig, device: torch.device) -> MeshInfo:
     rank = dist.get_rank()
     coords = layout.coords_of(rank, sizes, order)
     for d in order:
-        assert world.get_local_rank(d) == coords[d], "DeviceMesh layout differs from launcher.layout"
+        assert world.get_local_rank(d) == coords[d], "DeviceMesh layout differs from launcher.plan.layout"
     return MeshInfo(world=world, rank=rank, coords=coords, device=device, tp_mesh=world["tp"],
                     dp_cp_mesh=dp_cp, sizes=sizes, ep=build_ep_groups(sizes, order, p.ep, rank, device.type))
 

@@ -7,7 +7,7 @@ reader never sees half of one. Format (COMMON.md):
 {"rank", "host", "pid", "step", "phase", "last_collective", "collectives", "updated"}, plus, once
 a step has finished, "step_time_s", "busy_s" (medians over recent steps) and "timed_steps".
 
-FLOPs per token come from the planner's time model (launcher.costs.model_flops_per_token: 6·N
+FLOPs per token come from the planner's time model (launcher.plan.costs.model_flops_per_token: 6·N
 plus 12·L·h·s attention, logits included), so the trainer's MFU and the plan's estimate use one
 formula. MFU is reported in percent of the plan's GPU peak (torchtitan's convention).
 """
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from launcher.plan import Plan
-from launcher.spec import ModelSpec
+from launcher.plan.model import Plan
+from launcher.plan.spec import ModelSpec
 
 PHASES = ("init", "forward", "backward", "optimizer", "checkpoint", "done", "error")
 
@@ -45,7 +45,7 @@ def _sig(x: float, digits: int = 6) -> float:
 
 def flops_per_token(model: ModelSpec, seq_len: int) -> float:
     """Training FLOPs per token (forward + backward) of the plan's model at this sequence length."""
-    from launcher.costs import model_flops_per_token
+    from launcher.plan.costs import model_flops_per_token
 
     return float(model_flops_per_token(model, seq_len))
 

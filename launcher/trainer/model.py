@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from launcher.spec import ModelSpec
+from launcher.plan.spec import ModelSpec
 
 NORM_EPS = 1e-5
 ROPE_THETA = 10000.0

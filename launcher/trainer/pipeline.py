@@ -13,9 +13,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
-from launcher import layout
-from launcher.capabilities import check_microbatches
-from launcher.plan import Plan
+from launcher.plan import layout
+from launcher.plan.capabilities import check_microbatches
+from launcher.plan.model import Plan
 from launcher.trainer.fsdp import local_grads
 
 

@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Callable
 
-from launcher.plan import Plan
+from launcher.plan.model import Plan
 from launcher.verify.report import CATEGORIES, GB, RoleResult, VerifyReport, render
 from launcher.verify.roles import (
     Role,
@@ -33,9 +33,9 @@ __all__ = ["RoleResult", "VerifyReport", "render", "trace_plan", "plan_roles"]
 
 def ledger_for(plan: Plan, role: Role) -> tuple[dict[str, float] | None, float | None, float, float]:
     """(per-category GB, total GB without the runtime allowance, allowance GB, limit GB) of the
-    ledger for this role: launcher.ledger.rank_memory prices each pipeline rank. The limit is what a
+    ledger for this role: launcher.plan.ledger.rank_memory prices each pipeline rank. The limit is what a
     plan may use: the GPU's memory less the plan's headroom."""
-    from launcher import ledger
+    from launcher.plan import ledger
 
     mem = plan.memory or {}
     cap = float(plan.gpu.memory_gb)

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher import layout
-from launcher.plan import Plan
+from launcher.plan import layout
+from launcher.plan.model import Plan
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
-from launcher.plan import Plan
+from launcher.plan.model import Plan
 
 
 def one_line(exc: BaseException) -> str:

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Literal
 from launcher.errors import UserError
 
 if TYPE_CHECKING:
-    from launcher.plan import Plan
-    from launcher.spec import ModelSpec
+    from launcher.plan.model import Plan
+    from launcher.plan.spec import ModelSpec
 
 #: ZeRO stages the trainer runs as the ledger counts them: 0 replicated, 1 optimizer state sharded
 #: over dp·cp (zero1.py), 2 and 3 FSDP2 (fsdp.py). A stage the trainer cannot run goes into

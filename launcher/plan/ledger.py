@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
-from launcher.plan import Layout
+from launcher.plan.model import Layout
 
 GB = 1e9
 GIB = 2**30

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from launcher.schema import bounded
+from launcher.plan.schema import bounded
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The reference part of docs/job-file.md, generated from the job file's JSON Schema.
 
 Why generated: the tables then cannot drift from what the loader accepts (a test compares them).
-Regenerate with `python -m launcher.schema_doc` after changing a job-file dataclass.
+Regenerate with `python -m launcher.plan.schema_doc` after changing a job-file dataclass.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-BEGIN = "<!-- BEGIN generated reference: python -m launcher.schema_doc -->"
+BEGIN = "<!-- BEGIN generated reference: python -m launcher.plan.schema_doc -->"
 END = "<!-- END generated reference -->"
-DOC = Path(__file__).resolve().parent.parent / "docs" / "job-file.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "job-file.md"
 
 #: (title, path to the section's schema in the job schema's $defs)
 SECTIONS = [("model", "ModelSpec"), ("train", "TrainSpec"), ("cluster", "ClusterSpec"),
@@ -71,8 +71,8 @@ def table(defn: dict[str, Any]) -> list[str]:
 
 
 def render_reference(schema: dict[str, Any] | None = None) -> str:
-    from launcher import capabilities
-    from launcher.spec import job_schema
+    from launcher.plan import capabilities
+    from launcher.plan.spec import job_schema
 
     schema = schema or job_schema()
     defs = schema["$defs"]
@@ -89,7 +89,7 @@ def render_reference(schema: dict[str, Any] | None = None) -> str:
         out += table(defs[ref]) + [""]
     t = capabilities.table()
     out += ["### What the bundled trainer runs", "",
-            "The job file accepts, and the planner proposes, only these (`launcher/capabilities.py`):", "",
+            "The job file accepts, and the planner proposes, only these (`launcher/plan/capabilities.py`):", "",
             "| capability | values |", "|---|---|"]
     out += [f"| {k.replace('_', ' ')} | {', '.join(map(str, v)) if isinstance(v, list) else v} |" for k, v in t.items()]
     out += ["", END]

@@ -39,8 +39,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 
-from launcher.layout import stage_layers, strides
-from launcher.ledger import Layout, ParamCounts, param_counts
+from launcher.plan.layout import stage_layers, strides
+from launcher.plan.ledger import Layout, ParamCounts, param_counts
 
 # --- calibration constants (fitted in benchmarks/calibrate_costs.py; errors printed there) -------
 #: Per-GPU weight-slice size (h·h/tp, millions of elements) at which efficiency is half the maximum:

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.capabilities import ZERO_REFUSED, PlanSchedule, Recompute, ZeroStage
 from launcher.errors import SpecError, UserError
-from launcher.schema import bounded, json_schema, load_dataclass
-from launcher.spec import GpuSpec, ModelSpec, TrainSpec
-from launcher.spec_backend import DiagnosticsSpec
+from launcher.plan.capabilities import ZERO_REFUSED, PlanSchedule, Recompute, ZeroStage
+from launcher.plan.schema import bounded, json_schema, load_dataclass
+from launcher.plan.spec import GpuSpec, ModelSpec, TrainSpec
+from launcher.plan.spec_backend import DiagnosticsSpec
 
 #: 2: typed sections, `layout` replaces degrees/zero_stage/recompute/... at the top level.
 PLAN_VERSION = 2
@@ -69,7 +69,7 @@ class RankPlacement:
 class RankColumns:
     """plan.json's rank map, one column per field (rank r is entry r of each): a 16,384-rank plan
     stays a few hundred kB. Mesh coordinates are not stored: they follow from the layout and
-    mesh_order (launcher.layout.coords_of)."""
+    mesh_order (launcher.plan.layout.coords_of)."""
 
     node: list[int] = bounded(doc="node index of each rank")
     local_rank: list[int] = bounded(doc="local rank on its node")
@@ -91,7 +91,7 @@ class RankColumns:
         for name in ("node", "local_rank", "gpu"):
             if any(x < 0 for x in getattr(self, name)):
                 raise SpecError(f"plan.ranks.{name}", "entries must be >= 0")
-        from launcher.layout import strides
+        from launcher.plan.layout import strides
 
         st = strides(degrees, mesh_order)
         dims = [(d, st[d], degrees[d]) for d in mesh_order]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from launcher.plan import RankPlacement
+from launcher.plan.model import RankPlacement
 
 DEFAULT_ORDER = ("pp", "dp", "cp", "tp")
 

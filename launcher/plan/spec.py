@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher import capabilities, presets
-from launcher.capabilities import Mlp, Optimizer, Precision, Recompute, Schedule, ZeroStage
 from launcher.errors import SpecError, UserError
-from launcher.schema import bounded, did_you_mean, json_schema, key_name, load_dataclass, show
-from launcher.spec_backend import BackendSpec, DiagnosticsSpec
+from launcher.plan import capabilities, presets
+from launcher.plan.capabilities import Mlp, Optimizer, Precision, Recompute, Schedule, ZeroStage
+from launcher.plan.schema import bounded, did_you_mean, json_schema, key_name, load_dataclass, show
+from launcher.plan.spec_backend import BackendSpec, DiagnosticsSpec
 
 MESH_DIMS = ("pp", "dp", "cp", "tp")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")

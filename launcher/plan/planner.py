@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checks.bwmap import BandwidthMap, BandwidthMapError
-from launcher import capabilities
-from launcher import layout as lay_mod
-from launcher.costs import Bandwidth, Estimate, advertised_bandwidth, estimate, train_budget
 from launcher.errors import UserError
-from launcher.layout import stage_layers
-from launcher.ledger import Layout, MemoryLedger, ParamCounts, memory_ledger, param_counts
-from launcher.plan import Plan
-from launcher.spec import JobSpec
+from launcher.plan import capabilities
+from launcher.plan import layout as lay_mod
+from launcher.plan.costs import Bandwidth, Estimate, advertised_bandwidth, estimate, train_budget
+from launcher.plan.layout import stage_layers
+from launcher.plan.ledger import Layout, MemoryLedger, ParamCounts, memory_ledger, param_counts
+from launcher.plan.model import Plan
+from launcher.plan.spec import JobSpec
 
 RECOMPUTE_ORDER = ("none", "selective", "full")
 #: Plans whose estimated step time is within this fraction of the fastest count as equal, and the
