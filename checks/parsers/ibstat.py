@@ -87,13 +87,47 @@ def _check_port(p: IbPort | None, line_no: int, line: str, brief: bool = False) 
         raise ParseError(KIND, f"{p.ca} port {p.port}: {', '.join(missing)} missing (truncated?)", line_no, line)
 
 
+@dataclass(frozen=True)
+class _BlockFormat:
+    """ibstat and ibstatus differ only in their header lines, key names and value spelling."""
+
+    ca_re: re.Pattern[str] | None  # a line opening an adapter (ibstat); ibstatus names it on each port line
+    port_re: re.Pattern[str]  # a line opening a port: groups `port` (and `ca` where the line names it)
+    port_keys: dict[str, str]  # key -> IbPort field
+    ca_keys: dict[str, str]  # key -> IbCa field, before the adapter's first port
+    expected: str
+    numbered: bool = False  # ibstatus writes `state: 4: ACTIVE`: the word after the number
+
+    def value(self, attr: str, val: str) -> str:
+        if not self.numbered or attr not in ("state", "physical_state"):
+            return val
+        word = val.split(":", 1)[-1].strip()
+        return word.capitalize() if attr == "state" else word
+
+
+IBSTATUS_RE = re.compile(r"^Infiniband device '(?P<ca>[^']+)' port (?P<port>\d+) status:$")
+IBSTAT = _BlockFormat(re.compile(r"^CA '([^']+)'$"), re.compile(r"^Port (?P<port>\d+):$"),
+                      {"state": "state", "physical state": "physical_state", "rate": "rate_gbps",
+                       "link layer": "link_layer"},
+                      {"ca type": "ca_type", "firmware version": "firmware"},
+                      "expected \"CA 'name'\", 'Port N:' or 'Key: value'")
+IBSTATUS = _BlockFormat(None, IBSTATUS_RE,
+                        {"state": "state", "phys state": "physical_state", "rate": "rate_gbps",
+                         "link_layer": "link_layer"}, {},
+                        "expected \"Infiniband device '...' port N status:\" or 'key: value'", numbered=True)
+
+
 def parse_ibstat(text: str) -> IbStatus:
     lines = strip_ansi(text).splitlines()
     if any(ln.strip().startswith("hca_id:") for ln in lines):
         return _parse_ibv_devinfo(lines)
-    if any(IBSTATUS_RE.match(ln.strip()) for ln in lines):
-        return _parse_ibstatus(lines)
-    cas: list[IbCa] = []
+    return _parse_blocks(lines, IBSTATUS if any(IBSTATUS_RE.match(ln.strip()) for ln in lines) else IBSTAT)
+
+
+def _parse_blocks(lines: list[str], fmt: _BlockFormat) -> IbStatus:
+    """ibstat and ibstatus: header lines open adapters and ports, `Key: value` lines fill them."""
+    cas: dict[str, IbCa] = {}
+    ca: IbCa | None = None
     errors: list[str] = []
     missing: list[str] = []
     port: IbPort | None = None
@@ -102,88 +136,44 @@ def parse_ibstat(text: str) -> IbStatus:
         s = raw.strip()
         if not s:
             continue
-        if s.startswith("ibpanic:") or s.startswith("ibwarn:"):
+        if s.startswith(("ibpanic:", "ibwarn:")):
             errors.append(s)
             mm = re.search(r"IB device '([^']+)'", s)
             if mm:
                 missing.append(mm.group(1))
             continue
-        m = re.match(r"^CA '([^']+)'$", s)
+        m = fmt.ca_re.match(s) if fmt.ca_re else None
         if m:
             _check_port(port, *last)
             port = None
-            cas.append(IbCa(name=m.group(1)))
+            ca = cas.setdefault(m.group(1), IbCa(name=m.group(1)))
             last = (i + 1, raw)
             continue
-        m = re.match(r"^Port (\d+):$", s)
+        m = fmt.port_re.match(s)
         if m:
-            if not cas:
+            name = m.groupdict().get("ca") or (ca.name if ca else None)
+            if name is None:
                 raise ParseError(KIND, "Port block before any CA line", i + 1, raw)
             _check_port(port, *last)
-            port = IbPort(ca=cas[-1].name, port=int(m.group(1)))
-            cas[-1].ports.append(port)
-            last = (i + 1, raw)
-            continue
-        m = KV_RE.match(s)
-        if not m or not cas:
-            raise ParseError(KIND, "expected \"CA 'name'\", 'Port N:' or 'Key: value'", i + 1, raw)
-        key, val = m.group(1).strip().lower(), m.group(2).strip()
-        last = (i + 1, raw)
-        if port is None:
-            if key == "ca type":
-                cas[-1].ca_type = val
-            elif key == "firmware version":
-                cas[-1].firmware = val
-            continue
-        if key == "state":
-            port.state = val
-        elif key == "physical state":
-            port.physical_state = val
-        elif key == "rate":
-            port.rate_gbps = _rate(val, i + 1, raw)
-        elif key == "link layer":
-            port.link_layer = val
-    _check_port(port, *last)
-    if not cas and not errors:
-        raise ParseError(KIND, "no \"CA '...'\" line: not ibstat output", 1, lines[0] if lines else "")
-    return IbStatus(cas=cas, errors=errors, missing=missing)
-
-
-IBSTATUS_RE = re.compile(r"^Infiniband device '([^']+)' port (\d+) status:$")
-
-
-def _parse_ibstatus(lines: list[str]) -> IbStatus:
-    cas: dict[str, IbCa] = {}
-    port: IbPort | None = None
-    last = (0, "")
-    for i, raw in enumerate(lines):
-        s = raw.strip()
-        if not s:
-            continue
-        m = IBSTATUS_RE.match(s)
-        if m:
-            _check_port(port, *last)
-            ca = cas.setdefault(m.group(1), IbCa(name=m.group(1)))
-            port = IbPort(ca=ca.name, port=int(m.group(2)))
+            ca = cas.setdefault(name, IbCa(name=name))
+            port = IbPort(ca=name, port=int(m.group("port")))
             ca.ports.append(port)
             last = (i + 1, raw)
             continue
         kv = KV_RE.match(s)
-        if kv is None or port is None:
-            raise ParseError(KIND, "expected \"Infiniband device '...' port N status:\" or 'key: value'", i + 1, raw)
+        if kv is None or ca is None or (port is None and not fmt.ca_keys):
+            raise ParseError(KIND, fmt.expected, i + 1, raw)
         key, val = kv.group(1).strip().lower(), kv.group(2).strip()
-        word = val.split(":", 1)[-1].strip()  # "4: ACTIVE" -> "ACTIVE"
-        if key == "state":
-            port.state = word.capitalize()
-        elif key == "phys state":
-            port.physical_state = word
-        elif key == "rate":
-            port.rate_gbps = _rate(val, i + 1, raw)
-        elif key == "link_layer":
-            port.link_layer = val
+        target, attr = (port, fmt.port_keys.get(key)) if port is not None else (ca, fmt.ca_keys.get(key))
+        if attr == "rate_gbps":
+            setattr(target, attr, _rate(val, i + 1, raw))
+        elif attr:
+            setattr(target, attr, fmt.value(attr, val))
         last = (i + 1, raw)
     _check_port(port, *last)
-    return IbStatus(cas=list(cas.values()))
+    if not cas and not errors:
+        raise ParseError(KIND, "no \"CA '...'\" line: not ibstat output", 1, lines[0] if lines else "")
+    return IbStatus(cas=list(cas.values()), errors=errors, missing=missing)
 
 
 IBV_STATE = {"PORT_ACTIVE": "Active", "PORT_DOWN": "Down", "PORT_INIT": "Initializing", "PORT_ARMED": "Armed"}
