@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,18 +48,55 @@ A2A_BINARY = "all_to_all_perf"
 
 @dataclass(frozen=True)
 class Step:
-    """One deeper test on one node: its name (its raw-output file is probe.EXTRA_FILES[name]) and command."""
+    """One deeper test on one node: its name (its raw-output file is probe.EXTRA_FILES[name]), command,
+    the tool a --tool-timeout names, and that tool's default timeout at this step's level."""
 
     name: str
     command: str
+    tool: str
     timeout: float
 
+    def within(self, timeouts: Mapping[str, float]) -> float:
+        return timeouts.get(self.tool, self.timeout)
 
-NVLINK_BEFORE = Step("nvlink-errors", "nvidia-smi nvlink -e", 60)
-NVLINK_AFTER = Step("nvlink-errors-after", "nvidia-smi nvlink -e", 60)
-DCGM_R2 = Step("dcgm-diag", "dcgmi diag -r 2", 600)
-DCGM_R3 = Step("dcgm-diag", "dcgmi diag -r 3", 2400)
-NVBANDWIDTH = Step("nvbandwidth", f"nvbandwidth -t {NVB_TESTS}", 900)
+
+# Default timeouts, seconds. DCGM's guide gives "a few minutes" for -r 2 and up to 30 minutes for -r 3
+# (longer on 8-GPU nodes under power stress); nvbandwidth's copy tests take minutes on 8 GPUs; one
+# ib_write_bw run lasts its -D seconds plus connection setup. all_to_all_perf has --nccl-timeout's default.
+NVLINK_BEFORE = Step("nvlink-errors", "nvidia-smi nvlink -e", "nvlink", 60)
+NVLINK_AFTER = Step("nvlink-errors-after", "nvidia-smi nvlink -e", "nvlink", 60)
+DCGM_R2 = Step("dcgm-diag", "dcgmi diag -r 2", "dcgmi", 900)
+DCGM_R3 = Step("dcgm-diag", "dcgmi diag -r 3", "dcgmi", 3600)
+NVBANDWIDTH = Step("nvbandwidth", f"nvbandwidth -t {NVB_TESTS}", "nvbandwidth", 900)
+RDMA_TIMEOUT = 120.0
+#: The tools whose timeout `--tool-timeout TOOL=SECONDS` sets.
+TOOLS = ("dcgmi", "nvbandwidth", "nvlink", "ib_write_bw", A2A_BINARY)
+
+
+def parse_tool_timeouts(specs: Sequence[str]) -> dict[str, float]:
+    """`TOOL=SECONDS` items -> {tool: seconds}; ValueError naming the bad item and what is valid."""
+    out: dict[str, float] = {}
+    for spec in specs:
+        tool, sep, secs = spec.partition("=")
+        tool = tool.strip()
+        try:
+            value = float(secs) if sep else -1.0
+        except ValueError:
+            value = -1.0
+        if tool not in TOOLS or not value > 0 or value != value or value == float("inf"):
+            raise ValueError(f"{spec!r}: expected TOOL=SECONDS with SECONDS > 0 and TOOL one of {', '.join(TOOLS)}")
+        out[tool] = value
+    return out
+
+
+def effective_timeouts(level: str, nccl_timeout: float, overrides: Mapping[str, float]) -> dict[str, float]:
+    """Every deeper tool's timeout at this level: the defaults, then what the user set."""
+    if rank(level) < 1:
+        return {}
+    out = {s.tool: s.timeout for s in (*node_steps(level), NVLINK_BEFORE)}
+    if rank(level) >= 2:
+        out |= {"ib_write_bw": RDMA_TIMEOUT, A2A_BINARY: nccl_timeout}
+    return out | {k: v for k, v in overrides.items() if k in out}
 
 
 def rank(level: str) -> int:
@@ -93,11 +130,26 @@ class RdmaRun:
 
 # ------------------------------------------------------------------ judging what the levels gathered
 
-def _not_measured(host: str, check: str, res: CommandResult) -> CheckResult | None:
+def tool_of(command: str) -> str:
+    """The --tool-timeout name of a command: its program, `nvlink` for `nvidia-smi nvlink -e`."""
+    words = command.split()
+    tool = words[0].rsplit("/", 1)[-1] if words else "the tool"
+    return "nvlink" if tool == "nvidia-smi" and "nvlink" in words else tool
+
+
+def _not_measured(host: str, check: str, res: CommandResult,
+                  timeouts: Mapping[str, float] = {}) -> CheckResult | None:  # noqa: B006 - read only
     if res.rc == NOT_FOUND_RC and not res.stdout.strip():
         tool = (res.command.split() or ["the tool"])[0]
         return CheckResult(host, check, "warn", None, None, f"not measured: {tool} is not installed on this node")
-    if res.error or res.timed_out:
+    if res.timed_out:
+        tool = tool_of(res.command)
+        limit = timeouts.get(tool) or round(res.seconds)
+        return CheckResult(host, check, "warn", None, limit,
+                           f"not measured: {tool} timed out after {limit:g} s -> a longer --tool-timeout "
+                           f"{tool}=SECONDS if the tool is slow here; if it hangs at a generous timeout, "
+                           "check the node")
+    if res.error:
         return CheckResult(host, check, "warn", None, None, f"not measured: {res.reason()}")
     return None
 
@@ -134,8 +186,8 @@ def collapse(host: str, findings: Sequence[Finding]) -> list[CheckResult]:
 
 
 def _judged(host: str, check: str, res: CommandResult, parse: Callable[[str], Any],
-            judge: Callable[[Any], list[Finding]]) -> list[CheckResult]:
-    gone = _not_measured(host, check, res)
+            judge: Callable[[Any], list[Finding]], timeouts: Mapping[str, float]) -> list[CheckResult]:
+    gone = _not_measured(host, check, res, timeouts)
     if gone is not None:
         return [gone]
     parsed = _parse(res, parse)
@@ -150,25 +202,26 @@ def deep_checks(results: PreflightResults) -> list[CheckResult]:
     for host, probes in results.probes.items():
         if "dcgm-diag" in probes:
             out += _judged(host, "dcgm", probes["dcgm-diag"], parse_dcgm_diag,
-                           lambda d, h=host: judge_dcgm_diag(d, h))
+                           lambda d, h=host: judge_dcgm_diag(d, h), results.tool_timeouts)
         if "nvbandwidth" in probes:
             out += _judged(host, "nvbandwidth", probes["nvbandwidth"], parse_nvbandwidth,
-                           lambda d, h=host: judge_nvbandwidth(d, h))
+                           lambda d, h=host: judge_nvbandwidth(d, h), results.tool_timeouts)
         if "nvlink-errors-after" in probes:
             before = probes.get("nvlink-errors")
             prior = _parse(before, parse_nvlink_errors) if before is not None and before.ok else None
             prior = None if isinstance(prior, ParseError) else prior
             judged = _judged(host, "nvlink_errors", probes["nvlink-errors-after"], parse_nvlink_errors,
-                             lambda d, h=host, p=prior: judge_nvlink_errors(d, before=p, node=h))
+                             lambda d, h=host, p=prior: judge_nvlink_errors(d, before=p, node=h),
+                             results.tool_timeouts)
             for c in judged:  # the judge says "nvlink"; the quick level's `nvlink -s` check has that name
                 c.check = "nvlink_errors" if c.check == "nvlink" else c.check
             out += judged
-    out += rdma_checks(results.rdma)
+    out += rdma_checks(results.rdma, results.tool_timeouts)
     out += a2a_checks(results)
     return out
 
 
-def rdma_checks(runs: Sequence[RdmaRun]) -> list[CheckResult]:
+def rdma_checks(runs: Sequence[RdmaRun], timeouts: Mapping[str, float] = {}) -> list[CheckResult]:  # noqa: B006
     """Per (node, NIC), the best figure over the pairs it ran in: a NIC that reaches line rate with
     some partner is sound; one slow with every partner (round 2 re-pairs suspects with good nodes) is not."""
     best: dict[tuple[str, str], tuple[float, RdmaRun, Any]] = {}
@@ -192,7 +245,7 @@ def rdma_checks(runs: Sequence[RdmaRun]) -> list[CheckResult]:
     for (host, nic), r in failed.items():
         if (host, nic) in best:
             continue
-        gone = _not_measured(host, f"rdma:{nic}", r.result)
+        gone = _not_measured(host, f"rdma:{nic}", r.result, timeouts)
         out.append(gone or CheckResult(host, f"rdma:{nic}", "warn", None, None,
                                        f"ib_write_bw with {r.server if host == r.client else r.client} gave no "
                                        f"figure: {r.result.reason() if not r.result.ok else 'unparseable'}"))

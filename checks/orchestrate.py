@@ -61,6 +61,7 @@ class PreflightOptions:
     nccl: NcclOptions = field(default_factory=NcclOptions)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     level: str = "quick"  # quick | standard | long (checks/levels.py)
+    tool_timeouts: dict[str, float] = field(default_factory=dict)  # --tool-timeout: tool -> seconds
 
 
 def ring_rounds(hosts: Sequence[str]) -> list[list[tuple[str, str]]]:
@@ -154,7 +155,8 @@ def run_preflight(runner: Runner, hosts: Sequence[str], options: PreflightOption
                   progress: Progress | None = None) -> PreflightResults:
     opts = options or PreflightOptions()
     say = progress or (lambda _m: None)
-    res = PreflightResults(hosts=list(hosts), level=opts.level)
+    res = PreflightResults(hosts=list(hosts), level=opts.level,
+                           tool_timeouts=levels.effective_timeouts(opts.level, opts.nccl_timeout, opts.tool_timeouts))
     node_runs: dict[str, NcclRun] = {}
     a2a_runs: dict[str, NcclRun] = {}
     deep = levels.rank(opts.level)
@@ -200,7 +202,7 @@ def run_preflight(runner: Runner, hosts: Sequence[str], options: PreflightOption
             + f" ({time.monotonic() - t0:.1f}s)")
 
         def step(s: levels.Step) -> None:
-            r = probes[s.name] = runner.run(host, s.command, s.timeout)
+            r = probes[s.name] = runner.run(host, s.command, s.within(res.tool_timeouts))
             say(f"[{s.name}] {host}: " + ("ok" if r.ok else r.reason()) + f" ({r.seconds:.1f}s)")
 
         if deep and n:
@@ -218,7 +220,7 @@ def run_preflight(runner: Runner, hosts: Sequence[str], options: PreflightOption
                 step(levels.NVLINK_AFTER)
             if deep >= 2:
                 cmd = nccl_command(levels.A2A_BINARY, n, opts.nccl.sizes, opts.nccl.extra)
-                a2a = runner.run(host, cmd, opts.nccl_timeout)
+                a2a = runner.run(host, cmd, res.tool_timeouts[levels.A2A_BINARY])
                 a2a_runs[host] = NcclRun("a2a-node", [host], "alltoall", a2a)
                 say(f"[alltoall-node] {host}: " + ("ok" if a2a.ok else a2a.reason()) + f" ({a2a.seconds:.1f}s)")
             # pairs only among nodes whose own run worked: a node that hangs alone would hang its pairs
@@ -313,7 +315,7 @@ def long_pairs(runner: Runner, res: PreflightResults, hosts: Sequence[str], opts
         def a2a_pair(ab: tuple[str, str]) -> NcclRun:
             g = min(res.gpus_per_node.get(ab[0], 1), res.gpus_per_node.get(ab[1], 1))
             cmd = multi_command(a2a, runner, ab, g)
-            r = runner.run_multi(list(ab), cmd, opts.nccl_timeout)
+            r = runner.run_multi(list(ab), cmd, res.tool_timeouts[levels.A2A_BINARY])
             say(f"[alltoall-pairs] {ab[0]}<->{ab[1]}: " + ("ok" if r.ok else r.reason()) + f" ({r.seconds:.1f}s)")
             return NcclRun("a2a-pair", list(ab), "alltoall", r)
         with _pool(opts.workers, len(pairs)) as pool:
@@ -345,9 +347,10 @@ def long_pairs(runner: Runner, res: PreflightResults, hosts: Sequence[str], opts
         for i, (nic, gpu, rate) in enumerate(nics(a)):
             port = 18515 + i
             with ThreadPoolExecutor(max_workers=1) as one:
-                server = one.submit(runner.run, b, levels.rdma_command(nic, gpu, port), 120)
+                limit = res.tool_timeouts["ib_write_bw"]
+                server = one.submit(runner.run, b, levels.rdma_command(nic, gpu, port), limit)
                 time.sleep(1.0)  # the server listens before the client connects
-                client = runner.run(a, levels.rdma_command(nic, gpu, port, server=b), 120)
+                client = runner.run(a, levels.rdma_command(nic, gpu, port, server=b), limit)
                 srv = server.result()
             out.append(levels.RdmaRun(a, b, nic, gpu, rate, client, srv))
             res.commands.append(f"[{a}] {client.command}")
@@ -361,7 +364,7 @@ def long_pairs(runner: Runner, res: PreflightResults, hosts: Sequence[str], opts
         bad = set()
         for ab, rs in runs.items():
             res.rdma.extend(rs)
-            judged = levels.rdma_checks(rs)
+            judged = levels.rdma_checks(rs, res.tool_timeouts)
             if any(c.status != "pass" for c in judged):
                 bad.add(ab)
         return bad

@@ -63,3 +63,4 @@ class PreflightResults:
     gpus_per_node: dict[str, int] = field(default_factory=dict)
     level: str = "quick"
     rdma: list = field(default_factory=list)  # checks.levels.RdmaRun, per pair and NIC (level long)
+    tool_timeouts: dict[str, float] = field(default_factory=dict)  # the deeper tools' timeouts, seconds

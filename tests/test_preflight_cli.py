@@ -24,6 +24,10 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     (["--hosts", "a", "--thresholds", "/nonexistent.yaml"], "--thresholds /nonexistent.yaml: cannot read"),
     (["--hosts", "a", "--backend", "slurm", "--out-dir", "/tmp/a b", "--dry-run"], "cannot go on an #SBATCH line"),
     (["parse", "topo", "/nonexistent.txt"], "/nonexistent.txt: cannot read"),
+    (["--hosts", "a", "--tool-timeout", "dcgm=60"], "--tool-timeout 'dcgm=60': expected TOOL=SECONDS with "
+                                                    "SECONDS > 0 and TOOL one of dcgmi, nvbandwidth"),
+    (["--hosts", "a", "--tool-timeout", "dcgmi=0"], "--tool-timeout 'dcgmi=0': expected TOOL=SECONDS"),
+    (["--hosts", "a", "--tool-timeout", "nvbandwidth"], "--tool-timeout 'nvbandwidth': expected TOOL=SECONDS"),
 ])
 def test_bad_input_is_one_line_exit_2(args, needle, tmp_path):
     out = tmp_path / "bw.json"

@@ -157,3 +157,21 @@ def test_cli_standard_level_drains_the_named_node_and_the_raw_outputs_judge_the_
         ("node03", "dcgm:Targeted Power")}
     assert {c["check"] for c in again["checks"] if c["node"] == "node01"} >= {"dcgm", "nvlink_errors",
                                                                              "nvbandwidth:device_to_device_memcpy_read_ce"}
+
+
+def test_a_deep_tool_past_its_timeout_is_named_for_its_node_not_waited_for(cluster):
+    """node02's dcgmi sleeps 60 s before printing (the replay's DCGM_DELAY); with `dcgmi=3` it is
+    stopped there and reported as node02's dcgm finding naming the tool and the timeout, while the
+    other nodes' diag (and node02's other tools) are judged as usual."""
+    from checks.levels import parse_tool_timeouts
+
+    configure(cluster, bad="node02", DCGM_DELAY="60")
+    with SSHRunner(ssh_config=str(cluster.ssh_config), known_hosts=str(cluster.known_hosts), connect_timeout=3) as r:
+        res = run_preflight(r, NODES, PreflightOptions(probe_timeout=10, nccl_timeout=20, level="standard",
+                                                       tool_timeouts=parse_tool_timeouts(["dcgmi=3"])))
+    bw = assemble(res)
+    assert not_passing(bw) == {("node02", "dcgm"): "warn"}
+    c = next(x for x in bw.checks if (x.node, x.check) == ("node02", "dcgm"))
+    assert c.message.startswith("not measured: dcgmi timed out after 3 s") and c.threshold == 3
+    assert res.probes["node02"]["dcgm-diag"].timed_out and res.probes["node01"]["dcgm-diag"].ok
+    assert res.tool_timeouts == {"dcgmi": 3, "nvbandwidth": 900, "nvlink": 60}

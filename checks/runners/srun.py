@@ -29,7 +29,9 @@ class SrunRunner(Runner):
         return " ".join(shlex.quote(a) for a in args)
 
     def run(self, host: str, command: str, timeout: float) -> CommandResult:
-        r = run_local(self.step_command(host, command), timeout, host)
+        # `timeout` inside the step too, so a hung tool ends on the node, not only this srun
+        inner = f"timeout -k 5 {max(1, int(timeout) + 2)} bash -c {shlex.quote(command)}"
+        r = run_local(self.step_command(host, inner), timeout, host)
         r.command = command
         if r.rc not in (0, None) and not r.stdout.strip() and "srun: error" in r.stderr:
             r.error = "srun: " + r.stderr.strip().splitlines()[-1].split("error:", 1)[-1].strip()

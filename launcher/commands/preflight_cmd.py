@@ -144,6 +144,10 @@ def threshold_options(f: Any) -> Any:
 @click.option("--level", type=click.Choice(["quick", "standard", "long"]), default="quick", show_default=True,
               help="quick: probes + nccl-tests; standard: + dcgmi diag -r 2, nvbandwidth, nvlink -e around NCCL; "
                    "long: + dcgmi diag -r 3, all_to_all_perf, per-NIC ib_write_bw --use_cuda between pairs.")
+@click.option("--tool-timeout", "tool_timeouts", multiple=True, metavar="TOOL=SECONDS",
+              help="Timeout of one deeper tool (repeatable): dcgmi (default 900 at standard, 3600 at long), "
+                   "nvbandwidth (900), nvlink (60), ib_write_bw (120), all_to_all_perf (--nccl-timeout). "
+                   "A tool that runs past it is reported for its node, not waited for.")
 @click.option("--no-nccl", is_flag=True, help="Only the node probes, no nccl-tests.")
 @click.option("--no-pairs", is_flag=True, help="Skip the node-pair rounds.")
 @click.option("--no-all", is_flag=True, help="Skip the all-node run.")
@@ -171,7 +175,8 @@ def threshold_options(f: Any) -> Any:
 def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, slurm_allocation: bool,
               backend: str | None, user: str | None, port: int | None, identity_file: str | None,
               known_hosts: str | None, accept_new_hosts: bool, jump: str | None, ssh_config: str | None,
-              connect_timeout: float, probe_timeout: float, nccl_timeout: float, workers: int, level: str, no_nccl: bool,
+              connect_timeout: float, probe_timeout: float, nccl_timeout: float, workers: int, level: str,
+              tool_timeouts: tuple[str, ...], no_nccl: bool,
               no_pairs: bool, no_all: bool, nccl_binary: str, sizes: str, nccl_args: str, launcher_tpl: str | None,
               save_raw: str | None, out_dir: str | None, partition: str | None, account: str | None, time_limit: str,
               gpus_per_node: int | None, srun_mpi: str, dry_run: bool, namespace: str, image: str, kube_context: str | None,
@@ -215,6 +220,12 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
             raise UserError(f"--launcher: unknown placeholder {exc}; valid: {{np}} {{hosts_slots}} {{hostlist}} "
                             "{nnodes} {gpus} {cmd}") from None
     cfg = _judge_config(thresholds, expected_gpus, min_intra_busbw, min_inter_busbw)
+    from checks.levels import parse_tool_timeouts
+
+    try:
+        timeouts = parse_tool_timeouts(tool_timeouts)
+    except ValueError as exc:
+        raise UserError(f"--tool-timeout {exc}") from None
 
     if backend == "slurm":
         if level != "quick":
@@ -237,7 +248,7 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
     except Exception as exc:  # noqa: BLE001 - e.g. no kubeconfig: one line, exit 2
         raise UserError(f"--backend {backend}: {type(exc).__name__}: {exc}") from None
     opts = PreflightOptions(probe_timeout=probe_timeout, nccl_timeout=nccl_timeout, workers=workers, nccl=nccl,
-                            judge=cfg, level=level)
+                            judge=cfg, level=level, tool_timeouts=timeouts)
     from checks.assemble import assemble, save_dir
 
     with runner:

@@ -21,7 +21,7 @@ TOOLS = ("nvidia-smi", "all_reduce_perf", "mpirun", "ibstat", "dmesg")
 OPTIONAL_TOOLS = {"dcgmi": "DCGM", "nvbandwidth": "NVBW", "ib_write_bw": "RDMA", "all_to_all_perf": "A2A_NODE"}
 KEYS = ("TOPO", "GPU_QUERY", "NVLINK", "IBSTAT", "DMESG", "NCCL_NODE", "NCCL_PAIR", "NCCL_ALL",
         "NCCL_PAIR_OVERRIDE", "NCCL_ALL_OVERRIDE", "NCCL_HANG", "REPLAY_DELAY", "SMI_DELAY",
-        "NVLINK_ERR", "NVLINK_ERR_AFTER", "DCGM", "DCGM_R3", "NVBW", "A2A_NODE", "A2A_PAIR",
+        "NVLINK_ERR", "NVLINK_ERR_AFTER", "DCGM", "DCGM_R3", "DCGM_DELAY", "NVBW", "A2A_NODE", "A2A_PAIR",
         "RDMA", "RDMA_SERVER", "RDMA_BAD", "RDMA_BAD_NIC")
 
 
