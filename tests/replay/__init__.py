@@ -42,3 +42,16 @@ def install(node_dir: Path, cluster_dir: Path, fixtures: Path, **settings: str |
     env = {"REPLAY_FIXTURES": str(fixtures), "REPLAY_CLUSTER": str(cluster_dir)}
     env.update({k: str(v) for k, v in settings.items() if v is not None})
     (node_dir / "replay.env").write_text("".join(f"{k}={shlex.quote(v)}\n" for k, v in env.items()))
+
+
+def install_dispatch(bin_dir: Path, cluster_dir: Path) -> Path:
+    """One PATH for the Slurm test nodes, which share this machine and the submitter's PATH: each tool
+    runs the replay of the node the step landed on (cluster_dir/$SLURMD_NODENAME/bin/TOOL, installed
+    there by `install`), and is "command not found" (exit 127) where that node lacks it."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for tool in (*TOOLS, *OPTIONAL_TOOLS):
+        f = bin_dir / tool
+        f.write_text(f'#!/bin/sh\nt={shlex.quote(str(cluster_dir))}/"${{SLURMD_NODENAME:-?}}/bin/${{0##*/}}"\n'
+                     '[ -x "$t" ] || { echo "${0##*/}: command not found" >&2; exit 127; }\nexec "$t" "$@"\n')
+        f.chmod(0o755)
+    return bin_dir
