@@ -22,6 +22,8 @@ from pathlib import Path
 
 import yaml
 
+from launcher.formats.rundir import RunDir, read_metrics
+
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH = str(Path(sys.executable).with_name("launch"))
 
@@ -70,9 +72,9 @@ def run(spec: dict, workdir: Path) -> dict:
     if r.returncode != 0:
         tail = "\n".join(r.stderr.splitlines()[-8:])
         return {"error": f"exit {r.returncode}: {tail}"}
-    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    recs = read_metrics(run_dir)
     later = recs[1:] or recs
-    plan = json.loads((run_dir / "plan.json").read_text())
+    plan = json.loads(RunDir(run_dir).plan.read_text())
     return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in later),
             "step_time_s": statistics.median(r["step_time_s"] for r in later),
             "mfu": statistics.median(r["mfu"] for r in later if r.get("mfu") is not None),

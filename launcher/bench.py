@@ -68,9 +68,9 @@ def bench_spec(spec, steps: int):
 def measure(run_dir: Path) -> tuple[float | None, float | None, float | None, int]:
     """(median step time, median tokens/s, peak memory GB, steps logged) from metrics.jsonl, the
     first step left out (start-up) when there are more."""
-    from launcher.commands.run_cmd import read_steps
+    from launcher.formats.rundir import read_metrics
 
-    recs = read_steps(run_dir)
+    recs = read_metrics(run_dir)
     timed = recs[1:] if len(recs) > 1 else recs
     if not timed:
         return None, None, None, 0

@@ -365,6 +365,7 @@ def slurm_context(spec: JobSpec, plan: Plan, run_dir: str, exclude: list[str] | 
         "binds": [run_dir, *s.container_mounts],
         "gpu_lists": gpu_lists(plan),
         "run_dir": run_dir,
+        "node_dirs": (rundir.NCCL_LOGS, rundir.FLIGHT, rundir.HEARTBEAT),  # made on every node before torchrun
         "plan_path": f"{run_dir}/{rundir.PLAN}",
         "trainer_args": trainer_args(spec, f"{run_dir}/{rundir.PLAN}", run_dir),
         "python": s.python,

@@ -10,8 +10,9 @@ import threading
 
 import pytest
 
+from launcher.formats.rundir import read_heartbeats, read_metrics
 from launcher.plan.costs import model_flops_per_token
-from launcher.trainer.metrics import Heartbeat, MetricsLogger, read_heartbeats, read_metrics
+from launcher.trainer.metrics import Heartbeat, MetricsLogger
 from tests.test_trainer_data import make_plan
 
 

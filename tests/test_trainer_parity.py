@@ -315,7 +315,7 @@ def _torchrun(plan, tmp_path, *extra: str, nproc: int = 2, timeout: int = 240) -
 
 @pytest.mark.slow
 def test_cli_under_torchrun_writes_metrics_and_heartbeats(tmp_path):
-    from launcher.trainer.metrics import read_heartbeats, read_metrics
+    from launcher.formats.rundir import read_heartbeats, read_metrics
 
     r = _torchrun(make_plan(dp=2, steps=2), tmp_path, "--resume", "never")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -330,7 +330,7 @@ def test_cli_under_torchrun_writes_metrics_and_heartbeats(tmp_path):
 
 @pytest.mark.slow
 def test_cli_inject_stall_times_out_and_heartbeats_name_the_rank(tmp_path):
-    from launcher.trainer.metrics import read_heartbeats
+    from launcher.formats.rundir import read_heartbeats
 
     r = _torchrun(make_plan(dp=2, steps=3), tmp_path, "--resume", "never", "--inject-stall", "1:2",
                   "--step-timeout-s", "5")

@@ -102,7 +102,7 @@ def run_layouts(rank: int, nprocs: int, jobs: list[dict], workdir: str, port: in
             if job.get("optim_bytes"):
                 out["optim_bytes"] = optimizer_bytes_per_rank(engines[-1])
             if rank == 0:
-                from launcher.trainer.metrics import read_metrics
+                from launcher.formats.rundir import read_metrics
 
                 out["grad_norms"] = [m["grad_norm"] for m in read_metrics(Path(workdir) / name)]
         except Exception as exc:  # noqa: BLE001 - reported to the test through the file

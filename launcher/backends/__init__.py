@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from launcher.errors import UserError
 from launcher.formats.exitcodes import PREEMPT_EXIT_CODE
+from launcher.formats.rundir import RunDir
 
 if TYPE_CHECKING:
     from launcher.plan.model import Plan
@@ -210,14 +211,14 @@ def trainer_env(spec: JobSpec, run_dir: str | Path) -> dict[str, str]:
     env = {"PYTHONUNBUFFERED": "1", "LAUNCH4D_RUN_DIR": str(rd)}
     if d.nccl_debug != "off":
         env["NCCL_DEBUG"] = d.nccl_debug
-        env["NCCL_DEBUG_FILE"] = str(rd / "logs" / "nccl" / "%h.%p.log")
+        env["NCCL_DEBUG_FILE"] = RunDir(rd).nccl_debug_file()
         if d.nccl_debug_subsys:
             env["NCCL_DEBUG_SUBSYS"] = d.nccl_debug_subsys
     if d.flight_recorder:
         env["TORCH_FR_BUFFER_SIZE"] = str(d.flight_recorder_entries)
         env["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "1"
-        env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = str(rd / "logs" / "flight" / "rank_")
-        env["TORCH_FR_DUMP_TEMP_FILE"] = str(rd / "logs" / "flight" / "rank_")
+        env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = RunDir(rd).flight_prefix()
+        env["TORCH_FR_DUMP_TEMP_FILE"] = RunDir(rd).flight_prefix()
     env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "3"
     if d.socket_ifname:
         env["NCCL_SOCKET_IFNAME"] = d.socket_ifname

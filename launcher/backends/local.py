@@ -101,7 +101,7 @@ def job_exit_code(torchrun_rc: int, log_text: str, run_dir: Path | None = None,
         sig = re.findall(r"got signal: (\d+)", log_text)
         # torchrun itself was signalled; it forwarded the signal, and the trainer checkpoints on it
         if run_dir is not None and started is not None:
-            latest = run_dir / "checkpoints" / "latest"
+            latest = rundir.RunDir(run_dir).checkpoints / rundir.LATEST
             if latest.exists() and latest.stat().st_mtime >= started:
                 return PREEMPT_EXIT_CODE
         return 128 + int(sig[-1]) if sig else torchrun_rc
@@ -116,11 +116,11 @@ class LocalBackend:
 
     # --- submit ----------------------------------------------------------------------------------
     def command(self, plan: Plan, run_dir: Path, resume: str | None = None) -> list[str]:
-        logs = run_dir / "logs"
+        logs = rundir.RunDir(run_dir).logs
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={plan.world_size}", "--max-restarts=0",
                "--tee=3", f"--log-dir={logs / 'torchrun'}",
-               "-m", "launcher.trainer", "--plan", str(run_dir / "plan.json"), "--run-dir", str(run_dir)]
+               "-m", "launcher.trainer", "--plan", str(rundir.RunDir(run_dir).plan), "--run-dir", str(run_dir)]
         if resume:
             cmd += ["--resume", resume]
         return cmd
@@ -149,8 +149,8 @@ class LocalBackend:
         rd = Path(run_dir).resolve()
         cmd = self.command(plan, rd, resume)
         env = self.env(spec, plan, rd)
-        log = rd / "logs" / "node0.log"
-        exit_file = rd / "logs" / "exit_code"
+        log = rundir.RunDir(rd).node_log()
+        exit_file = rundir.RunDir(rd).exit_code
         request = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())) + " " + shlex.join(cmd)
         if dry_run:
             return JobHandle(backend=self.name, id="dry-run", name=spec.name, run_dir=str(rd), log_path=str(log),
@@ -182,7 +182,7 @@ class LocalBackend:
         proc = self._procs.get(handle.id)
         if proc is not None:
             proc.poll()
-        exit_file = Path(handle.extra.get("exit_file", Path(handle.run_dir) / "logs" / "exit_code"))
+        exit_file = Path(handle.extra.get("exit_file", rundir.RunDir(handle.run_dir).exit_code))
         if exit_file.exists():
             try:
                 rc = int(exit_file.read_text().strip())
@@ -245,7 +245,7 @@ class LocalBackend:
 
     def logs(self, handle: JobHandle, follow: bool = False, poll_s: float = 0.2) -> Iterator[str]:
         """Lines of node0.log (this submission's part); with follow, until the job ends."""
-        path = Path(handle.log_path or Path(handle.run_dir) / "logs" / "node0.log")
+        path = Path(handle.log_path or rundir.RunDir(handle.run_dir).node_log())
         offset = int(handle.extra.get("log_offset", 0))
         buf = b""
         while True:
@@ -308,11 +308,10 @@ class LocalBackend:
         faulthandler writes them. Only pids that carry the job's marker and handle SIGQUIT are signalled
         (its default action would kill). `py_spy`: its path ("" never; default: on PATH or
         beside this Python). The ranks asked."""
-        rd = Path(handle.run_dir)
-        out_dir = rd / rundir.STACKS
+        rd = rundir.RunDir(handle.run_dir)
         spy = find_py_spy() if py_spy is None else (py_spy or None)
         asked = []
-        for beat in sorted((rd / rundir.HEARTBEAT).glob("rank*.json")):
+        for beat in rd.heartbeat_files():
             try:
                 rec = json.loads(read_text(beat, "heartbeat", 64 << 10))
                 rank, pid, host = int(rec["rank"]), int(rec["pid"]), str(rec.get("host") or "?")
@@ -320,7 +319,7 @@ class LocalBackend:
                 continue
             if not procs.is_ours(pid, self.marker(handle)):
                 continue
-            out_dir.mkdir(parents=True, exist_ok=True)
+            rd.stacks.mkdir(parents=True, exist_ok=True)
             head = rundir.stack_header(rank, host, pid, reason)
             if spy is not None:
                 try:
@@ -328,12 +327,12 @@ class LocalBackend:
                 except (OSError, subprocess.TimeoutExpired):
                     r = None
                 if r is not None and r.returncode == 0 and r.stdout:
-                    with open(out_dir / f"rank{rank}.txt", "a") as f:
+                    with open(rd.stack_file(rank), "a") as f:
                         f.write(head + r.stdout[: 1 << 20].decode(errors="replace") + "\n")
                     asked.append(rank)
                     continue
             if procs.catches(pid, rundir.STACK_SIGNAL):
-                with open(out_dir / f"rank{rank}.txt", "a") as f:
+                with open(rd.stack_file(rank), "a") as f:
                     f.write(head)
                 os.kill(pid, rundir.STACK_SIGNAL)
                 asked.append(rank)

@@ -37,6 +37,8 @@ from launcher.backends import (
     with_retries,
 )
 from launcher.errors import UserError
+from launcher.formats import rundir
+from launcher.formats.rundir import RunDir
 
 if TYPE_CHECKING:
     from launcher.plan.model import Plan
@@ -140,7 +142,7 @@ class LocalRunner:
     def makedirs(self, path: str) -> None:
         from launcher.formats.files import make_dirs
 
-        make_dirs(Path(path, "logs"), "run directory")
+        make_dirs(RunDir(path).logs, "run directory")
 
     def write(self, path: str, data: str, mode: int = 0o644) -> None:
         from launcher.formats.files import atomic_write
@@ -235,7 +237,7 @@ class SSHRunner:
         return self.run(["test", "-e", path])[0] == 0
 
     def makedirs(self, path: str) -> None:
-        rc, _, err = self.run(["mkdir", "-p", path + "/logs"])
+        rc, _, err = self.run(["mkdir", "-p", rundir.remote(path, rundir.LOGS)])
         if rc:
             raise UserError(f"cannot create {path} on {self.host}: {err.strip()}")
 
@@ -295,17 +297,17 @@ class SlurmBackend:
             rendered = render_slurm(spec, plan, rd, templates, exclude, measured_env, node_order)
             files = dict(rendered.files)
             if job_text is not None:
-                files["job.yaml"] = job_text
+                files[rundir.JOB] = job_text
             command = f"cd {shlex.quote(rd)} && sbatch --parsable train.sbatch"
             extra: dict[str, Any] = {"ssh": asdict(target) if target else None, "remote_dir": rd if target else None,
                      "host": target.host if target else None, "gpus_per_node": plan.gpus_per_node,
                      "nodes": plan.nodes, "requeue": spec.backend.slurm.requeue,
-                     "log_path": f"{rd}/logs/slurm-%j.out"}
+                     "log_path": rundir.slurm_log(rd)}
             request = f"{command}{' (on ' + target.host + ')' if target else ''}\n\n{files['train.sbatch']}"
             if dry_run:
                 return JobHandle(self.name, "dry-run", spec.name, rd, dry_run=True, request=request, extra=extra)
             job_id = self._sbatch(spec, runner, target, rd, files, "train.sbatch", [rd])
-            extra["log_path"] = f"{rd}/logs/slurm-{job_id}.out"
+            extra["log_path"] = rundir.slurm_log(rd, job_id)
             return JobHandle(self.name, job_id, spec.name, rd, log_path=extra["log_path"], request=request,
                              extra=extra)
         finally:
@@ -330,7 +332,7 @@ class SlurmBackend:
             for name, task in zip(names, tasks):
                 files.update({f"{name}/{f}": text for f, text in task.files.items()})
                 if job_text is not None:
-                    files[f"{name}/job.yaml"] = job_text
+                    files[f"{name}/{rundir.JOB}"] = job_text
             request = (f"cd {shlex.quote(rd)} && sbatch --parsable array.sbatch"
                        f"{' (on ' + target.host + ')' if target else ''}\n\n{script}")
             job_id = "dry-run" if dry_run else self._sbatch(spec, runner, target, rd, files, "array.sbatch",
@@ -339,8 +341,8 @@ class SlurmBackend:
             for i, (plan, d) in enumerate(zip(plans, dirs)):
                 extra: dict[str, Any] = {"ssh": asdict(target) if target else None, "remote_dir": d if target else None,
                          "host": target.host if target else None, "gpus_per_node": plan.gpus_per_node,
-                         "nodes": plan.nodes, "requeue": spec.backend.slurm.requeue, "log_dir": f"{rd}/logs",
-                         "array_job": job_id, "array_task": i, "log_path": f"{rd}/logs/slurm-{job_id}_{i}.out"}
+                         "nodes": plan.nodes, "requeue": spec.backend.slurm.requeue, "log_dir": rundir.remote(rd, rundir.LOGS),
+                         "array_job": job_id, "array_task": i, "log_path": rundir.slurm_log(rd, job_id, i)}
                 out.append(JobHandle(self.name, f"{job_id}_{i}", f"{spec.name}[{i}]", d, log_path=extra["log_path"],
                                      dry_run=dry_run, request=request, extra=extra))
             return out
@@ -482,7 +484,7 @@ class SlurmBackend:
         """For a pending job: the nodes the node check left out, and why (from logs/nodecheck.log)."""
         if not exc or exc == "(null)":
             return ""
-        text = (runner.read_from(f"{handle.run_dir}/logs/nodecheck.log", 0) or b"").decode(errors="replace")
+        text = (runner.read_from(rundir.remote(handle.run_dir, rundir.NODECHECK_LOG), 0) or b"").decode(errors="replace")
         why: dict[str, str] = {}
         for m in re.finditer(r": (\S+) left out: (.*)$", text, re.M):
             why[m.group(1)] = m.group(2)
@@ -608,7 +610,7 @@ def sacct_fields(runner) -> tuple[frozenset[str] | None, str]:
 
 def log_dir(handle: JobHandle) -> str:
     """Where Slurm writes the job's output: <run dir>/logs, or an array's <base>/logs."""
-    return handle.extra.get("log_dir") or f"{handle.run_dir}/logs"
+    return handle.extra.get("log_dir") or rundir.remote(handle.run_dir, rundir.LOGS)
 
 
 def _optional(runner, argv: list[str]) -> tuple[int, str, str]:

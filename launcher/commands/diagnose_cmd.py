@@ -19,6 +19,7 @@ def _target(arg: str) -> tuple[Path, Path | None]:
         return p, None
     from launcher import jobstate
     from launcher.errors import UserError
+    from launcher.formats.rundir import RunDir
 
     if "/" in arg or arg.startswith("."):
         raise UserError(f"{arg}: no such file or directory (give a log dir, a log file or a job id)")
@@ -26,7 +27,7 @@ def _target(arg: str) -> tuple[Path, Path | None]:
     job = jobstate.lookup(arg)  # UserError (exit 2) when unknown
     for d in (job.run_dir, job.log_dir):
         if d and Path(d).exists():
-            plan = Path(job.run_dir) / "plan.json" if job.run_dir else None
+            plan = RunDir(job.run_dir).plan if job.run_dir else None
             return Path(d), plan if plan and plan.is_file() else None
     raise UserError(f"job {arg}: its run dir {job.run_dir} / log dir {job.log_dir} is not readable from here "
                     "(copy the logs over, or run diagnose where they are)")

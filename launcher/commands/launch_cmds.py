@@ -114,6 +114,7 @@ def render(job_file: str, backend: str | None, out_dir: str | None, bwmap: str |
 def submit(job_file: str, backend: str | None, bwmap: str | None, run_dir: str | None, templates: str | None,
            dry_run: bool, verify_: bool, as_json: bool) -> None:
     """Submit a job to Slurm (sbatch, here or over SSH) or Kubernetes (PyTorchJob)."""
+    from launcher.formats import rundir
     from launcher.formats.files import child_path
     from launcher.jobstate import JobRecord, check_state, record
 
@@ -148,7 +149,8 @@ def submit(job_file: str, backend: str | None, bwmap: str | None, run_dir: str |
     extra["log_path"] = handle.log_path
     try:
         record(JobRecord(id=handle.id, backend=kind, name=handle.name, run_dir=handle.run_dir,
-                         log_dir=f"{handle.run_dir}/logs", submitted_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                         log_dir=rundir.remote(handle.run_dir, rundir.LOGS),
+                         submitted_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                          host=handle.extra.get("host"), remote_dir=handle.extra.get("remote_dir"),
                          namespace=handle.extra.get("namespace"), extra=extra))
     except UserError as exc:  # submitted all the same: say so, with the id

@@ -9,7 +9,6 @@ kills it. The exit status is the job's: 0 done, 75 preempted (resume with --resu
 from __future__ import annotations
 
 import collections
-import json
 import re
 import signal
 import sys
@@ -20,6 +19,7 @@ import click
 
 from launcher.commands import emit, json_option, progress
 from launcher.errors import UserError
+from launcher.formats.rundir import LATEST, RunDir, read_metrics
 
 LOG_LEVEL_LINE = re.compile(r"^[EW]\d{4} ")
 
@@ -52,16 +52,11 @@ def load_job(job: str, nproc: int | None):
 
 def checkpoint_source(path: str) -> Path:
     """--resume PATH: a run dir, its checkpoints/ dir, or one complete step-N dir (what the trainer takes)."""
-    from launcher.trainer.checkpoint import Checkpointer, is_complete
+    from launcher.formats.rundir import latest_checkpoint, resume_target
 
     p = Path(path).resolve()
-    if (p / "checkpoints").is_dir():
-        found = Checkpointer(p, 0).latest_dir()
-    elif p.name == "checkpoints" and p.is_dir():
-        found = Checkpointer(p.parent, 0).latest_dir()
-    else:
-        found = p if is_complete(p) else None
-    if found is None:
+    target = resume_target(p)
+    if target is None or (target[1] is None and latest_checkpoint(target[0]) is None):
         raise UserError(f"--resume: {path} holds no complete checkpoint (give auto, never, a run dir, "
                         "its checkpoints/ dir or a checkpoints/step-N dir)")
     return p
@@ -87,7 +82,7 @@ def _beats(run_dir: Path):
     from launcher.diagnose.heartbeat import Heartbeats, parse_beat
 
     hb = Heartbeats()
-    for path in sorted((run_dir / "heartbeat").glob("rank*.json")):
+    for path in RunDir(run_dir).heartbeat_files():
         try:
             beat = parse_beat(path.read_text(), str(path))
         except (OSError, UnicodeDecodeError):
@@ -128,10 +123,9 @@ def stall_report(run_dir: Path, world: int | None) -> str:
 def stack_report(run_dir: Path, world: int | None, hb=None) -> str | None:
     """The stack dumps' verdict ("rank R on host H stuck in FRAME ..."), or None without live dumps."""
     from launcher.diagnose.stacks import Stacks
-    from launcher.formats import rundir
 
     stacks = Stacks()
-    for path in sorted((run_dir / rundir.STACKS).glob("rank*.txt")):
+    for path in RunDir(run_dir).stack_files():
         try:
             with open(path, encoding="utf-8", errors="replace") as fh:
                 for n, line in enumerate(fh, 1):
@@ -158,7 +152,7 @@ def _pp_stage_of_ranks(run_dir: Path) -> dict[int, int]:
     from launcher.plan.model import Plan
 
     try:
-        plan = Plan.load(run_dir / "plan.json")
+        plan = Plan.load(RunDir(run_dir).plan)
     except UserError:
         return {}
     return {r.rank: r.coords.get("pp", 0) for r in plan.ranks}
@@ -187,25 +181,10 @@ class StallWatch:
                     asked = self.dump(f"no output from rank 0 for {quiet:.0f} s (launch run)")
                     if asked:
                         self.stop.wait(3.0)  # faulthandler/py-spy write within milliseconds; allow a loaded box
-                        where = f"; stacks in {self.run_dir / 'logs' / 'stacks'}"
+                        where = f"; stacks in {RunDir(self.run_dir).stacks}"
                 progress(f"launch: no output from rank 0 for {quiet:.0f} s; "
                          f"{stall_report(self.run_dir, self.world)}{where}; more: launch diagnose {self.run_dir}")
                 self.last = time.time()
-
-
-def read_steps(run_dir: Path) -> list[dict]:
-    by_step: dict[int, dict] = {}
-    try:
-        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    except OSError:
-        return []
-    for line in lines:
-        try:
-            rec = json.loads(line)
-            by_step[int(rec["step"])] = rec
-        except (ValueError, KeyError, TypeError):
-            continue
-    return [by_step[s] for s in sorted(by_step)]
 
 
 def follow(backend, handle, as_json: bool, quiet_s: float = 120.0,
@@ -285,9 +264,9 @@ def run(job: str, run_dir: str | None, nproc: int | None, resume: str, dry_run: 
         why = "; ".join(f"{reason} ({n})" for reason, n in top) or "no layout matches the fixed parallel section"
         raise UserError(f"parallel: no layout of {spec.name} runs on {spec.cluster.world_size} processes: {why}")
     if spec.train.data != "synthetic":  # a bad token file fails here, before anything is written
-        from launcher.trainer.data import read_token_file
+        from launcher.formats.tokens import check_token_file
 
-        read_token_file(spec.train.data, spec.model.vocab, spec.train.seq_len)
+        check_token_file(spec.train.data, spec.model.vocab, spec.train.seq_len)
     rd = Path(run_dir) if run_dir else default_run_dir(spec)
     backend = LocalBackend()
     if dry_run:
@@ -312,7 +291,7 @@ def run(job: str, run_dir: str | None, nproc: int | None, resume: str, dry_run: 
     if left:
         progress(f"launch: {len(left)} process(es) of the job outlived torchrun; killed them "
                  f"(pid {', '.join(map(str, left))})")
-    steps = read_steps(Path(handle.run_dir))
+    steps = read_metrics(handle.run_dir)
     code = status.exit_code if status.exit_code is not None else 1
     payload = {"run_dir": handle.run_dir, "exit_code": code, "state": status.state, "job_id": handle.id,
                "steps": steps[-1]["step"] if steps else 0, "final_loss": steps[-1]["loss"] if steps else None}
@@ -334,15 +313,15 @@ def _start(backend, spec, plan, rd: Path, resume: str, text: str | None):
 
     from launcher.backends import check_run_dir
     from launcher.formats.files import make_dirs
-    from launcher.formats.rundir import CHECKPOINTS, LOCK, RunDirLock
+    from launcher.formats.rundir import RunDirLock
 
     check_run_dir(rd, plan)
     created = make_dirs(rd, "run directory")
-    lock_existed = (rd / LOCK).exists()
+    lock_existed = RunDir(rd).lock.exists()
     try:
         lock = RunDirLock(rd)
         try:
-            if (rd / CHECKPOINTS / "latest").exists() and resume == "never":
+            if (RunDir(rd).checkpoints / LATEST).exists() and resume == "never":
                 raise UserError(f"--run-dir: {rd} already has checkpoints; pass --resume auto to continue it, "
                                 "or give a new run directory")
             for w in plan.warnings:
@@ -350,7 +329,7 @@ def _start(backend, spec, plan, rd: Path, resume: str, text: str | None):
             handle = backend.submit(spec, plan, rd, resume=resume, job_text=text, keep_fds=(lock.fd,))
         except BaseException:
             if not lock_existed:
-                (rd / LOCK).unlink(missing_ok=True)
+                RunDir(rd).lock.unlink(missing_ok=True)
             raise
         finally:
             lock.release()  # the job's processes hold it from here
@@ -367,7 +346,7 @@ def _record(handle) -> None:
 
     try:
         record(JobRecord(id=handle.id, backend=handle.backend, name=handle.name, run_dir=handle.run_dir,
-                         log_dir=str(Path(handle.run_dir) / "logs"),
+                         log_dir=str(RunDir(handle.run_dir).logs),
                          submitted_at=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(handle.submitted_at)),
                          extra=handle.extra))
     except UserError as exc:  # started all the same: say so, and go on following it

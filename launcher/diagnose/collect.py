@@ -25,9 +25,10 @@ from launcher.diagnose.stacks import Stacks
 from launcher.diagnose.stragglers import findings as straggler_findings
 from launcher.diagnose.topology import init_findings
 from launcher.errors import UserError
+from launcher.formats import rundir
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-SKIP_DIRS = {"checkpoints", ".git", "__pycache__", "node_modules"}
+SKIP_DIRS = {rundir.CHECKPOINTS, ".git", "__pycache__", "node_modules"}
 MAX_TEXT_BYTES = 1 << 30  # a 1 GiB log is read (streamed); larger ones are skipped and said so
 MAX_DUMP_BYTES = 256 << 20
 MAX_JSON_BYTES = 16 << 20
@@ -61,17 +62,18 @@ def input_files(target: Path) -> tuple[Path, list[Path]]:
                         "stdin, or a job id)")
     roots = [target]
     root = target
-    if target.name == "logs" and ((target.parent / "heartbeat").is_dir() or (target.parent / "plan.json").is_file()):
+    parent = rundir.RunDir(target.parent)
+    if target.name == rundir.LOGS and (parent.heartbeat.is_dir() or parent.plan.is_file()):
         root = target.parent
-        if (root / "heartbeat").is_dir():
-            roots.append(root / "heartbeat")
+        if parent.heartbeat.is_dir():
+            roots.append(parent.heartbeat)
     files: list[Path] = []
     for r in roots:
         for dirpath, dirnames, filenames in os.walk(r):
             dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
             files += [Path(dirpath) / f for f in sorted(filenames)]
-    if root != target and (root / "plan.json").is_file():
-        files.append(root / "plan.json")
+    if root != target and rundir.RunDir(root).plan.is_file():
+        files.append(rundir.RunDir(root).plan)
     return root, files
 
 

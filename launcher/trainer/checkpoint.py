@@ -37,10 +37,11 @@ from torch import nn
 
 from launcher.errors import RunError
 from launcher.formats.exitcodes import PREEMPT_EXIT_CODE
+from launcher.formats.rundir import CHECKPOINT_EXTRA as EXTRA
+from launcher.formats.rundir import LATEST, RunDir, checkpoint_step, complete_checkpoints, latest_checkpoint
+from launcher.formats.rundir import is_complete_checkpoint as is_complete
 
 __all__ = ["PREEMPT_EXIT_CODE", "CheckpointError", "Checkpointer", "is_complete", "merge_parts"]
-LATEST = "latest"
-EXTRA = "extra.pt"
 
 
 def _rank() -> int:
@@ -148,12 +149,6 @@ def _has_params(optims: list) -> bool:
     return any(g["params"] for o in optims for g in o.param_groups)
 
 
-def is_complete(path: Path) -> bool:
-    """A finished checkpoint dir: final name, DCP metadata and rank 0's extras present."""
-    return (path.is_dir() and not path.name.endswith(".tmp") and (path / ".metadata").is_file()
-            and (path / EXTRA).is_file())
-
-
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -180,7 +175,7 @@ class Checkpointer:
     """Saves every `every` steps (0 = only when forced) under <run_dir>/checkpoints; resumes from latest."""
 
     def __init__(self, run_dir: str | Path, every: int, keep: int | None = None):
-        self.dir = Path(run_dir) / "checkpoints"
+        self.dir = RunDir(run_dir).checkpoints
         self.every = int(every)
         self.keep = keep
         self.preempt_requested = False
@@ -321,25 +316,14 @@ class Checkpointer:
     def _prune(self) -> None:
         if not self.keep:
             return
-        done = sorted((p for p in self.dir.glob("step-*") if is_complete(p)), key=_step_of)
+        done = complete_checkpoints(self.dir)
         for old in done[: max(0, len(done) - self.keep)]:
             shutil.rmtree(old, ignore_errors=True)
 
     # --- load ----------------------------------------------------------------------------------
     def latest_dir(self) -> Path | None:
         """The checkpoint `latest` names if complete; else the newest complete one (with a warning)."""
-        named = None
-        try:
-            named = (self.dir / LATEST).read_text().strip()
-        except OSError:
-            pass
-        if named and is_complete(self.dir / named):
-            return self.dir / named
-        done = sorted((p for p in self.dir.glob("step-*") if is_complete(p)), key=_step_of)
-        if done and named:
-            print(f"warning: {self.dir / LATEST} names {named!r}, which is not a complete checkpoint; "
-                  f"using {done[-1].name}", file=sys.stderr, flush=True)
-        return done[-1] if done else None
+        return latest_checkpoint(self.dir)
 
     def candidates(self) -> list[Path]:
         """Checkpoints to try, in order: the one `latest` names, then (with `fallback`) the older
@@ -349,8 +333,7 @@ class Checkpointer:
             return []
         if not self.fallback:
             return [first]
-        older = sorted((p for p in self.dir.glob("step-*") if is_complete(p) and _step_of(p) < _step_of(first)),
-                       key=_step_of, reverse=True)
+        older = [p for p in reversed(complete_checkpoints(self.dir)) if checkpoint_step(p) < checkpoint_step(first)]
         return [first, *older]
 
     def load_latest(self, model: nn.Module | Sequence[nn.Module], optimizer: Any,
@@ -501,8 +484,3 @@ def _why(exc: BaseException, where: Path) -> str:
     return first[:300]
 
 
-def _step_of(path: Path) -> int:
-    try:
-        return int(path.name.split("-", 1)[1])
-    except (IndexError, ValueError):
-        return -1

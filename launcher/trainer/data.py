@@ -18,58 +18,23 @@ random start and stride), so a demo's loss visibly falls; the seed alone decides
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from launcher.errors import UserError
+from launcher.formats.tokens import check_token_file
 from launcher.plan.model import Plan
 
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 MAX_SYNTHETIC_STRIDE = 16
 
 
-def sidecar_path(path: str | Path) -> Path:
-    return Path(str(path) + ".json")
-
-
 def read_token_file(path: str | Path, model_vocab: int, seq_len: int) -> tuple[np.memmap, dict]:
-    """Open a token file read-only after checking its sidecar against the model; UserError if wrong."""
-    p = Path(path)
-    side = sidecar_path(p)
-    if not p.is_file():
-        raise UserError(f"train.data: token file {p} does not exist (give a .bin written by "
-                        "`python -m launcher.trainer.tokenize`, or 'synthetic')")
-    try:
-        meta = json.loads(side.read_text())
-    except OSError:
-        raise UserError(f"train.data: {p} has no sidecar {side} "
-                        '(expected {"dtype": "uint16"|"uint32", "vocab": N, "tokens": N})') from None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"train.data: sidecar {side} is not JSON (line {exc.lineno}: {exc.msg})") from None
-    if not isinstance(meta, dict):
-        raise UserError(f"train.data: sidecar {side} must be a JSON object")
-    dtype = meta.get("dtype")
-    if dtype not in DTYPES:
-        raise UserError(f"train.data: sidecar {side} dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    for key in ("vocab", "tokens"):
-        if not isinstance(meta.get(key), int) or isinstance(meta.get(key), bool) or meta[key] < 1:
-            raise UserError(f"train.data: sidecar {side} field {key!r} must be a positive integer, "
-                            f"got {meta.get(key)!r}")
-    if meta["vocab"] > model_vocab:
-        raise UserError(f"train.data: {p} was tokenised with vocab {meta['vocab']} but model.vocab is "
-                        f"{model_vocab}; use a model with vocab >= {meta['vocab']}")
-    itemsize = np.dtype(DTYPES[dtype]).itemsize
-    size = p.stat().st_size
-    if size != meta["tokens"] * itemsize:
-        raise UserError(f"train.data: {p} is {size} bytes but its sidecar says {meta['tokens']} {dtype} "
-                        f"tokens ({meta['tokens'] * itemsize} bytes); the file is truncated or the sidecar stale")
-    if meta["tokens"] < seq_len + 1:
-        raise UserError(f"train.data: {p} holds {meta['tokens']} tokens, fewer than one sequence "
-                        f"(train.seq_len + 1 = {seq_len + 1})")
-    return np.memmap(p, dtype=DTYPES[dtype], mode="r"), meta
+    """Open a token file read-only after checking its sidecar against the model (launcher.formats.tokens)."""
+    meta = check_token_file(path, model_vocab, seq_len)
+    return np.memmap(Path(path), dtype=DTYPES[meta["dtype"]], mode="r"), meta
 
 
 def _mix(*parts: int) -> int:

@@ -348,16 +348,15 @@ def train(cfg: TrainerConfig, run_dir: str | Path, resume: str = "never",
 
 def _loader_for(path: str):
     """A Checkpointer reading from --resume PATH: a run dir, its checkpoints/ dir, or one step-N dir."""
-    from launcher.trainer.checkpoint import Checkpointer, is_complete
+    from launcher.formats.rundir import resume_target
+    from launcher.trainer.checkpoint import Checkpointer
 
-    p = Path(path)
-    if (p / "checkpoints").is_dir():
-        return Checkpointer(p, 0)
-    if p.name == "checkpoints" and p.is_dir():
-        return Checkpointer(p.parent, 0)
-    if is_complete(p):
-        loader = Checkpointer(p.parent.parent, 0)
-        loader.latest_dir = lambda: p
-        loader.fallback = False  # the user named this one checkpoint: no other is substituted
+    found = resume_target(path)
+    if found is not None:
+        checkpoints, pinned = found
+        loader = Checkpointer(checkpoints.parent, 0)
+        if pinned is not None:
+            loader.latest_dir = lambda: pinned  # type: ignore[method-assign]
+            loader.fallback = False  # the user named this one checkpoint: no other is substituted
         return loader
     raise UserError(f"--resume {path}: not a run directory, a checkpoints/ directory or a complete step-N checkpoint")

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from launcher.formats.rundir import RunDir
 from launcher.plan.model import Plan
 from launcher.plan.spec import ModelSpec
 
@@ -62,7 +63,7 @@ class MetricsLogger:
 
     def __init__(self, run_dir: str | Path, rank: int, plan: Plan, stream=None):
         self.rank = rank
-        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path = RunDir(run_dir).metrics
         self.steps = plan.train.steps
         self.world = plan.world_size
         self.peak_tflops = plan.gpu.peak_tflops
@@ -124,21 +125,6 @@ class MetricsLogger:
                 f"{rec['tflops_per_gpu']:.3g} TFLOP/s/gpu{mfu} | mem {rec['peak_mem_gb']:.2f} GB")
 
 
-def read_metrics(run_dir: str | Path) -> list[dict]:
-    """metrics.jsonl as a list (last record wins per step; torn lines skipped)."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    by_step: dict[int, dict] = {}
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-            by_step[int(rec["step"])] = rec
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            continue
-    return [by_step[s] for s in sorted(by_step)]
-
-
 class Heartbeat:
     """<run_dir>/heartbeat/rank<R>.json, rewritten atomically on every phase change."""
 
@@ -148,9 +134,8 @@ class Heartbeat:
         self.rank = rank
         self.host = host or socket.gethostname()
         self.pid = os.getpid()
-        self.dir = Path(run_dir) / "heartbeat"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.dir / f"rank{rank}.json"
+        self.path = RunDir(run_dir).heartbeat_file(rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.collectives = 0
         self.last_collective: str | None = None
         self.step = 0
@@ -188,13 +173,3 @@ class Heartbeat:
         carries the medians over the last `window` steps: step_time_s, and busy_s (wall minus waiting,
         this rank's own work), which is what names a straggler against the other ranks."""
         self.times = [*self.times[-(window - 1):], (float(step_time_s), min(float(wait_s), float(step_time_s)))]
-
-
-def read_heartbeats(run_dir: str | Path) -> list[dict]:
-    out = []
-    for p in sorted(Path(run_dir, "heartbeat").glob("rank*.json")):
-        try:
-            out.append(json.loads(p.read_text()))
-        except (OSError, json.JSONDecodeError):
-            continue
-    return sorted(out, key=lambda r: r.get("rank", 0))

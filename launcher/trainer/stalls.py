@@ -36,7 +36,7 @@ RAS_MIN = (2, 24, 0)
 
 
 def stack_file(run_dir: str | Path, rank: int) -> Path:
-    return Path(run_dir) / rundir.STACKS / f"rank{rank}.txt"
+    return rundir.RunDir(run_dir).stack_file(rank)
 
 
 class StallWatchdog:
