@@ -54,10 +54,9 @@ class Measured:
 
 
 def describe(plan) -> str:
-    d = plan.degrees
-    v = f"v{plan.virtual_stages}" if plan.virtual_stages > 1 else ""
-    return (f"tp{d['tp']}-cp{d['cp']}-pp{d['pp']}{v}-dp{d['dp']}" + (f"-ep{d['ep']}" if d.get("ep", 1) > 1 else "")
-            + f"-z{plan.zero_stage}-{plan.recompute}-mb{plan.micro_batch}")
+    from launcher.plan.calibrate import layout_name
+
+    return layout_name(plan)
 
 
 def bench_spec(spec, steps: int):

@@ -14,6 +14,8 @@ from launcher.errors import UserError
 COMMANDS = {
     "plan": ("launcher.commands.plan_cmd:plan", "Choose TP/CP/PP/DP, ZeRO, recompute and micro-batch for a job."),
     "memory": ("launcher.commands.memory_cmd:memory", "Print the memory ledger (worked examples with no arguments)."),
+    "calibrate": ("launcher.commands.calibrate_cmd:calibrate",
+                  "Fit this cluster's time-model efficiency to measured runs; write a cluster profile."),
     "preflight": ("launcher.commands.preflight_cmd:preflight", "Measure nodes and links; write a bandwidth map."),
     "render": ("launcher.commands.launch_cmds:render", "Render the sbatch script or PyTorchJob manifest."),
     "submit": ("launcher.commands.launch_cmds:submit", "Submit a job to Slurm or Kubernetes."),

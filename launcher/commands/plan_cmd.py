@@ -64,7 +64,10 @@ def render_result(spec, result) -> str:
     out = [f"{spec.name}: {spec.model.preset} on {c.nodes} × {c.gpus_per_node} {spec.gpu.name} "
            f"({c.world_size} GPUs), seq {spec.train.seq_len}, global batch {spec.train.global_batch}",
            f"bandwidth: {result.bandwidth.source} (intra {result.bandwidth.intra_gbs:.0f} GB/s, "
-           f"inter {result.bandwidth.net_per_gpu_gbs:.1f} GB/s per GPU, ratio {result.bandwidth.ratio:.1f}×)", ""]
+           f"inter {result.bandwidth.net_per_gpu_gbs:.1f} GB/s per GPU, ratio {result.bandwidth.ratio:.1f}×)"]
+    if result.calibration:
+        out.append(result.calibration["line"])
+    out.append("")
     if result.best is None:
         out.append("no layout fits.")
     else:

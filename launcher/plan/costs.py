@@ -114,6 +114,7 @@ class Bandwidth:
     source: str               # what the figures came from, for the plan's report
     alltoall_intra_gbs: float | None = None  # measured all_to_all_perf busbw in one node (preflight --level long)
     alltoall_inter_gbs: float | None = None  # measured all_to_all_perf busbw over a node pair
+    latency_s: float | None = None           # per ring step of a collective (a cluster profile's); else the stack's
 
     @property
     def ratio(self) -> float:
@@ -121,6 +122,8 @@ class Bandwidth:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        if self.latency_s is None:
+            del d["latency_s"]
         d["ratio"] = round(self.ratio, 2)
         return d
 
@@ -284,6 +287,8 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
              counts: ParamCounts | None = None, efficiency_max: float | None = None,
              stack: Stack = BUNDLED) -> Estimate:
     counts = counts or param_counts(model)
+    if bw.latency_s is not None and bw.latency_s != stack.alpha_s:
+        stack = replace(stack, alpha_s=bw.latency_s)
     s, b, h = train.seq_len, lay.micro_batch, model.hidden
     m, v, p = lay.grad_accum, lay.virtual_stages, lay.pp
     st = strides({"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "dp": lay.dp}, mesh_order)

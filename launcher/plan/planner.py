@@ -87,6 +87,7 @@ class PlanResult:
     notes: list[str] = field(default_factory=list)
     choice: dict[str, Any] = field(default_factory=dict)
     budget: dict[str, Any] = field(default_factory=dict)     # time to train and cost, best and alternatives
+    calibration: dict[str, Any] = field(default_factory=dict)  # the cluster profile used, if any
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -98,6 +99,7 @@ class PlanResult:
             "notes": self.notes,
             "choice": self.choice,
             "budget": self.budget,
+            **({"calibration": self.calibration} if self.calibration else {}),
         }
 
 
@@ -115,6 +117,7 @@ class Cluster:
     gpu_order: list[int] | None = None
     nvlink_groups: list[list[int]] | None = None
     gpu_nic: dict[str, dict[str, str]] = field(default_factory=dict)   # host -> "GPU<i>" -> NIC
+    efficiency_max: float | None = None      # cluster.compute_efficiency, else a cluster profile's
 
 
 def cluster_from(spec: JobSpec, bwmap: BandwidthMap | None, bwmap_name: str | None) -> Cluster:
@@ -357,7 +360,7 @@ class Search:
     def estimate(self, lay: Layout) -> Estimate:
         return estimate(self.model, self.train, self.gpu, lay, self.cluster.bandwidth,
                         self.cluster.gpus_per_node, self.mesh_order, self.counts,
-                        self.spec.cluster.compute_efficiency)
+                        self.cluster.efficiency_max)
 
 
 # --- from candidate to Plan -----------------------------------------------------------------------
@@ -462,17 +465,20 @@ def plan_job(spec: JobSpec, bwmap: BandwidthMap | None = None, top: int = 5,
     if bwmap is None and spec.cluster.bwmap:
         bwmap, bwmap_name = load_bwmap(spec, None)
     cluster = cluster_from(spec, bwmap, bwmap_name or "bandwidth map")
+    cluster.efficiency_max = spec.cluster.compute_efficiency
+    notes = [f"bandwidth: {cluster.bandwidth.source}"]
+    calibration = apply_profile(spec, cluster, notes)
     search = Search(spec, cluster)
     search.run()
     ranked, band = rank(search.candidates, spec.train.seq_len)
-    notes = [f"bandwidth: {cluster.bandwidth.source}"]
     if not ranked:
         if search.unfit:
             forced = min(search.unfit, key=lambda c: c.ledger.per_gpu_gb)
             notes.append("the fixed layout does not fit in GPU memory")
             return PlanResult(to_plan(spec, forced, cluster), [], search.searched, dict(search.rejected),
-                              cluster.bandwidth, notes)
-        return PlanResult(None, [], search.searched, dict(search.rejected), cluster.bandwidth, notes)
+                              cluster.bandwidth, notes, calibration=calibration)
+        return PlanResult(None, [], search.searched, dict(search.rejected), cluster.bandwidth, notes,
+                          calibration=calibration)
     best = ranked[0]
     choice = why_chosen(best, ranked, band)
     notes.append(f"{band} plan(s) within {TIE_BAND:.0%} of the fastest estimate (the time model's error) count "
@@ -488,7 +494,28 @@ def plan_job(spec: JobSpec, bwmap: BandwidthMap | None = None, top: int = 5,
         alts.append(to_plan(spec, cand, cluster, with_ranks=len(alts) + 1 < ranks_for))
     best_plan = to_plan(spec, best, cluster)
     return PlanResult(best_plan, alts, search.searched, dict(search.rejected), cluster.bandwidth, notes, choice,
-                      budget_of(spec, [best_plan] + alts))
+                      budget_of(spec, [best_plan] + alts), calibration)
+
+
+def apply_profile(spec: JobSpec, cluster: Cluster, notes: list[str]) -> dict[str, Any]:
+    """Put a cluster profile's fitted figures (cluster.profile, from `launch calibrate`) in place; what
+    the plan reports about it (empty without one). cluster.compute_efficiency in the job file wins."""
+    if not spec.cluster.profile:
+        return {}
+    from launcher.plan.profile import ClusterProfile
+
+    prof = ClusterProfile.load(spec.cluster.profile)
+    prof.check(spec.gpu, spec.cluster.gpus_per_node)
+    cluster.bandwidth = prof.bandwidth(cluster.bandwidth)
+    fitted_ce = prof.params.get("compute_efficiency")
+    overridden = fitted_ce is not None and spec.cluster.compute_efficiency is not None
+    if fitted_ce is not None and not overridden:
+        cluster.efficiency_max = fitted_ce
+    line = f"calibrated cluster profile {prof.path}: {prof.summary()}"
+    if overridden:
+        line += f"; cluster.compute_efficiency {spec.cluster.compute_efficiency} in the job file replaces its ceiling"
+    notes.append(line)
+    return {"profile": prof.path, "params": prof.params, "runs": len(prof.runs), "line": line}
 
 
 def budget_of(spec: JobSpec, plans: list[Plan]) -> dict[str, Any]:

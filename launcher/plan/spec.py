@@ -97,6 +97,8 @@ class ClusterSpec:
     gpu: Any = bounded("h100-sxm", doc="a GPU preset name or a mapping of memory_gb, peak_tflops, nvlink_gbs")
     network_gbs_per_gpu: float | None = bounded(None, 0.001, 1e6, doc="overrides the GPU's network figure")
     bwmap: str | None = bounded(None, doc="a bandwidth map from `launch preflight`")
+    profile: str | None = bounded(None, doc="a cluster profile from `launch calibrate`: fitted compute efficiency, "
+                                            "bandwidth and latency replace the defaults")
     compute_efficiency: float | None = bounded(None, 0.01, 1.0, doc="ceiling of achieved/peak FLOPs (default: calibrated for "
                                                         "the bundled eager trainer); set it only from your own "
                                                         "measurements (launch plan --benchmark)")
