@@ -15,7 +15,6 @@ The rest keep the value the runs were planned with and are not written.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any
 
 from launcher.errors import UserError
 from launcher.formats import rundir
+from launcher.formats.rundir import RunDir, read_metrics
 from launcher.plan.costs import BUNDLED, Bandwidth, compute_efficiency, estimate
 from launcher.plan.model import Plan
 from launcher.plan.profile import PARAMS, ClusterProfile
@@ -58,31 +58,26 @@ def layout_name(plan: Plan) -> str:
 
 def read_run(run_dir: str | Path) -> Run:
     """One measured run, or UserError naming the run dir and what is missing."""
-    d = Path(run_dir)
-    if not (d / rundir.PLAN).is_file():
-        raise UserError(f"{d}: no {rundir.PLAN} (a run directory from `launch run`, `submit` or `plan --benchmark`)")
-    plan = Plan.load(d / rundir.PLAN)
-    steps: dict[int, dict] = {}
-    try:
-        lines = (d / rundir.METRICS).read_text(errors="replace").splitlines()
-    except OSError:
-        raise UserError(f"{d}: no {rundir.METRICS}: the run logged no steps") from None
-    for line in lines:
-        try:
-            rec = json.loads(line)
-            t = float(rec["step_time_s"])
-            if math.isfinite(t) and t > 0:
-                steps[int(rec["step"])] = rec
-        except (ValueError, KeyError, TypeError):
-            continue
-    recs = [steps[k] for k in sorted(steps)]
+    d = RunDir(run_dir)
+    if not d.plan.is_file():
+        raise UserError(f"{run_dir}: no {rundir.PLAN} (a run directory from `launch run`, `submit` or `plan --benchmark`)")
+    plan = Plan.load(d.plan)
+    if not d.metrics.is_file():
+        raise UserError(f"{run_dir}: no {rundir.METRICS}: the run logged no steps")
+    recs = [r for r in read_metrics(d.root) if _step_time(r) is not None]
     if len(recs) <= WARMUP_STEPS:
-        raise UserError(f"{d}: {rundir.METRICS} has {len(recs)} step(s) with a step time; more than the "
+        raise UserError(f"{run_dir}: {rundir.METRICS} has {len(recs)} step(s) with a step time; more than the "
                         f"{WARMUP_STEPS} warm-up step(s) are needed (run more train.steps)")
     timed = recs[WARMUP_STEPS:]
     mems = [float(r["peak_mem_gb"]) for r in recs if isinstance(r.get("peak_mem_gb"), (int, float))]
-    return Run(str(d), plan, statistics.median(float(r["step_time_s"]) for r in timed), len(recs),
+    return Run(str(run_dir), plan, statistics.median(float(r["step_time_s"]) for r in timed), len(recs),
                max(mems) if mems else None)
+
+
+def _step_time(rec: dict) -> float | None:
+    t = rec.get("step_time_s")
+    ok = isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0
+    return float(t) if ok else None
 
 
 def cluster_key(plan: Plan) -> dict[str, Any]:
