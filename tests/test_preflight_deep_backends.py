@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from checks.assemble import assemble
+from checks.assemble import assemble, load_dir, save_dir
 from checks.orchestrate import PreflightOptions, run_preflight
 from checks.runners.k8s import K8sRunner
 from tests.conftest import REPO, fixtures_dir, shared_file
@@ -164,6 +164,10 @@ def test_k8s_standard_level_names_the_nvlink_whose_counters_rose(tmp_path):
     pods = [(p["spec"]["nodeName"], p["spec"]["containers"][0]["command"][2]) for p in api.created]
     assert all(any(n == h and "dcgmi diag -r 2" in cmd for n, cmd in pods) for h in K8S_NODES)
     assert len(api.deleted) == len(api.created)
+    # saved and imported again, the two reads are still compared per node: the same verdict
+    again = assemble(load_dir(save_dir(res, tmp_path / "raw")))
+    assert {(x.node, x.check, x.status, x.message) for x in again.checks if x.status != "pass"} == {
+        (c.node, c.check, c.status, c.message)}
 
 
 def test_k8s_long_level_names_the_gpu_dcgm_r3_failed_and_records_alltoall(tmp_path):
