@@ -38,6 +38,7 @@ from checks.parsers.dcgm_diag import parse_dcgm_diag
 from checks.parsers.nvbandwidth import parse_nvbandwidth
 from checks.parsers.nvlink_errors import parse_nvlink_errors
 from checks.parsers.perftest import parse_perftest
+from checks.probe import META_FILE, RUN_FILES, TIMEOUTS_KEY
 from checks.results import CommandResult, NcclRun, PreflightResults
 
 LEVELS = ("quick", "standard", "long")
@@ -303,7 +304,7 @@ def record_figures(bw: BandwidthMap, results: PreflightResults) -> None:
 
 # ------------------------------------------------------------------ raw outputs (--save-raw / import)
 
-A2A_NODE_FILE = "alltoall-node.txt"
+A2A_NODE_FILE = RUN_FILES["a2a-node"]
 A2A_PAIRS_DIR = "alltoall-pairs"
 RDMA_DIR = "rdma"
 RDMA_INDEX = "runs.json"
@@ -322,6 +323,13 @@ def save_runs(results: PreflightResults, root: Path) -> None:
             make_dirs(root / A2A_PAIRS_DIR, "preflight output directory")
             atomic_write(root / A2A_PAIRS_DIR / f"{'+'.join(run.hosts)}.txt", run.result.stdout, "preflight output",
                          durable=False)
+    if results.tool_timeouts:
+        for host in results.probes:
+            meta = _meta(root / host)
+            if meta:
+                meta[TIMEOUTS_KEY] = results.tool_timeouts
+                atomic_write(root / host / META_FILE, json.dumps(meta, indent=2) + "\n", "probe metadata",
+                             durable=False)
     if not results.rdma:
         return
     make_dirs(root / RDMA_DIR, "preflight output directory")
@@ -334,16 +342,31 @@ def save_runs(results: PreflightResults, root: Path) -> None:
     atomic_write(root / RDMA_DIR / RDMA_INDEX, json.dumps(index, indent=2) + "\n", "preflight output", durable=False)
 
 
+def _meta(host_dir: Path) -> dict[str, Any]:
+    from launcher.formats.files import read_text
+
+    try:
+        meta = json.loads(read_text(host_dir / META_FILE, "probe metadata")) if (host_dir / META_FILE).is_file() else {}
+    except json.JSONDecodeError:
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
 def load_runs(root: Path, res: PreflightResults) -> None:
     """Read back what `save_runs` wrote, and set the level the outputs show."""
     from launcher.formats.files import read_text
 
     for host in res.hosts:
+        limits = _meta(root / host).get(TIMEOUTS_KEY)
+        if isinstance(limits, dict):
+            res.tool_timeouts |= {k: v for k, v in limits.items() if k in TOOLS and isinstance(v, (int, float))}
         f = root / host / A2A_NODE_FILE
         if f.is_file():
-            res.nccl.append(NcclRun("a2a-node", [host], "alltoall",
-                                    CommandResult(host, f"(from {f})", read_text(f, "all_to_all_perf output",
-                                                                                 errors="replace"), "", 0)))
+            m = _meta(root / host).get("a2a-node")  # written by `python -m checks.probe --level long`
+            m = m if isinstance(m, dict) else {}
+            res.nccl.append(NcclRun("a2a-node", [host], "alltoall", CommandResult(
+                host, m.get("command", f"(from {f})"), read_text(f, "all_to_all_perf output", errors="replace"),
+                m.get("stderr", ""), m.get("rc", 0), bool(m.get("timed_out")), m.get("error"))))
     for f in sorted((root / A2A_PAIRS_DIR).glob("*.txt")) if (root / A2A_PAIRS_DIR).is_dir() else []:
         hosts = f.stem.split("+")
         if len(hosts) == 2:

@@ -50,10 +50,13 @@ PROBES: tuple[Probe, ...] = (
 )
 PROBE_BY_NAME = {p.name: p for p in PROBES}
 NCCL_NODE_FILE = "nccl-node.txt"
+#: Single-node nccl-tests runs: kind -> file under DIR/<host>/ (all_to_all_perf at level long)
+RUN_FILES = {"nccl-node": NCCL_NODE_FILE, "a2a-node": "alltoall-node.txt"}
 #: The deeper levels' outputs (checks/levels.py): kind -> file under DIR/<host>/
 EXTRA_FILES = {"nvlink-errors": "nvlink-errors.txt", "nvlink-errors-after": "nvlink-errors-after.txt",
                "dcgm-diag": "dcgm-diag.txt", "nvbandwidth": "nvbandwidth.txt"}
 META_FILE = "probe.json"
+TIMEOUTS_KEY = "tool_timeouts"  # in probe.json: {tool: seconds} of the deeper levels
 
 
 def nccl_command(binary: str, gpus: int, sizes: tuple[str, str], extra: str = "") -> str:
@@ -112,21 +115,26 @@ def run_local(command: str, timeout: float, host: str = "localhost",
                          error=over_limit(limit) if flooded else None, seconds=time.monotonic() - start)
 
 
-def save(out_dir: Path, host: str, results: dict[str, CommandResult]) -> Path:
-    """Write outputs as DIR/<host>/<file> and their metadata as probe.json."""
+def save(out_dir: Path, host: str, results: dict[str, CommandResult], timeouts: dict[str, float] | None = None) -> Path:
+    """Write outputs as DIR/<host>/<file> and their metadata as probe.json (with the deeper tools'
+    timeouts, so a tool that timed out is reported with its limit when the folder is judged)."""
     d = out_dir / host
     d.mkdir(parents=True, exist_ok=True)
     meta = {}
     for name, r in results.items():
-        fname = PROBE_BY_NAME[name].file if name in PROBE_BY_NAME else EXTRA_FILES.get(name, NCCL_NODE_FILE)
+        fname = PROBE_BY_NAME[name].file if name in PROBE_BY_NAME else (EXTRA_FILES | RUN_FILES)[name]
         (d / fname).write_text(r.stdout)
         meta[name] = {"file": fname, "command": r.command, "rc": r.rc, "timed_out": r.timed_out,
                       "error": r.error, "seconds": round(r.seconds, 3), "stderr": r.stderr[-2000:]}
+    if timeouts:
+        meta[TIMEOUTS_KEY] = timeouts
     (d / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return d
 
 
 def main(argv: list[str] | None = None) -> int:
+    from checks import levels
+
     ap = argparse.ArgumentParser(prog="python -m checks.probe", description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="folder; outputs go to OUT/<hostname>/")
     ap.add_argument("--host", default=None, help="name to file under (default: this host's name)")
@@ -136,23 +144,45 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nccl-binary", default="all_reduce_perf")
     ap.add_argument("--sizes", default="512M,8G", help="nccl-tests -b,-e")
     ap.add_argument("--gpus", type=int, default=None, help="GPUs for nccl-tests -g (default: counted)")
+    ap.add_argument("--level", choices=levels.LEVELS, default="quick",
+                    help="standard/long: also the level's single-node tools (checks/levels.py)")
+    ap.add_argument("--tool-timeout", action="append", default=[], metavar="TOOL=SECONDS",
+                    help=f"a deeper tool's timeout: {', '.join(levels.TOOLS)}")
     args = ap.parse_args(argv)
+    try:
+        timeouts = levels.effective_timeouts(args.level, args.nccl_timeout, levels.parse_tool_timeouts(args.tool_timeout))
+    except ValueError as exc:
+        ap.error(f"--tool-timeout {exc}")
     host = args.host or os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     results = {p.name: run_local(p.command, args.timeout, host) for p in PROBES}
-    if args.nccl:
-        gpus = args.gpus
-        if gpus is None:
-            from checks.parsers import ParseError
-            from checks.parsers.gpu_query import parse_gpu_query
-            try:
-                gpus = parse_gpu_query(results["gpu-query"].stdout).count
-            except ParseError:
-                gpus = 0
-        lo, hi = args.sizes.split(",")
-        if gpus:
-            cmd = nccl_command(args.nccl_binary, gpus, (lo, hi))
-            results["nccl-node"] = run_local(cmd, args.nccl_timeout, host, env=standalone_env())
-    d = save(Path(args.out), host, results)
+    gpus = args.gpus
+    if gpus is None:
+        from checks.parsers import ParseError
+        from checks.parsers.gpu_query import parse_gpu_query
+        try:
+            gpus = parse_gpu_query(results["gpu-query"].stdout).count
+        except ParseError:
+            gpus = 0
+    deep = levels.rank(args.level)
+
+    def step(s: levels.Step) -> None:
+        results[s.name] = run_local(s.command, s.within(timeouts), host)
+
+    if deep and gpus:  # the same order as the interactive backends (checks/orchestrate.py)
+        for s in levels.node_steps(args.level):
+            step(s)
+    lo, hi = args.sizes.split(",")
+    if args.nccl and gpus:
+        if deep:
+            step(levels.NVLINK_BEFORE)
+        cmd = nccl_command(args.nccl_binary, gpus, (lo, hi))
+        results["nccl-node"] = run_local(cmd, args.nccl_timeout, host, env=standalone_env())
+        if deep:
+            step(levels.NVLINK_AFTER)
+        if deep >= 2:
+            results["a2a-node"] = run_local(nccl_command(levels.A2A_BINARY, gpus, (lo, hi)),
+                                            timeouts[levels.A2A_BINARY], host, env=standalone_env())
+    d = save(Path(args.out), host, results, timeouts)
     print(f"probe: {host}: {len(results)} outputs in {d}", file=sys.stderr)
     return 0
 

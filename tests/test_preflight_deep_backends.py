@@ -181,3 +181,57 @@ def test_k8s_long_level_names_the_gpu_dcgm_r3_failed_and_records_alltoall(tmp_pa
     assert sorted(r.hosts[0] for r in res.nccl if r.kind == "a2a-node") == K8S_NODES
     assert bw.nodes["gpu-a"].alltoall_busbw_gbs is not None and bw.alltoall_intra_busbw_gbs is not None
     assert res.rdma == [] and not any(r.kind in ("pair", "a2a-pair") for r in res.nccl)
+
+
+# ---- the Slurm batch job (`launch preflight --backend slurm`) at standard and long, on the real test Slurm ----
+def batch_preflight(cluster, tmp_path: Path, level: str, bad: str, tool_timeouts: tuple[str, ...] = (),
+                    end: str = "FAILED", **settings: str | Path | None) -> tuple[dict, Path]:
+    """Run the rendered job with `bad`'s replay `settings`; `end`: FAILED when checks.assemble, the job's
+    last step, exits 1 for a failed check, COMPLETED when nothing failed."""
+    from checks.runners.slurm_job import SlurmJobOptions, render, submit
+
+    nodes = list(cluster.nodes)
+    root = replay_cluster(tmp_path / "nodes", nodes, bad, **settings)
+    bin_dir = install_dispatch(tmp_path / "dispatch", root)
+    out = tmp_path / "out"
+    script = render(nodes, SlurmJobOptions(out_dir=str(out), python=sys.executable, mpi="none", gpus_per_node=2,
+                                           nccl_timeout=60, time="00:05:00", partition=cluster.partition,
+                                           level=level, tool_timeouts=list(tool_timeouts)))
+    env = {**cluster.env, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
+    state = _final_state(cluster, submit(script, out, env=env), timeout=180)
+    log = next(out.glob("slurm-*.out"), None)
+    assert state == end, log.read_text() if log else state
+    assert (out / "bwmap.json").exists(), log.read_text() if log else ""
+    return json.loads((out / "bwmap.json").read_text()), out
+
+
+def test_slurm_job_standard_level_runs_the_tools_on_each_node_and_names_the_faults(slurm_cluster, tmp_path):  # noqa: F811
+    """n2's DCGM diag fails on GPU 1; n1's dcgmi hangs (sleeps 60 s) past `--tool-timeout dcgmi=3`:
+    a named warning for n1 with the limit, not a stuck job."""
+    n1, n2 = slurm_cluster.nodes
+    bw, out = batch_preflight(slurm_cluster, tmp_path, "standard", n2, ("dcgmi=3",), DCGM=DCGM_FAIL)
+    assert not_passing(bw["checks"]) == {(n2, "dcgm:Targeted Power"): "fail"}
+    bw, out = batch_preflight(slurm_cluster, tmp_path / "again", "standard", n1, ("dcgmi=3",), "COMPLETED",
+                              DCGM_DELAY="60")
+    assert not_passing(bw["checks"]) == {(n1, "dcgm"): "warn"}
+    c = next(x for x in bw["checks"] if x["status"] != "pass")
+    assert c["message"].startswith("not measured: dcgmi timed out after 3 s") and c["threshold"] == 3
+    for n in (n1, n2):
+        meta = json.loads((out / n / "probe.json").read_text())
+        assert meta["dcgm-diag"]["command"] == "dcgmi diag -r 2"
+        assert {"nvbandwidth", "nvlink-errors", "nvlink-errors-after"} <= set(meta)
+    assert bw["level"] == "standard" and not (out / "rdma").exists()
+
+
+def test_slurm_job_long_level_runs_pair_tests_as_srun_steps(slurm_cluster, tmp_path):  # noqa: F811
+    n1, n2 = slurm_cluster.nodes
+    bw, out = batch_preflight(slurm_cluster, tmp_path, "long", n2, DCGM_R3=DCGM_FAIL)
+    assert not_passing(bw["checks"]) == {(n2, "dcgm:Targeted Power"): "fail"}
+    assert bw["exclude"] == [n2] and bw["level"] == "long"
+    assert json.loads((out / n2 / "probe.json").read_text())["dcgm-diag"]["command"] == "dcgmi diag -r 3"
+    assert {bw["nodes"][n]["rdma_gbps"]["mlx5_0"] for n in (n1, n2)} == {181.46}
+    runs = json.loads((out / "rdma" / "runs.json").read_text())
+    assert {(r["client"], r["server"], r["nic"]) for r in runs} == {(n1, n2, "mlx5_0"), (n1, n2, "mlx5_1")}
+    assert all(r["command"].startswith(f"ib_write_bw -d {r['nic']} --use_cuda=") for r in runs)
+    assert "13.51" in (out / "alltoall-pairs" / f"{n1}+{n2}.txt").read_text()
+    assert bw["alltoall_intra_busbw_gbs"] == bw["nodes"][n1]["alltoall_busbw_gbs"] is not None

@@ -84,8 +84,9 @@ def test_drain_needs_a_valid_map_and_apply_needs_drain(tmp_path):
     assert rc == 2 and "version 99 is not supported" in out
     rc, out = launch("preflight", "import", tmp_path, "--apply")
     assert rc == 2 and "--apply and --scheduler go with --drain" in out
-    rc, out = launch("preflight", "--hosts", "a", "--backend", "slurm", "--level", "long", "--dry-run")
-    assert rc == 2 and "--level long: the slurm batch-job backend runs the quick level only" in out
+    rc, out = launch("preflight", "--hosts", "a", "--backend", "slurm", "--level", "long", "--dry-run",
+                     "--tool-timeout", "dcgmi=7200")
+    assert rc == 0 and "--level long --tool-timeout 'dcgmi=7200'" in out and "#SBATCH --time=04:00:00" in out
 
 
 @pytest.mark.slow

@@ -159,7 +159,7 @@ def test_cli_standard_level_drains_the_named_node_and_the_raw_outputs_judge_the_
                                                                              "nvbandwidth:device_to_device_memcpy_read_ce"}
 
 
-def test_a_deep_tool_past_its_timeout_is_named_for_its_node_not_waited_for(cluster):
+def test_a_deep_tool_past_its_timeout_is_named_for_its_node_not_waited_for(cluster, tmp_path):
     """node02's dcgmi sleeps 60 s before printing (the replay's DCGM_DELAY); with `dcgmi=3` it is
     stopped there and reported as node02's dcgm finding naming the tool and the timeout, while the
     other nodes' diag (and node02's other tools) are judged as usual."""
@@ -175,3 +175,6 @@ def test_a_deep_tool_past_its_timeout_is_named_for_its_node_not_waited_for(clust
     assert c.message.startswith("not measured: dcgmi timed out after 3 s") and c.threshold == 3
     assert res.probes["node02"]["dcgm-diag"].timed_out and res.probes["node01"]["dcgm-diag"].ok
     assert res.tool_timeouts == {"dcgmi": 3, "nvbandwidth": 900, "nvlink": 60}
+    again = assemble(load_dir(save_dir(res, tmp_path / "raw")))  # the saved folder keeps the limits
+    assert [(x.node, x.check, x.message, x.threshold) for x in again.checks if x.status != "pass"] == [
+        ("node02", "dcgm", c.message, 3)]

@@ -1,7 +1,9 @@
 """`--backend slurm`: the whole preflight as one batch job, rendered from templates/slurm/preflight.sbatch.j2.
 
-The job runs the node probes (`python -m checks.probe`) on every node with srun, the pair rounds
-and the all-node run with `srun --mpi`, writes everything in the `import` layout under OUT, and
+The job runs the node probes (`python -m checks.probe --level L`: at standard and long also the
+level's single-node tools) on every node with srun, the pair rounds and the all-node run with
+`srun --mpi`, at level long the pair tests (`python -m checks.runners.slurm_pairs`: all_to_all_perf
+and per-NIC ib_write_bw as srun steps), writes everything in the `import` layout under OUT, and
 ends with `python -m checks.assemble OUT` (the BandwidthMap in OUT/bwmap.json). Rendered with
 jinja2 directly; checks imports only launch4d's torch-free formats (launcher.formats), whose one
 quoting function every user string goes through.
@@ -48,6 +50,8 @@ class SlurmJobOptions:
     nccl_timeout: int = 900
     job_name: str = "launch4d-preflight"
     nccl: NcclOptions = field(default_factory=NcclOptions)
+    level: str = "quick"  # standard/long: each node runs the level's tools; long adds the pair tests
+    tool_timeouts: list[str] = field(default_factory=list)  # TOOL=SECONDS, as --tool-timeout takes them
 
 
 def render(hosts: list[str], opts: SlurmJobOptions, template: Path | None = None) -> str:

@@ -24,6 +24,7 @@ from launcher.commands import emit, json_option, progress
 from launcher.errors import UserError
 
 BACKENDS = ["ssh", "local", "srun", "slurm", "k8s"]
+JOB_TIME = {"quick": "00:30:00", "standard": "02:00:00", "long": "04:00:00"}  # the batch job's default --time
 SCHEDULERS = ["slurm", "k8s"]
 
 
@@ -161,7 +162,8 @@ def threshold_options(f: Any) -> Any:
 @click.option("--out-dir", type=click.Path(file_okay=False), help="slurm backend: where the job writes outputs.")
 @click.option("--partition", help="slurm backend: partition.")
 @click.option("--account", help="slurm backend: account.")
-@click.option("--time", "time_limit", default="00:30:00", show_default=True, help="slurm backend: time limit.")
+@click.option("--time", "time_limit", help="slurm backend: time limit (default: 00:30:00 quick, 02:00:00 "
+              "standard, 04:00:00 long: dcgmi diag -r 3 alone can take an hour).")
 @click.option("--gpus-per-node", type=click.IntRange(1), help="slurm/k8s backends: GPUs per node.")
 @click.option("--mpi", "srun_mpi", default="pmix", show_default=True, help="slurm backend: srun --mpi plugin.")
 @click.option("--dry-run", is_flag=True, help="slurm/k8s backends: print what would be submitted.")
@@ -178,7 +180,8 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
               connect_timeout: float, probe_timeout: float, nccl_timeout: float, workers: int, level: str,
               tool_timeouts: tuple[str, ...], no_nccl: bool,
               no_pairs: bool, no_all: bool, nccl_binary: str, sizes: str, nccl_args: str, launcher_tpl: str | None,
-              save_raw: str | None, out_dir: str | None, partition: str | None, account: str | None, time_limit: str,
+              save_raw: str | None, out_dir: str | None, partition: str | None, account: str | None,
+              time_limit: str | None,
               gpus_per_node: int | None, srun_mpi: str, dry_run: bool, namespace: str, image: str, kube_context: str | None,
               thresholds: str | None, expected_gpus: int | None, min_intra_busbw: float | None,
               min_inter_busbw: float | None, output: str | None, exclude_failed: bool, drain: bool,
@@ -228,11 +231,9 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
         raise UserError(f"--tool-timeout {exc}") from None
 
     if backend == "slurm":
-        if level != "quick":
-            raise UserError(f"--level {level}: the slurm batch-job backend runs the quick level only; use "
-                            "--slurm-allocation (srun) inside an allocation for deeper levels")
-        return _slurm_job(hosts, nccl, out_dir, partition, account, time_limit, gpus_per_node, srun_mpi,
-                          probe_timeout, nccl_timeout, dry_run, as_json)
+        return _slurm_job(hosts, nccl, out_dir, partition, account, time_limit or JOB_TIME[level], gpus_per_node,
+                          srun_mpi, probe_timeout, nccl_timeout, dry_run, as_json, level,
+                          [f"{k}={v:g}" for k, v in timeouts.items()])
     from checks.runners import get_runner
 
     if backend == "ssh":
@@ -264,14 +265,14 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
 
 def _slurm_job(hosts: list[str], nccl: Any, out_dir: str | None, partition: str | None, account: str | None,
                time_limit: str, gpus_per_node: int | None, srun_mpi: str, probe_timeout: float,
-               nccl_timeout: float, dry_run: bool, as_json: bool) -> int:
+               nccl_timeout: float, dry_run: bool, as_json: bool, level: str, tool_timeouts: list[str]) -> int:
     from checks.runners.slurm_job import SlurmJobError, SlurmJobOptions, render, submit
 
     out = Path(out_dir or f"preflight-{datetime.now():%Y%m%d-%H%M%S}").resolve()
     opts = SlurmJobOptions(out_dir=str(out), partition=partition, account=account, time=time_limit,
                            python=sys.executable, gpus_per_node=gpus_per_node, mpi=srun_mpi,
                            probe_timeout=int(probe_timeout),
-                           nccl_timeout=int(nccl_timeout), nccl=nccl)
+                           nccl_timeout=int(nccl_timeout), nccl=nccl, level=level, tool_timeouts=tool_timeouts)
     try:
         script = render(hosts, opts)
     except SlurmJobError as exc:
