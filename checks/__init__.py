@@ -3,7 +3,7 @@
     parsers/      pure text -> dataclass parsers, one per tool (ParseError names the line)
     probe.py      the node-local commands and their file names; `python -m checks.probe --out DIR`
     hosts.py      host lists: hostlist expressions, files, the Slurm allocation
-    runners/      how commands reach hosts: local, ssh (paramiko), srun, slurm_job (sbatch), k8s
+    runners/      how commands reach hosts: local, ssh (launcher.transport), srun, slurm_job (sbatch), k8s
     orchestrate   phases: every node alone, node pairs in rounds, all healthy nodes
     judges.py     pass / warn / fail against per-GPU-model thresholds and the cluster's median
     assemble.py   results -> BandwidthMap (bwmap.py); load_dir/save_dir for the import layout

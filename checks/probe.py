@@ -11,17 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import selectors
-import signal
 import socket
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from checks.parsers.gpu_query import QUERY_FIELDS
 from checks.results import OUTPUT_LIMIT, CommandResult, over_limit
+from launcher.transport.local import run_process
 
 _NEW = ",".join(QUERY_FIELDS)
 _OLD = _NEW.replace("clocks_event_reasons.active", "clocks_throttle_reasons.active")
@@ -74,45 +71,10 @@ def standalone_env() -> dict[str, str]:
 
 def run_local(command: str, timeout: float, host: str = "localhost",
               env: dict[str, str] | None = None, limit: int = OUTPUT_LIMIT) -> CommandResult:
-    """`bash -c command` here, in its own session (a timeout or a flood ends all of it), keeping at most
-    `limit` bytes of stdout and of stderr."""
-    start = time.monotonic()
-    proc = subprocess.Popen(["bash", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-    bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
-    timed_out = flooded = False
-    with selectors.DefaultSelector() as sel:
-        for stream in bufs:
-            sel.register(stream, selectors.EVENT_READ)
-        while sel.get_map() and not flooded:
-            left = start + timeout - time.monotonic()
-            if left <= 0:
-                timed_out = True
-                break
-            for key, _ in sel.select(min(left, 1.0)):
-                chunk = os.read(key.fd, 1 << 16)
-                if not chunk:
-                    sel.unregister(key.fileobj)
-                    continue
-                buf = bufs[key.fileobj]
-                buf += chunk
-                flooded = flooded or len(buf) > limit
-    if timed_out or flooded:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    try:
-        rc = proc.wait(timeout=max(1.0, start + timeout - time.monotonic()))
-    except subprocess.TimeoutExpired:  # the command closed its output but runs on
-        timed_out = True
-        os.killpg(proc.pid, signal.SIGKILL)
-        rc = proc.wait()
-    for stream in bufs:
-        stream.close()
-    out, err = (bytes(b[:limit]).decode(errors="replace") for b in bufs.values())
-    return CommandResult(host, command, out, err, None if (timed_out or flooded) else rc, timed_out=timed_out,
-                         error=over_limit(limit) if flooded else None, seconds=time.monotonic() - start)
+    """`bash -c command` here (launcher.transport's one local runner: own session, bounded output)."""
+    c = run_process(command, timeout, env=env, limit=limit)
+    return CommandResult(host, command, c.stdout, c.stderr, c.rc, timed_out=c.timed_out,
+                         error=over_limit(limit) if c.flooded else None, seconds=c.seconds)
 
 
 def save(out_dir: Path, host: str, results: dict[str, CommandResult], timeouts: dict[str, float] | None = None) -> Path:

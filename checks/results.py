@@ -8,14 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-#: The most of one command's stdout (and of its stderr) a runner keeps. Every probe and nccl-tests
-#: output is far smaller; a node whose tool floods output is stopped there and reported, instead of
-#: filling this machine's memory.
-OUTPUT_LIMIT = 32 << 20
-
-
-def over_limit(limit: int = OUTPUT_LIMIT) -> str:
-    return f"output larger than {limit >> 20} MiB; stopped reading it (a command flooding its output?)"
+from launcher.transport import OUTPUT_LIMIT, over_limit  # noqa: F401 - re-exported for the runners
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """DESIGN.md's dependency rules ("Dependencies run one way"), enforced over the source with ast.
 
 commands -> plan/render/backends/diagnose -> formats; the trainer imports plan models and formats
-only; `checks` never imports launcher's commands or backends; nothing outside the trainer (and
+only; `checks` imports only the formats and the transport (never launcher's commands or backends);
+the transport imports nothing of launch4d but formats and errors; nothing outside the trainer (and
 launcher/verify, which traces it) imports torch at module level; kubernetes/paramiko are imported
 inside the functions that use them, so `launch --help` and `launch plan` start fast on a login node.
 """
@@ -110,9 +111,18 @@ def test_the_scan_sees_the_code():
     assert len(sources()) > 50
 
 
+#: the torch-free layer under both checks and launcher: file formats, and how commands reach a machine
+BASE_LAYER = ("launcher.formats", "launcher.transport", "launcher.errors")
+
+
 def test_checks_never_imports_launcher_commands_or_backends():
-    assert violations(under("checks"), ("launcher",), top_level_only=False,
-                      allowed=("launcher.formats", "launcher.errors")) == []
+    assert violations(under("checks"), ("launcher",), top_level_only=False, allowed=BASE_LAYER) == []
+
+
+def test_the_transport_stands_on_formats_only():
+    """checks and the backends both run commands through launcher.transport: it must not pull either in."""
+    assert violations(under("launcher.transport", "launcher.formats"), ("launcher", "checks"), top_level_only=False,
+                      allowed=BASE_LAYER) == []
 
 
 def test_torch_only_in_the_trainer_at_module_level():

@@ -445,17 +445,17 @@ def test_the_fields_status_asks_for_are_ones_this_slurm_has(slurm_cluster, tmp_p
         _SACCT_FIELDS,
         SACCT_WANTED,
         SQUEUE_FORMAT,
-        LocalRunner,
         SlurmBackend,
         sacct_fields,
     )
+    from launcher.transport.local import LocalTransport
 
     ours = slurm_cluster.run("squeue", "-h", "-r", "-t", "all", "-o", SQUEUE_FORMAT, check=False)
     assert ours.returncode == 0 and not ours.stderr.strip(), ours.stderr
     bad = slurm_cluster.run("squeue", "-h", "-O", "JobID,NoSuchField", check=False)
     assert "Invalid job format specification: NoSuchField" in bad.stderr   # squeue does judge them
     _SACCT_FIELDS.clear()
-    fields, why = sacct_fields(LocalRunner())
+    fields, why = sacct_fields(LocalTransport())
     if fields is None:
         assert "accounting storage is disabled" in why or "database" in why, why
         st = SlurmBackend().status(JobHandle("slurm", "999999", "gone", str(tmp_path), extra={}))

@@ -22,6 +22,7 @@ from launcher.backends.slurm import (
     state_of,
 )
 from launcher.errors import UserError
+from launcher.transport import CHUNK_LIMIT, Completed
 
 ALL_STATES = ["BOOT_FAIL", "CANCELLED", "COMPLETED", "CONFIGURING", "COMPLETING", "DEADLINE", "FAILED",
               "NODE_FAIL", "OUT_OF_MEMORY", "PENDING", "PREEMPTED", "RUNNING", "RESV_DEL_HOLD", "REQUEUE_FED",
@@ -30,22 +31,25 @@ ALL_STATES = ["BOOT_FAIL", "CANCELLED", "COMPLETED", "CONFIGURING", "COMPLETING"
 
 
 class FakeRunner:
-    """Answers by "command subcommand" first (e.g. "sacct --helpformat"), then by command."""
+    """A Transport with recorded Slurm answers: by "command subcommand" first (e.g. "sacct
+    --helpformat"), then by command."""
 
     host = None
 
     def __init__(self, answers: dict[str, tuple[int, str, str]], files: dict[str, bytes] | None = None):
         self.answers, self.files, self.calls = answers, files or {}, []
 
-    def run(self, argv, cwd=None, timeout=60):
+    def run(self, argv, cwd=None, timeout=60, **_):
+        return Completed(*self.reply(argv))
+
+    def reply(self, argv) -> tuple[int, str, str]:
         self.calls.append(argv)
         answer = self.answers.get(" ".join(argv[:2]), self.answers.get(argv[0]))
         return answer if answer is not None else (1, "", f"{argv[0]}: not answered")
 
-
-    def read_from(self, path, offset):
+    def get(self, path, offset=0, limit=CHUNK_LIMIT):
         data = self.files.get(path)
-        return None if data is None else data[offset:]
+        return None if data is None else data[offset:offset + limit]
 
     def close(self):
         pass
@@ -63,7 +67,7 @@ def handle(requeue: bool = True) -> JobHandle:
 
 
 def backend(runner: FakeRunner) -> SlurmBackend:
-    return SlurmBackend(runner_factory=lambda target: runner)
+    return SlurmBackend(transport_factory=lambda target: runner)
 
 
 def test_every_slurm_state_is_mapped():
@@ -175,10 +179,10 @@ def test_logs_follow_stops_when_the_job_ends():
 
 def test_missing_sacct_binary_falls_back_to_the_log():
     class NoSacct(FakeRunner):
-        def run(self, argv, cwd=None, timeout=60):
+        def reply(self, argv):
             if argv[0] == "sacct":
                 raise UserError("sacct not found on PATH")
-            return super().run(argv, cwd, timeout)
+            return super().reply(argv)
 
     r = NoSacct({"squeue": (0, "", "")}, {"/runs/job/logs/slurm-42.out": b"launch4d: step finished with exit code 0\n"})
     st = backend(r).status(handle())
@@ -196,12 +200,12 @@ class FlakyRunner(FakeRunner):
         super().__init__({"squeue": (0, answer, ""), "scontrol": (0, "", "")}, **kw)
         self.fails = fails
 
-    def run(self, argv, cwd=None, timeout=60):
+    def reply(self, argv):
         if argv[0] == "squeue" and self.fails > 0:
             self.fails -= 1
             self.calls.append(argv)
             return DOWN
-        return super().run(argv, cwd, timeout)
+        return super().reply(argv)
 
 
 class FakeClock:
@@ -246,12 +250,12 @@ def test_wait_polls_with_backoff_while_the_job_runs():
             super().__init__({"scontrol": (0, "", "")})
             self.clock = clock
 
-        def run(self, argv, cwd=None, timeout=60):
+        def reply(self, argv):
             if argv[0] == "squeue":
                 self.calls.append(argv)
                 state = "RUNNING" if self.clock() < 600 else "COMPLETED"
                 return 0, f"42|{state}|None|n1|0:10\n", ""
-            return super().run(argv, cwd, timeout)
+            return super().reply(argv)
 
     clock = FakeClock()
     r = Runs(clock)
@@ -271,13 +275,13 @@ def test_logs_follow_asks_the_scheduler_rarely_when_idle(monkeypatch):
     path = "/runs/job/logs/slurm-42.out"
 
     class Idle(FakeRunner):
-        def run(self, argv, cwd=None, timeout=60):
+        def reply(self, argv):
             if argv[0] == "squeue":
                 self.calls.append(argv)
                 if clock() < 300:
                     return (0, "42|RUNNING|None|n1|0:10\n", "") if clock() < 20 or clock() > 60 else DOWN
                 return 0, "42|COMPLETED|None|n1|0:10\n", ""
-            return super().run(argv, cwd, timeout)
+            return super().reply(argv)
 
     r = Idle({"scontrol": (0, "", "")}, {path: b"0: [rank0]: step 1/9\n"})
     notes = []

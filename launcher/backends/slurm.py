@@ -1,4 +1,4 @@
-"""Slurm backend: sbatch here or over SSH (paramiko), squeue with sacct fallback, logs, scancel.
+"""Slurm backend: sbatch here or over SSH (launcher.transport), squeue with sacct fallback, logs, scancel.
 
 Submission writes the rendered script and plan.json into the run dir first (over SSH: into a
 remote run dir, written through the SSH channel: no SFTP needed), then runs `sbatch --parsable` there. A refusal (bad
@@ -12,8 +12,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -38,7 +36,8 @@ from launcher.backends import (
 )
 from launcher.errors import UserError
 from launcher.formats import rundir
-from launcher.formats.rundir import RunDir
+from launcher.transport import CHUNK_LIMIT, ConnectError, Transport, over_limit
+from launcher.transport.local import LocalTransport
 
 if TYPE_CHECKING:
     from launcher.plan.model import Plan
@@ -112,60 +111,11 @@ class SlurmJobStatus(JobStatus):
         return {**asdict(self), "done": self.done}
 
 
-# --- where commands run ---------------------------------------------------------------------
-class LocalRunner:
-    """Slurm's client commands on this machine."""
-
-    host: str | None = None
-
-    def run(self, argv: list[str], cwd: str | None = None, timeout: float = 60) -> tuple[int, str, str]:
-        try:
-            # errors=replace: a job name or reason in another encoding is shown, never a traceback
-            p = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, errors="replace",
-                               timeout=timeout)
-        except FileNotFoundError:
-            raise UserError(f"{argv[0]} not found on PATH: install Slurm's client commands here, or set "
-                            "backend.slurm.login_host to submit over SSH") from None
-        except subprocess.TimeoutExpired:
-            raise TransientError(f"{argv[0]} did not answer within {timeout:.0f}s") from None
-        return p.returncode, p.stdout, p.stderr
-
-    def which(self, name: str) -> bool:
-        return shutil.which(name) is not None
-
-    def home(self) -> str:
-        return str(Path.home())
-
-    def exists(self, path: str) -> bool:
-        return Path(path).exists()
-
-    def makedirs(self, path: str) -> None:
-        from launcher.formats.files import make_dirs
-
-        make_dirs(RunDir(path).logs, "run directory")
-
-    def write(self, path: str, data: str, mode: int = 0o644) -> None:
-        from launcher.formats.files import atomic_write
-
-        atomic_write(path, data, "job file", mode)
-
-    def read_from(self, path: str, offset: int) -> bytes | None:
-        try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                return f.read()
-        except FileNotFoundError:
-            return None
-
-    def remove_tree(self, path: str) -> None:
-        shutil.rmtree(path, ignore_errors=True)
-
-    def close(self) -> None:
-        pass
-
-
+# --- where commands run: launcher.transport (this machine, or the login node over SSH) -----------
 @dataclass
 class SSHTarget:
+    """The login node, as the job file names it (kept in the job record for later commands)."""
+
     host: str
     user: str | None = None
     port: int = 22
@@ -174,88 +124,65 @@ class SSHTarget:
     accept_unknown_host: bool = False
     timeout_s: int = 15
 
+    @property
+    def where(self) -> str:
+        return f"{self.user + '@' if self.user else ''}{self.host}:{self.port}"
 
-class SSHRunner:
-    """The same operations on the login node, over paramiko (host keys checked)."""
 
-    def __init__(self, target: SSHTarget):
-        import paramiko
+def open_transport(target: SSHTarget | None) -> Transport:
+    """This machine, or a connection to the login node (host keys checked: an unknown one is
+    refused unless backend.slurm.accept_unknown_host, which records it in known_hosts)."""
+    if target is None:
+        return LocalTransport()
+    from launcher.transport.ssh import SSHOptions, connect
 
-        self.target = target
-        self.host = target.host
-        client = paramiko.SSHClient()
-        client.load_system_host_keys()
-        if target.known_hosts:
-            kh = os.path.expanduser(target.known_hosts)
-            if not os.path.exists(kh):
-                raise UserError(f"backend.slurm.known_hosts: {kh} does not exist")
-            client.load_host_keys(kh)
-        client.set_missing_host_key_policy(paramiko.AutoAddPolicy() if target.accept_unknown_host
-                                           else paramiko.RejectPolicy())
-        where = f"{target.user + '@' if target.user else ''}{target.host}:{target.port}"
-        try:
-            client.connect(target.host, port=target.port, username=target.user,
-                           key_filename=os.path.expanduser(target.identity_file) if target.identity_file else None,
-                           timeout=target.timeout_s, banner_timeout=target.timeout_s,
-                           auth_timeout=target.timeout_s, allow_agent=True, look_for_keys=True)
-        except paramiko.SSHException as exc:
-            if "not found in known_hosts" in str(exc):
-                raise UserError(f"login node {where}: host key is not in known_hosts; add it (ssh-keyscan) "
-                                "or set backend.slurm.accept_unknown_host: true") from None
-            raise UserError(f"login node {where}: SSH failed ({exc})") from None
-        except OSError as exc:
-            raise TransientError(f"cannot reach login node {where}: {exc.strerror or exc}") from None
-        self.client = client
+    if target.known_hosts and not os.path.exists(os.path.expanduser(target.known_hosts)):
+        raise UserError(f"backend.slurm.known_hosts: {os.path.expanduser(target.known_hosts)} does not exist")
+    opts = SSHOptions(user=target.user, port=target.port, identity_file=target.identity_file,
+                      known_hosts=target.known_hosts, accept_new_hosts=target.accept_unknown_host,
+                      connect_timeout=target.timeout_s)
+    try:
+        return connect(target.host, opts)
+    except ConnectError as exc:
+        if exc.kind == "unknown-host-key":
+            raise UserError(f"login node {target.where}: host key is not in known_hosts; add it (ssh-keyscan) "
+                            "or set backend.slurm.accept_unknown_host: true") from None
+        if exc.transient:
+            raise TransientError(f"cannot reach login node {target.where} ({exc})") from None
+        raise UserError(f"login node {target.where}: {exc}") from None
 
-    def run(self, argv: list[str], cwd: str | None = None, timeout: float = 60,
-            stdin: bytes | None = None) -> tuple[int, str, str]:
-        """One command through the login shell (argv quoted); no SFTP needed, which some sites disable."""
-        cmd = " ".join(shlex.quote(a) for a in argv)
-        if cwd:
-            cmd = f"cd {shlex.quote(cwd)} && {cmd}"
-        try:
-            sin, out, err = self.client.exec_command(cmd, timeout=timeout)
-            if stdin is not None:
-                sin.write(stdin)
-                sin.channel.shutdown_write()
-            stdout = out.read().decode(errors="replace")
-            stderr = err.read().decode(errors="replace")
-            rc = out.channel.recv_exit_status()
-        except OSError as exc:  # socket.timeout and paramiko's SSHException are both here
-            raise TransientError(f"login node {self.host}: {' '.join(argv[:2])} failed ({exc})") from None
-        if rc == 127 and "not found" in stderr:
-            raise UserError(f"{argv[0]} not found on login node {self.host}")
-        return rc, stdout, stderr
 
-    def which(self, name: str) -> bool:
-        return self.run(["sh", "-c", 'command -v "$1"', "sh", name])[0] == 0
+def run(t: Transport, argv: list[str], cwd: str | None = None, timeout: float = 60) -> tuple[int, str, str]:
+    """One Slurm client command: (rc, stdout, stderr). Raises TransientError when it (or the login
+    node) does not answer, UserError when the command is not there."""
+    try:
+        c = t.run(argv, cwd=cwd, timeout=timeout)
+    except ConnectError as exc:
+        if exc.transient:
+            raise TransientError(f"login node {t.host}: {' '.join(argv[:2])} failed ({exc})") from None
+        raise
+    if c.timed_out:
+        raise TransientError(f"{argv[0]} did not answer within {timeout:.0f}s"
+                             + (f" on login node {t.host}" if t.host else "")) from None
+    if c.flooded or c.rc is None:
+        raise UserError(f"{' '.join(argv[:2])}: {over_limit()}")
+    if c.rc == 127 and "not found" in c.stderr:
+        if t.host:
+            raise UserError(f"{argv[0]} not found on login node {t.host}")
+        raise UserError(f"{argv[0]} not found on PATH: install Slurm's client commands here, or set "
+                        "backend.slurm.login_host to submit over SSH")
+    return c.rc, c.stdout, c.stderr
 
-    def home(self) -> str:
-        return self.run(["sh", "-c", 'printf %s "$HOME"'])[1].strip()
 
-    def exists(self, path: str) -> bool:
-        return self.run(["test", "-e", path])[0] == 0
-
-    def makedirs(self, path: str) -> None:
-        rc, _, err = self.run(["mkdir", "-p", rundir.remote(path, rundir.LOGS)])
-        if rc:
-            raise UserError(f"cannot create {path} on {self.host}: {err.strip()}")
-
-    def write(self, path: str, data: str, mode: int = 0o644) -> None:
-        rc, _, err = self.run(["sh", "-c", 'cat > "$1.tmp" && chmod "$2" "$1.tmp" && mv "$1.tmp" "$1"',
-                               "sh", path, f"{mode:o}"], stdin=data.encode())
-        if rc:
-            raise UserError(f"cannot write {path} on {self.host}: {err.strip()}")
-
-    def read_from(self, path: str, offset: int) -> bytes | None:
-        rc, out, _ = self.run(["sh", "-c", 'test -f "$1" && tail -c +"$2" "$1"', "sh", path, str(offset + 1)])
-        return out.encode() if rc == 0 else None
-
-    def remove_tree(self, path: str) -> None:
-        self.run(["rm", "-rf", "--", path])
-
-    def close(self) -> None:
-        self.client.close()
+def read_tail(t: Transport, path: str, keep: int = CHUNK_LIMIT) -> bytes | None:
+    """At most the last `keep` bytes (plus one chunk) of a file, read chunk by chunk; None if absent."""
+    offset, tail = 0, None
+    while (chunk := t.get(path, offset)) is not None:
+        tail = (tail or b"")[-keep:] + chunk
+        offset += len(chunk)
+        if len(chunk) < CHUNK_LIMIT:
+            break
+    return tail
 
 
 def ssh_target_from(record_or_spec: Any) -> SSHTarget | None:
@@ -274,10 +201,10 @@ def ssh_target_from(record_or_spec: Any) -> SSHTarget | None:
 class SlurmBackend:
     name = "slurm"
 
-    def __init__(self, runner_factory: Callable[[SSHTarget | None], Any] | None = None):
-        self._factory = runner_factory or (lambda t: SSHRunner(t) if t else LocalRunner())
+    def __init__(self, transport_factory: Callable[[SSHTarget | None], Transport] | None = None):
+        self._factory = transport_factory or open_transport
 
-    def runner(self, target: SSHTarget | None):
+    def runner(self, target: SSHTarget | None) -> Transport:
         return self._factory(target)
 
     # submit -----------------------------------------------------------------------------------
@@ -363,10 +290,10 @@ class SlurmBackend:
                             "pick another --run-dir")
         try:
             for d in dirs:
-                runner.makedirs(d)
+                runner.makedirs(rundir.remote(d, rundir.LOGS))
             for name, text in sorted(files.items()):
-                runner.write(f"{rd}/{name}", text, 0o755 if name.endswith(".sbatch") else 0o644)
-            rc, out, err = runner.run(["sbatch", "--parsable", script], cwd=rd)
+                runner.put(f"{rd}/{name}", text, 0o755 if name.endswith(".sbatch") else 0o644)
+            rc, out, err = run(runner, ["sbatch", "--parsable", script], cwd=rd)
             if rc != 0:
                 raise UserError(refusal(spec, err or out))
             job_id = out.strip().splitlines()[-1].split(";")[0].strip() if out.strip() else ""
@@ -415,7 +342,7 @@ class SlurmBackend:
             runner = self.runner(ssh_target_from(group[0]))
             try:
                 ids = ",".join(h.id for h in group)
-                rc, text, err = runner.run(["squeue", "-h", "-r", "-t", "all", "-j", ids, "-o", SQUEUE_FORMAT])
+                rc, text, err = run(runner, ["squeue", "-h", "-r", "-t", "all", "-j", ids, "-o", SQUEUE_FORMAT])
                 if rc != 0 and TRANSIENT.search(err or text):
                     raise TransientError(f"Slurm controller not answering ({sbatch_error(err or text)})")
                 rows = {ln.split("|")[0].strip(): ln.split("|") for ln in text.splitlines() if "|" in ln}
@@ -435,7 +362,7 @@ class SlurmBackend:
 
     def _status(self, runner, handle: JobHandle) -> SlurmJobStatus:
         requeue = bool(handle.extra.get("requeue", True))
-        rc, out, err = runner.run(["squeue", "-h", "-r", "-t", "all", "-j", handle.id, "-o", SQUEUE_FORMAT])
+        rc, out, err = run(runner, ["squeue", "-h", "-r", "-t", "all", "-j", handle.id, "-o", SQUEUE_FORMAT])
         if rc != 0 and TRANSIENT.search(err or out):
             raise TransientError(f"Slurm controller not answering ({sbatch_error(err or out)})")
         line = next((ln for ln in out.splitlines() if ln.split("|")[0].strip() == handle.id), None)
@@ -484,7 +411,7 @@ class SlurmBackend:
         """For a pending job: the nodes the node check left out, and why (from logs/nodecheck.log)."""
         if not exc or exc == "(null)":
             return ""
-        text = (runner.read_from(rundir.remote(handle.run_dir, rundir.NODECHECK_LOG), 0) or b"").decode(errors="replace")
+        text = (runner.get(rundir.remote(handle.run_dir, rundir.NODECHECK_LOG), 0) or b"").decode(errors="replace")
         why: dict[str, str] = {}
         for m in re.finditer(r": (\S+) left out: (.*)$", text, re.M):
             why[m.group(1)] = m.group(2)
@@ -494,8 +421,8 @@ class SlurmBackend:
     def _status_from_log(self, runner, handle: JobHandle, sacct_note: str, requeue: bool) -> SlurmJobStatus:
         """Neither squeue nor sacct knows the job: read the batch script's own last words."""
         base = f"{log_dir(handle)}/slurm-{handle.id}"
-        out = (runner.read_from(base + ".out", 0) or b"").decode(errors="replace")
-        err = (runner.read_from(base + ".err", 0) or b"").decode(errors="replace")
+        out = (read_tail(runner, base + ".out") or b"").decode(errors="replace")
+        err = (read_tail(runner, base + ".err") or b"").decode(errors="replace")
         note = f"not in squeue; {sacct_note}"
         done = STEP_DONE.findall(out)
         if done and out.rfind("launch4d: step finished") > out.rfind("launch4d: requeueing"):
@@ -526,7 +453,7 @@ class SlurmBackend:
         tries = 0
         try:
             while True:
-                chunk = runner.read_from(path, offset)
+                chunk = runner.get(path, offset)
                 if chunk:
                     offset += len(chunk)
                     lines, pending = split_lines(pending + chunk, rank)
@@ -534,6 +461,8 @@ class SlurmBackend:
                     if b"launch4d: step finished" in chunk or b"launch4d: requeueing" in chunk \
                             or b"left out:" in chunk:
                         next_check = time.monotonic()
+                    if len(chunk) >= CHUNK_LIMIT:
+                        continue  # more is there already: read it before anything else
                 if not follow or (deadline and time.monotonic() > deadline):
                     break
                 now = time.monotonic()
@@ -555,10 +484,10 @@ class SlurmBackend:
                             on_retry(exc, delay, tries)
                         done = False
                     if done:
-                        tail = runner.read_from(path, offset) or b""
-                        offset += len(tail)
-                        lines, pending = split_lines(pending + tail, rank)
-                        yield from lines
+                        while tail := runner.get(path, offset):
+                            offset += len(tail)
+                            lines, pending = split_lines(pending + tail, rank)
+                            yield from lines
                         break
                 if not chunk:
                     time.sleep(poll_s)
@@ -580,7 +509,7 @@ class SlurmBackend:
             before = with_retries(lambda: self._status(runner, handle))
             if before.done:
                 return False
-            rc, out, err = runner.run(["scancel", handle.id])
+            rc, out, err = run(runner, ["scancel", handle.id])
             if rc != 0:
                 text = (err or out).strip()
                 if re.search(r"already completing or completed|Invalid job id specified", text):
@@ -613,10 +542,10 @@ def log_dir(handle: JobHandle) -> str:
     return handle.extra.get("log_dir") or rundir.remote(handle.run_dir, rundir.LOGS)
 
 
-def _optional(runner, argv: list[str]) -> tuple[int, str, str]:
+def _optional(runner: Transport, argv: list[str]) -> tuple[int, str, str]:
     """A command that may be missing on this cluster (sacct without accounting tools): no answer."""
     try:
-        return runner.run(argv)
+        return run(runner, argv)
     except UserError as exc:
         return 127, "", str(exc)
 
