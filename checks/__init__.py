@@ -4,10 +4,16 @@
     probe.py      the node-local commands and their file names; `python -m checks.probe --out DIR`
     hosts.py      host lists: hostlist expressions, files, the Slurm allocation
     runners/      how commands reach hosts: local, ssh (launcher.transport), srun, slurm_job (sbatch), k8s
+    pairing.py    nccl-tests options and the schedules of node pairs (plain data; runners use it too)
     orchestrate   phases: every node alone, node pairs in rounds, all healthy nodes
-    judges.py     pass / warn / fail against per-GPU-model thresholds and the cluster's median
-    assemble.py   results -> BandwidthMap (bwmap.py); load_dir/save_dir for the import layout
+    parsing.py    which parser reads which output, each output parsed once
+    judges.py     pass / warn / fail against per-GPU-model thresholds and the cluster's median:
+                  hardware (gpu_count ... ib), intra-node and pair bandwidth; health_judges.py and
+                  levels.py the deeper levels' tools
+    assemble.py   results -> BandwidthMap (bwmap.py)
+    folder.py     the folder layout of gathered outputs (load_dir / save_dir, `launch preflight import`)
     report.py     the human report
+    __main__.py   `python -m checks DIR -o bwmap.json` (the last step of the Slurm preflight job)
 
 Never imports `launcher` (dependencies run launcher -> checks); paramiko, kubernetes and jinja2
 are imported only where a backend needs them.

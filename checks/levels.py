@@ -255,7 +255,7 @@ def rdma_checks(runs: Sequence[RdmaRun], timeouts: Mapping[str, float] = {}) -> 
 
 def a2a_checks(results: PreflightResults) -> list[CheckResult]:
     """all_to_all_perf per node and per pair: a run that failed fails; otherwise the figure is recorded."""
-    from checks.assemble import parse_nccl_run
+    from checks.parsing import parse_nccl_run
 
     out = []
     for run in results.nccl:
@@ -279,7 +279,7 @@ def a2a_checks(results: PreflightResults) -> list[CheckResult]:
 
 def record_figures(bw: BandwidthMap, results: PreflightResults) -> None:
     """Put the measured all-to-all and per-NIC RDMA figures into the map (healthy nodes' medians)."""
-    from checks.assemble import parse_nccl_run
+    from checks.parsing import parse_nccl_run
 
     bw.level = results.level
     node_a2a, pair_a2a = [], []

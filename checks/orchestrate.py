@@ -5,7 +5,7 @@ all of that node's GPUs. Phase 2: inter-node pairs in rounds of disjoint pairs i
 round 1 pairs neighbours (h0,h1), (h2,h3), ...; only when a pair is slow or fails (or N is odd)
 does a second round pair each node of a bad pair with a node from a good pair, which tells the bad
 node from its partner. So 1 round on a healthy cluster, 2 (rarely 3) otherwise: constant in N.
-`ring_rounds` (every node meets two partners, 2-3 rounds) is the fixed schedule the Slurm batch
+`checks.pairing.ring_rounds` (every node meets two partners, 2-3 rounds) is the fixed schedule the Slurm batch
 job uses, since it cannot adapt. Phase 3: one run over every node still healthy.
 Multi-node runs go through mpirun (SSH: started on the pair's first host) or `srun --mpi`; the
 binary, sizes and launcher templates are configurable and every command run is recorded.
@@ -20,12 +20,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from checks import levels
-from checks.assemble import parse_nccl_run
 from checks.hosts import compress
 from checks.judges import JudgeConfig
+from checks.pairing import NcclOptions, first_round, second_round
 from checks.parsers import ParseError
 from checks.parsers.gpu_query import parse_gpu_query
 from checks.parsers.topo import parse_topo
+from checks.parsing import parse_nccl_run
 from checks.probe import PROBES, Probe, nccl_command
 from checks.results import CommandResult, NcclRun, PreflightResults
 from checks.runners import Runner
@@ -35,21 +36,6 @@ MPI_TEMPLATE = "mpirun --allow-run-as-root -np {np} -H {hosts_slots} --bind-to n
 SRUN_TEMPLATE = ("srun --mpi=pmix -N {nnodes} -w {hostlist} --ntasks-per-node={gpus} --gpus-per-node={gpus} "
                  "--export=ALL,NCCL_DEBUG=INFO {cmd}")
 Progress = Callable[[str], None]
-
-
-@dataclass
-class NcclOptions:
-    enabled: bool = True
-    binary: str = "all_reduce_perf"
-    sizes: tuple[str, str] = ("512M", "8G")
-    extra: str = ""
-    launcher: str | None = None  # a template with {np} {hosts_slots} {hostlist} {nnodes} {gpus} {cmd}
-    pairs: bool = True
-    all_nodes: bool = True
-
-    @property
-    def collective(self) -> str:
-        return self.binary.rsplit("/", 1)[-1].removesuffix("_perf")
 
 
 @dataclass
@@ -64,29 +50,8 @@ class PreflightOptions:
     tool_timeouts: dict[str, float] = field(default_factory=dict)  # --tool-timeout: tool -> seconds
 
 
-def ring_rounds(hosts: Sequence[str]) -> list[list[tuple[str, str]]]:
-    """Rounds of disjoint pairs covering the ring h0-h1-...-h(n-1)-h0 (2 rounds, 3 when n is odd)."""
-    n = len(hosts)
-    if n < 2:
-        return []
-    if n == 2:
-        return [[(hosts[0], hosts[1])]]
-    edges = [(hosts[i], hosts[(i + 1) % n]) for i in range(n)]
-    rounds = [edges[0:n - (n % 2):2], edges[1:n - (n % 2):2]]
-    if n % 2:
-        rounds.append([edges[n - 1]])
-    return [r for r in rounds if r]
-
-
-def first_round(hosts: Sequence[str]) -> list[tuple[str, str]]:
-    """Neighbours paired: (h0,h1), (h2,h3), ...; with an odd count the last host waits for round 2."""
-    return [(hosts[i], hosts[i + 1]) for i in range(0, len(hosts) - 1, 2)]
-
-
 def suspect_pairs(runs: Sequence[NcclRun], judge: JudgeConfig, collective: str) -> set[tuple[str, str]]:
     """Pairs that failed, or whose busbw is under the threshold or well under the round's median."""
-    from checks.assemble import parse_nccl_run
-
     bw: dict[tuple[str, str], float] = {}
     bad: set[tuple[str, str]] = set()
     for r in runs:
@@ -103,30 +68,6 @@ def suspect_pairs(runs: Sequence[NcclRun], judge: JudgeConfig, collective: str) 
             if (floor is not None and v < floor) or (len(bw) >= 2 and v < judge.outlier_warn * med):
                 bad.add(key)
     return bad
-
-
-def second_round(hosts: Sequence[str], first: Sequence[tuple[str, str]],
-                 bad: set[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Each node of a bad pair (and an odd one out) meets a node from a good pair, pairs disjoint."""
-    paired = {h for p in first for h in p}
-    waiting = [h for p in first if p in bad for h in p] + [h for h in hosts if h not in paired]
-    if not waiting:
-        return []
-    good = [h for p in first if p not in bad for h in p]
-    out: list[tuple[str, str]] = []
-    left: list[str] = []
-    for h in waiting:
-        if good:
-            out.append((h, good.pop(0)))
-        else:
-            left.append(h)
-    done = set(first)
-    while len(left) >= 2:  # no good partner left: cross the suspects, avoiding pairs already run
-        a = left.pop(0)
-        b = next((x for x in left if (a, x) not in done and (x, a) not in done), left[0])
-        left.remove(b)
-        out.append((a, b))
-    return out
 
 
 def multi_command(opts: NcclOptions, runner: Runner, hosts: Sequence[str], gpus: int) -> str:

@@ -107,7 +107,8 @@ def test_diagnose_memory_stays_bounded_as_the_log_grows(tmp_path):
 
 
 def test_import_without_an_nvlink_file_excludes_nobody(tmp_path):
-    from checks.assemble import assemble, load_dir
+    from checks.assemble import assemble
+    from checks.folder import load_dir
     from tests.test_preflight_judges import HOSTS, make_dir
 
     d = make_dir(tmp_path, HOSTS)

@@ -276,17 +276,16 @@ def test_gpu_q_faults():
 
 
 def test_gpu_query_csv_captures_and_idle_pcie_gen1_is_not_flagged():
-    from checks.assemble import _gpu_health
-    from checks.judges import JudgeConfig
+    from checks.judges import JudgeConfig, gpu_health
 
     q = parse_gpu_query(read("nvidia-smi-query", "l40s-8gpu-query-gpu-csv-pcie-link-gen-width-idle-gen1-of-gen4-x16.txt"))
     assert [(g.pcie_gen, g.pcie_gen_max, g.pcie_width) for g in q.gpus] == [(1, 4, 16)] * 8
-    assert {c.check: c.status for c in _gpu_health("l40s", q, JudgeConfig())}["pcie"] == "pass"
+    assert {c.check: c.status for c in gpu_health("l40s", q, JudgeConfig())}["pcie"] == "pass"
     q = parse_gpu_query(read("nvidia-smi-query", "rtxpro6000-blackwell-2gpu-query-gpu-csv-clocks-event-reasons-sw-"
                                                  "power-cap-active.txt"))
     assert q.gpus[0].clock_event_reasons == "0x0000000000000004"
     assert q.gpus[0].raw["clocks_event_reasons.sw_power_cap"] == "Active"
-    assert {c.check: c.status for c in _gpu_health("b", q, JudgeConfig())}["clocks"] == "pass"
+    assert {c.check: c.status for c in gpu_health("b", q, JudgeConfig())}["clocks"] == "pass"
     q = parse_gpu_query(read("nvidia-smi-query", "rtxpro6000-blackwell-2gpu-query-gpu-csv-temp-power-ecc-volatile.txt"))
     assert (q.gpus[0].power_draw_w, q.gpus[1].power_limit_w, q.gpus[1].ecc_uncorrected) == (30.39, 600.0, 0)
 
@@ -299,21 +298,19 @@ def test_ibstat_unused_ethernet_ports_are_not_flagged():
     assert sum(p.active for p in ib.ports) == 9
     f = judge_ibstat(ib)
     assert worst(f) == "pass" and "3 unused Ethernet ports" in f[0].message
-    from checks.assemble import _ib_check
-    from checks.judges import JudgeConfig
+    from checks.judges import JudgeConfig, ib_check
 
     best = {p.ca: p.rate_gbps for p in ib.ports if p.active}
-    assert _ib_check("n", ib, JudgeConfig(), best, {(p.ca, p.port) for p in ib.ports if p.active}).status == "pass"
+    assert ib_check("n", ib, JudgeConfig(), best, {(p.ca, p.port) for p in ib.ports if p.active}).status == "pass"
 
 
 def test_ibstat_adapter_vanishing_mid_listing():
     ib = parse_ibstat(read("ibstat", "azure-a100-8x-cx6-vf-hdr200-ibpanic-mlx5_8-missing-exit255.txt"))
     assert len(ib.cas) == 8 and ib.missing == ["mlx5_8"] and ib.errors[0].startswith("ibpanic:")
     assert bad(judge_ibstat(ib)) == [("fail", "mlx5_8")]
-    from checks.assemble import _ib_check
-    from checks.judges import JudgeConfig
+    from checks.judges import JudgeConfig, ib_check
 
-    c = _ib_check("vm", ib, JudgeConfig(), {}, set())
+    c = ib_check("vm", ib, JudgeConfig(), {}, set())
     assert c.status == "fail" and "mlx5_8 vanished" in c.message
 
 
@@ -405,7 +402,8 @@ def test_preflight_parse_prints_the_parse_and_the_findings():
     ("xid13-sm-out-of-range-address-burst-629-lines-plus-xid43-dmesg-decode-iso.txt", "warn"),  # the application's
 ])
 def test_bandwidth_map_xid_check_follows_the_catalog(tmp_path, name, status):
-    from checks.assemble import assemble, load_dir
+    from checks.assemble import assemble
+    from checks.folder import load_dir
 
     (tmp_path / "n1").mkdir()
     (tmp_path / "n1" / "xid.txt").write_text(read("xid", name))

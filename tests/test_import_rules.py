@@ -27,7 +27,7 @@ HEAVY = ("torch", "kubernetes", "paramiko")
 # what the trainer may use from the rest of launcher: the plan's models and the torch-free formats
 TRAINER_MAY_USE = ("launcher.plan.model", "launcher.plan.spec", "launcher.plan.layout", "launcher.plan.capabilities",
                    "launcher.plan.costs", "launcher.formats", "launcher.errors")
-COMMAND_LAYER = ("launcher.cli", "launcher.commands", "launcher.bench")  # bench: `launch plan --benchmark`
+COMMAND_LAYER = ("launcher.cli", "launcher.commands")
 
 
 @dataclass(frozen=True)
@@ -187,3 +187,63 @@ def test_launch_starts_without_heavy_packages(argv):
                        env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "HEAVY []" in p.stderr, p.stderr
+
+
+def _unit(module: str) -> str:
+    """What a cycle is judged between: a subpackage as a whole (checks.runners, launcher.plan: a package
+    and its own modules may refer to each other), otherwise the module itself."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) >= 3 else module
+
+
+def _resolve(name: str) -> str | None:
+    """The repository module an imported name lives in (`checks.judges.worst` -> checks.judges)."""
+    while name and name not in sources():
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def import_cycles(imports: list[Import]) -> list[list[str]]:
+    """Cycles between units, counting every import (a function-level import is a dependency too)."""
+    graph: dict[str, set[str]] = {}
+    for i in imports:
+        target = _resolve(i.name)
+        if target is not None and _unit(target) != _unit(i.module):
+            graph.setdefault(_unit(i.module), set()).add(_unit(target))
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while (w := stack.pop()) != v:
+                comp.append(w)
+            if comp:
+                cycles.append(sorted([v, *comp]))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_the_cycle_check_finds_a_cycle():
+    fake = [Import("checks.runners.slurm_job", "checks.orchestrate.ring_rounds", True, 1),
+            Import("checks.orchestrate", "checks.runners.Runner", True, 2),
+            Import("checks.assemble", "checks.levels", True, 3)]
+    assert import_cycles(fake) == [["checks.orchestrate", "checks.runners"]]
+
+
+def test_no_import_cycles():
+    """No two modules (or subpackages) need each other, even through imports inside functions."""
+    assert import_cycles(all_imports()) == []

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from checks.assemble import assemble, load_dir, save_dir
+from checks.assemble import assemble
+from checks.folder import load_dir, save_dir
 from checks.orchestrate import PreflightOptions, run_preflight
 from checks.runners.k8s import K8sRunner
 from tests.conftest import REPO, fixtures_dir, shared_file

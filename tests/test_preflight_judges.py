@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from checks.assemble import assemble, load_dir
+from checks.assemble import assemble
 from checks.bwmap import BandwidthMap
+from checks.folder import load_dir
 from checks.judges import JudgeConfig, JudgeConfigError, at_least, outliers
 from tests.conftest import REPO, shared_file
 from tests.replay.constructed import dmesg_xids, gpu_query_csv, ibstat_text, nvlink_status
@@ -180,7 +181,7 @@ def test_cli_import_report_json_exit_codes_and_exclude(tmp_path):
 
 def test_python_m_checks_assemble_matches_import(tmp_path):
     d = make_dir(tmp_path, HOSTS)
-    p = subprocess.run([sys.executable, "-m", "checks.assemble", str(d), "-o", str(d / "bwmap.json")],
+    p = subprocess.run([sys.executable, "-m", "checks", str(d), "-o", str(d / "bwmap.json")],
                        capture_output=True, text=True, cwd=REPO)
     assert p.returncode == 0, p.stdout + p.stderr
     assert BandwidthMap.load(d / "bwmap.json").intra_node_busbw_gbs == 482.27

@@ -17,7 +17,8 @@ import sys
 
 import pytest
 
-from checks.assemble import assemble, load_dir, save_dir
+from checks.assemble import assemble
+from checks.folder import load_dir, save_dir
 from checks.orchestrate import PreflightOptions, run_preflight
 from checks.runners.ssh import SSHRunner
 from tests.conftest import REPO, fixtures_dir, shared_file

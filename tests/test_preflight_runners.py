@@ -18,15 +18,8 @@ from types import SimpleNamespace
 import pytest
 
 from checks.hosts import HostsError, expand, from_allocation, from_file
-from checks.orchestrate import (
-    NcclOptions,
-    PreflightOptions,
-    first_round,
-    multi_command,
-    ring_rounds,
-    run_preflight,
-    second_round,
-)
+from checks.orchestrate import PreflightOptions, multi_command, run_preflight
+from checks.pairing import NcclOptions, first_round, ring_rounds, second_round
 from checks.results import CommandResult
 from checks.runners import probe_script, split_probe_output
 from checks.runners.k8s import K8sRunner, render_pod
@@ -188,7 +181,7 @@ def test_slurm_job_script_renders_and_is_valid_bash(tmp_path):
     assert "#SBATCH --nodelist=n[1-4]" in s and "#SBATCH --partition=gpu" in s and "G=8" in s
     assert s.count("--mpi=pmix --export=ALL,NCCL_DEBUG=INFO -N 2") == 4 and s.count("wait") == 2  # 2 rounds of 2 disjoint pairs
     assert '"$OUT/pairs/"n1+n2.txt' in s and "-N 4" in s
-    assert s.rstrip().endswith('-m checks.assemble "$OUT" -o "$OUT/bwmap.json"')
+    assert s.rstrip().endswith('-m checks "$OUT" -o "$OUT/bwmap.json"')
     subprocess.run(["bash", "-n"], input=s, text=True, check=True)
     with pytest.raises(SlurmJobError, match="cannot go on an #SBATCH line"):
         render(["n1"], SlurmJobOptions(out_dir="/tmp/a b"))

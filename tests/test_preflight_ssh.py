@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from checks.assemble import assemble
-from checks.orchestrate import NcclOptions, PreflightOptions, run_preflight
+from checks.orchestrate import PreflightOptions, run_preflight
+from checks.pairing import NcclOptions
 from checks.runners.ssh import SSHRunner
 from tests.conftest import REPO, fixtures_dir, shared_file
 from tests.replay import install
@@ -233,7 +234,7 @@ def test_refused_authentication_is_that_hosts_reason(cluster, tmp_path):
 
 
 def test_saved_raw_outputs_import_to_the_same_map(cluster, dead_hosts, tmp_path):
-    from checks.assemble import load_dir, save_dir
+    from checks.folder import load_dir, save_dir
 
     configure(cluster, bad="node02", NCCL_PAIR_OVERRIDE="nccl-tests/"
               "a100-oci-bm-gpu4.8-2node-16gpu-all_reduce_perf-10G-single-size.txt")

@@ -4,7 +4,7 @@ The job runs the node probes (`python -m checks.probe --level L`: at standard an
 level's single-node tools) on every node with srun, the pair rounds and the all-node run with
 `srun --mpi`, at level long the pair tests (`python -m checks.runners.slurm_pairs`: all_to_all_perf
 and per-NIC ib_write_bw as srun steps), writes everything in the `import` layout under OUT, and
-ends with `python -m checks.assemble OUT` (the BandwidthMap in OUT/bwmap.json). Rendered with
+ends with `python -m checks OUT` (the BandwidthMap in OUT/bwmap.json). Rendered with
 jinja2 directly; checks imports only launch4d's torch-free formats (launcher.formats), whose one
 quoting function every user string goes through.
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from checks.hosts import compress
-from checks.orchestrate import NcclOptions, ring_rounds
+from checks.pairing import NcclOptions, ring_rounds
 from launcher.errors import UserError
 from launcher.formats.shell import quote
 from launcher.formats.shell import sbatch_value as formats_sbatch_value

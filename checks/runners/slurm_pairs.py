@@ -14,8 +14,10 @@ import sys
 from pathlib import Path
 
 from checks import levels
-from checks.assemble import load_dir, parse_nccl_run
-from checks.orchestrate import NcclOptions, PreflightOptions, gpu_count, long_pairs
+from checks.folder import load_dir
+from checks.orchestrate import PreflightOptions, gpu_count, long_pairs
+from checks.pairing import NcclOptions
+from checks.parsing import parse_nccl_run
 from checks.runners.srun import SrunRunner
 
 LAUNCHER = "srun --mpi={mpi} --export=ALL,NCCL_DEBUG=INFO -N {{nnodes}} -w {{hostlist}} --ntasks-per-node={{gpus}} {{cmd}}"

@@ -174,7 +174,7 @@ def plan(job: str, bwmap: str | None, top: int, output: str | None, previous: st
         if rep is not None:
             payload["verify"] = rep.to_dict()
         if measured is not None:
-            from launcher.bench import by_measurement
+            from launcher.commands.bench import by_measurement
 
             payload["benchmark"] = [m.to_dict() for m in measured]
             payload["chosen_by_measurement"] = by_measurement(measured)[0].index
@@ -184,7 +184,7 @@ def plan(job: str, bwmap: str | None, top: int, output: str | None, previous: st
     else:                                  # no dict of every rank record for a table that shows 8 rows
         click.echo(render_result(spec, result))
         if measured is not None:
-            from launcher import bench
+            from launcher.commands import bench
 
             click.echo("\n" + bench.render(measured))
         if rep is not None:
@@ -201,8 +201,8 @@ def _benchmark(spec, result, bw, bw_name, k, steps, base, text, as_json):
     the full-length plan the measurement picks."""
     from pathlib import Path
 
-    from launcher import bench
     from launcher.backends import default_run_dir
+    from launcher.commands import bench
     from launcher.plan.planner import plan_job
 
     short = plan_job(bench.bench_spec(spec, steps), bw, top=k - 1, bwmap_name=bw_name, ranks_for=k)

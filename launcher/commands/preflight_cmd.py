@@ -190,7 +190,8 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
     if ctx.invoked_subcommand is not None:
         return None
     from checks.hosts import HostsError, expand, from_allocation, from_file
-    from checks.orchestrate import NcclOptions, PreflightOptions, run_preflight
+    from checks.orchestrate import PreflightOptions, run_preflight
+    from checks.pairing import NcclOptions
 
     given = [x for x in (hosts_expr, hostfile, slurm_allocation or None) if x]
     if len(given) > 1:
@@ -250,7 +251,8 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
         raise UserError(f"--backend {backend}: {type(exc).__name__}: {exc}") from None
     opts = PreflightOptions(probe_timeout=probe_timeout, nccl_timeout=nccl_timeout, workers=workers, nccl=nccl,
                             judge=cfg, level=level, tool_timeouts=timeouts)
-    from checks.assemble import assemble, save_dir
+    from checks.assemble import assemble
+    from checks.folder import save_dir
 
     with runner:
         results = run_preflight(runner, hosts, opts, progress=progress)
@@ -266,6 +268,7 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
 def _slurm_job(hosts: list[str], nccl: Any, out_dir: str | None, partition: str | None, account: str | None,
                time_limit: str, gpus_per_node: int | None, srun_mpi: str, probe_timeout: float,
                nccl_timeout: float, dry_run: bool, as_json: bool, level: str, tool_timeouts: list[str]) -> int:
+    from checks.folder import BWMAP_FILE
     from checks.runners.slurm_job import SlurmJobError, SlurmJobOptions, render, submit
 
     out = Path(out_dir or f"preflight-{datetime.now():%Y%m%d-%H%M%S}").resolve()
@@ -286,7 +289,7 @@ def _slurm_job(hosts: list[str], nccl: Any, out_dir: str | None, partition: str 
         raise UserError(f"--backend slurm: {exc}") from None
     progress(f"submitted preflight job {job}; when it ends: launch preflight import {out}")
     emit({"job_id": job, "out_dir": str(out), "script": str(out / "preflight.sbatch"),
-          "bwmap": str(out / "bwmap.json")}, as_json,
+          "bwmap": str(out / BWMAP_FILE)}, as_json,
          lambda: f"job {job}: outputs in {out}\nthen: launch preflight import {out} -o bwmap.json")
     return 0
 
@@ -375,7 +378,8 @@ def import_cmd(directory: str, thresholds: str | None, expected_gpus: int | None
                min_inter_busbw: float | None, output: str | None, exclude_failed: bool, drain: bool,
                scheduler: str | None, do_apply: bool, as_json: bool) -> int:
     """Build the bandwidth map from outputs gathered elsewhere: DIR/<host>/{topo.txt,...}, DIR/pairs/*.txt."""
-    from checks.assemble import assemble, load_dir
+    from checks.assemble import assemble
+    from checks.folder import load_dir
 
     drain_to = _drain_for(drain, scheduler, do_apply, "slurm")
     d = Path(directory)
