@@ -36,6 +36,7 @@ class Import:
     name: str        # what it imports, resolved to an absolute dotted name
     top_level: bool  # runs on import (not inside a function, not under TYPE_CHECKING)
     line: int
+    entry_point: bool = False  # inside the module's `main()`: what `python -m module` runs, the CLI's wiring
 
     def __str__(self) -> str:
         return f"{self.module}:{self.line} imports {self.name}" + ("" if self.top_level else " (in a function)")
@@ -56,13 +57,14 @@ def _imports(path: Path) -> list[Import]:
     pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
     found: list[Import] = []
 
-    def visit(node: ast.AST, top: bool) -> None:
+    def visit(node: ast.AST, top: bool, entry: bool = False) -> None:
         for ch in ast.iter_child_nodes(node):
             here = top and not isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
             if isinstance(ch, ast.If) and "TYPE_CHECKING" in ast.unparse(ch.test):
                 here = False
+            inside = entry or (top and isinstance(ch, ast.FunctionDef) and ch.name == "main")
             if isinstance(ch, ast.Import):
-                found.extend(Import(mod, a.name, here, ch.lineno) for a in ch.names)
+                found.extend(Import(mod, a.name, here, ch.lineno, inside) for a in ch.names)
             elif isinstance(ch, ast.ImportFrom):
                 base = ch.module or ""
                 if ch.level:
@@ -71,8 +73,8 @@ def _imports(path: Path) -> list[Import]:
                 # `from launcher import plan` imports the module launcher.plan; `from x import f` imports x
                 for a in ch.names:
                     sub = f"{base}.{a.name}"
-                    found.append(Import(mod, sub if sub in sources() else base, here, ch.lineno))
-            visit(ch, here)
+                    found.append(Import(mod, sub if sub in sources() else base, here, ch.lineno, inside))
+            visit(ch, here, inside)
 
     visit(ast.parse(path.read_text(), str(path)), True)
     return found
@@ -204,9 +206,12 @@ def _resolve(name: str) -> str | None:
 
 
 def import_cycles(imports: list[Import]) -> list[list[str]]:
-    """Cycles between units, counting every import (a function-level import is a dependency too)."""
+    """Cycles between units, counting every import (a function-level import is a dependency too) but
+    those of a `main()`: a `python -m` entry point wires the package together, as the CLI does."""
     graph: dict[str, set[str]] = {}
     for i in imports:
+        if i.entry_point:
+            continue
         target = _resolve(i.name)
         if target is not None and _unit(target) != _unit(i.module):
             graph.setdefault(_unit(i.module), set()).add(_unit(target))
@@ -240,7 +245,8 @@ def import_cycles(imports: list[Import]) -> list[list[str]]:
 def test_the_cycle_check_finds_a_cycle():
     fake = [Import("checks.runners.slurm_job", "checks.orchestrate.ring_rounds", True, 1),
             Import("checks.orchestrate", "checks.runners.Runner", True, 2),
-            Import("checks.assemble", "checks.levels", True, 3)]
+            Import("checks.assemble", "checks.levels", True, 3),
+            Import("checks.levels", "checks.assemble", False, 4, entry_point=True)]
     assert import_cycles(fake) == [["checks.orchestrate", "checks.runners"]]
 
 

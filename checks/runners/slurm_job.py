@@ -2,7 +2,7 @@
 
 The job runs the node probes (`python -m checks.probe --level L`: at standard and long also the
 level's single-node tools) on every node with srun, the pair rounds and the all-node run with
-`srun --mpi`, at level long the pair tests (`python -m checks.runners.slurm_pairs`: all_to_all_perf
+`srun --mpi`, at level long the pair tests (`python -m checks.slurm_pairs`: all_to_all_perf
 and per-NIC ib_write_bw as srun steps), writes everything in the `import` layout under OUT, and
 ends with `python -m checks OUT` (the BandwidthMap in OUT/bwmap.json). Rendered with
 jinja2 directly; checks imports only launch4d's torch-free formats (launcher.formats), whose one

@@ -1,6 +1,6 @@
 """Level long inside the preflight batch job: the node-pair tests, as srun steps.
 
-`python -m checks.runners.slurm_pairs OUT` runs after every node wrote its outputs under OUT
+`python -m checks.slurm_pairs OUT` runs after every node wrote its outputs under OUT
 (`python -m checks.probe --level long`): all_to_all_perf on neighbouring node pairs and per-NIC
 GPUDirect `ib_write_bw` in rounds of disjoint pairs (a pair that is slow is re-paired in round 2),
 the same `long_pairs` the SSH and srun backends run, with the NICs read from each node's saved
@@ -24,7 +24,7 @@ LAUNCHER = "srun --mpi={mpi} --export=ALL,NCCL_DEBUG=INFO -N {{nnodes}} -w {{hos
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m checks.runners.slurm_pairs", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m checks.slurm_pairs", description=__doc__.splitlines()[0])
     ap.add_argument("out", help="the job's output folder (OUT/<host>/ from checks.probe)")
     ap.add_argument("--mpi", default="pmix", help="srun --mpi plugin for the multi-node runs")
     ap.add_argument("--gpus", type=int, default=None, help="tasks per node of a pair run (default: counted)")
