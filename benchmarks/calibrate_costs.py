@@ -4,7 +4,8 @@ Every row is a published run (source cited per row), run through the same `estim
 uses with the stack profile of the software that ran it (launcher.plan.costs.STACKS). Rows alternate
 between a fit half and a held-out half (within each family, in the order listed); `--fit` refits
 each family's compute-efficiency ceiling (and, for DeepSpeed, its overlap) on the fit half and
-reports the held-out error with the refitted value beside the shipped constants.
+reports the held-out error with the refitted value beside the shipped constants, and per GPU type
+where a family's rows span GPU generations (each GPU's rows refitted alone).
 
 Sources (transcriptions in ../shared/notes/planner.md unless marked):
 - K22: Korthikanti et al. 2022, "Reducing Activation Recomputation", Table 5 (A100-80GB, Selene).
@@ -14,8 +15,21 @@ Sources (transcriptions in ../shared/notes/planner.md unless marked):
   Table 2 (PTD-P vs ZeRO-3 without model parallelism, A100 Selene, TFLOP/s per GPU counted with
   full recompute, 96·B·s·l·h²(1 + s/6h + V/16lh)). The 175B/530B ZeRO-3 end points are quoted
   in issue 10; the middle rows and batch sizes are this file's transcription, unverified.
-- TT: torchtitan benchmarks/llama3_h100_202412_torchtitan.md (H100 at 500 W, bf16 rows) and the
-  June 2025 bf16 70B figure.
+- TT: torchtitan benchmarks/llama3_h100_202412_torchtitan.md (H100 at 500 W, bf16 rows: Tables 1
+  and 3, eager FSDP) and the June 2025 bf16 70B figure (benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md,
+  with torch.compile). Every other torchtitan table there (and the Trainy H200 files) uses Float8 or
+  torch.compile + Float8: not rows for a bf16 model.
+- FMS: PyTorch blog "Maximizing training throughput using PyTorch FSDP" (IBM + Meta, 2024-03,
+  pytorch.org/blog/maximizing-training, Table 1): eager FSDP + SDPA FlashAttention-2, Llama 2
+  7B/34B/70B (architectures: foundation-model-stack/fms-fsdp fms_fsdp/utils/config_utils.py), seq
+  4096, 2 sequences per GPU, tokens/s per GPU on 128 A100-80GB and on 96 H100-80GB. Activation
+  checkpointing: none (7B), every block (34B, 70B) = full; the 13B rows checkpoint every n-th block
+  with n not stated, so they are left out. Sharding is not named in the blog; fms-fsdp's default is
+  HSDP (shard within a node, replicate across nodes), and full sharding over 16 nodes at the stated
+  400 Gb/s per node could not reach the published 3,700 tok/s: the rows are costed as FSDP over one
+  node, the cross-node all-reduce of each GPU's 1/8 gradient shard uncharged (the planner has no HSDP).
+  Its follow-up (pytorch.org/blog/maximizing-training-throughput, 2024) repeats the same no-compile
+  MFUs and adds torch.compile ones: not separate rows.
 """
 
 from __future__ import annotations
@@ -37,6 +51,11 @@ def gpt(layers: int, hidden: int, heads: int) -> ModelSpec:
 NEMOTRON = ModelSpec(layers=96, hidden=18432, heads=96, kv_heads=8, ffn_hidden=73728, vocab=256000,
                      mlp="gelu", tied_embeddings=False)
 GPT175, GPT530 = gpt(96, 12288, 96), gpt(105, 20480, 128)
+LLAMA2_7B = resolve_model("llama2-7b")
+LLAMA2_34B = ModelSpec(layers=48, hidden=8192, heads=64, kv_heads=8, ffn_hidden=22016, vocab=32000, mlp="swiglu",
+                       tied_embeddings=False)
+LLAMA2_70B = ModelSpec(layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=32000, mlp="swiglu",
+                       tied_embeddings=False)
 
 
 @dataclass(frozen=True)
@@ -108,6 +127,19 @@ CASES = [
          mp(1, 1, 128, 2, zero=3), 5605, "tok/s/GPU", stack="torchtitan"),
     Case("70B FSDP32 TP8 full", "TT 2025-06", "bundled", resolve_model("llama3-70b"), "h100-sxm", 8192, 512,
          mp(8, 1, 32, 16, "full", zero=3), 597, "tok/s/GPU"),
+    # FMS rows: one node's HSDP shard group (dp 8) stands for the whole cluster (see the docstring)
+    Case("Llama2 7B HSDP, 128 A100, no AC", "FMS T1", "bundled", LLAMA2_7B, "a100-80gb", 4096, 16,
+         mp(1, 1, 8, 2, "none", zero=3), 3700, "tok/s/GPU"),
+    Case("Llama2 7B HSDP, 96 H100, no AC", "FMS T1", "bundled", LLAMA2_7B, "h100-sxm", 4096, 16,
+         mp(1, 1, 8, 2, "none", zero=3), 7500, "tok/s/GPU"),
+    Case("Llama2 34B HSDP, 96 H100, full AC", "FMS T1", "bundled", LLAMA2_34B, "h100-sxm", 4096, 16,
+         mp(1, 1, 8, 2, "full", zero=3), 1550, "tok/s/GPU"),
+    Case("Llama2 34B HSDP, 128 A100, full AC", "FMS T1", "bundled", LLAMA2_34B, "a100-80gb", 4096, 16,
+         mp(1, 1, 8, 2, "full", zero=3), 700, "tok/s/GPU"),
+    Case("Llama2 70B HSDP, 128 A100, full AC", "FMS T1", "bundled", LLAMA2_70B, "a100-80gb", 4096, 16,
+         mp(1, 1, 8, 2, "full", zero=3), 370, "tok/s/GPU"),
+    Case("Llama2 70B HSDP, 96 H100, full AC", "FMS T1", "bundled", LLAMA2_70B, "h100-sxm", 4096, 16,
+         mp(1, 1, 8, 2, "full", zero=3), 800, "tok/s/GPU"),
 ]
 
 FAMILIES = {"megatron": "Megatron-class (Megatron-LM, NeMo)", "bundled": "torchtitan-class (eager FSDP2)",
@@ -150,11 +182,12 @@ def halves(family: str) -> tuple[list[Case], list[Case]]:
     return rows[0::2], rows[1::2]
 
 
-def fit(family: str) -> Stack:
-    """Refit the family's efficiency ceiling (and DeepSpeed's overlap) on its fit half: the grid
-    point with the smallest mean |log(model/published)| (symmetric in over- and under-estimates)."""
+def fit(family: str, gpu: str | None = None) -> Stack:
+    """Refit the family's efficiency ceiling (and DeepSpeed's overlap) on its fit half (of one GPU type
+    when given): the grid point with the smallest mean |log(model/published)| (symmetric in over- and
+    under-estimates)."""
     base = STACKS[family]
-    fit_rows, _ = halves(family)
+    fit_rows = [c for c in halves(family)[0] if gpu in (None, c.gpu)]
     grid = [dict(efficiency_max=e / 100) for e in range(30, 81)]
     if family == "deepspeed":
         grid = [dict(efficiency_max=e / 100, fsdp_overlap=o / 20) for e in range(30, 81, 2) for o in range(0, 21)]
@@ -196,6 +229,16 @@ def main() -> None:
             extra = f" overlap {s[family].fsdp_overlap:.2f}" if family == "deepspeed" else ""
             print(f"  {name:36} ceiling {s[family].efficiency_max:.2f}{extra}  fit half: {summary(fit_rows, s)}"
                   f"   held-out: {summary(held, s)}")
+        print("\nper GPU type (a stack has one ceiling; where its rows span GPU generations, each refitted alone):")
+        for family, name in FAMILIES.items():
+            fit_rows, held = halves(family)
+            gpus = sorted({c.gpu for c in fit_rows + held})
+            for gpu in gpus if len(gpus) > 1 else []:
+                f_g, h_g = [c for c in fit_rows if c.gpu == gpu], [c for c in held if c.gpu == gpu]
+                s = {family: fit(family, gpu)} if f_g else None
+                refit = f"refit ceiling {s[family].efficiency_max:.2f}: held-out {summary(h_g, s)}" if s else \
+                    "no fit row"
+                print(f"  {name:36} {gpu:10} shipped: held-out {summary(h_g)}   {refit}")
 
 
 if __name__ == "__main__":
