@@ -3,7 +3,8 @@ output), and how big its JSON is; plus the search alone and `launch --help`.
 
 Targets (issue 10): llama3-405b on 16,384 GPUs in under 1 s for the whole process, human output,
 `--json` and `-o` alike, with plan.json under 2 MB; `launch --help` under 0.3 s. Wall times are the
-best of 3 runs (the machine is shared); CPU time (user + sys of the child) is shown beside them.
+best of 3 runs (the machine is shared); CPU time (user + sys of the child) is shown beside them, and
+the load average before and after (wall times on a loaded machine are not the tool's).
 """
 
 from __future__ import annotations
@@ -50,7 +51,13 @@ def timed(argv: list[str], runs: int = 3) -> tuple[float, float, int]:
     return best
 
 
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.1f} (1 min), {five:.1f} (5 min) on {os.cpu_count()} CPUs"
+
+
 def main() -> None:
+    print(load())
     print(f"{'model':14} {'GPUs':>6} {'searched':>9} {'search s':>9}  best")
     for model, nodes, seq, gb in CASES:
         spec = spec_from_dict(job(model, nodes, seq, gb))
@@ -79,6 +86,7 @@ def main() -> None:
             print(f"  {label:14} {wall:6.3f} s wall  {cpu:6.3f} s CPU  {note}")
     wall, cpu, _ = timed([sys.executable, "-m", "launcher.cli", "--help"], runs=5)
     print(f"\n`launch --help` (python -m launcher.cli): best of 5 {wall:.3f} s wall, {cpu:.3f} s CPU")
+    print(load())
 
 
 if __name__ == "__main__":

@@ -105,3 +105,14 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path):
     jf.write_text(yaml.safe_dump(spec))
     res = launch("plan", jf)
     assert res.exit_code == 2 and "was fitted on GPU 'h100-sxm'" in res.output, res.output
+
+
+def test_docs_describe_every_profile_field():
+    import dataclasses
+
+    from launcher.plan.profile import PARAMS, ClusterProfile
+    from tests.conftest import REPO
+
+    text = (REPO / "docs" / "formats.md").read_text()
+    names = [f.name for f in dataclasses.fields(ClusterProfile) if f.name != "path"] + list(PARAMS)
+    assert [n for n in names if f"`{n}`" not in text] == []
