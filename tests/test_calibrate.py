@@ -116,3 +116,11 @@ def test_docs_describe_every_profile_field():
     text = (REPO / "docs" / "formats.md").read_text()
     names = [f.name for f in dataclasses.fields(ClusterProfile) if f.name != "path"] + list(PARAMS)
     assert [n for n in names if f"`{n}`" not in text] == []
+
+
+def test_benchmark_table_names_the_calibrate_command_for_its_measured_runs():
+    from launcher.commands.bench import Measured, render
+
+    text = render([Measured(0, "tp1", "/r/0-tp1", 0.4, 0.1, 100.0, 0.3, 0, 4),
+                   Measured(1, "tp2", "/r/1-tp2", 0.5, None, None, None, 1, 0)])
+    assert text.splitlines()[-1] == "fit this cluster's efficiency to these runs: launch calibrate /r/0-tp1"

@@ -173,4 +173,6 @@ def render(results: list[Measured]) -> str:
     if best.ok:
         lines.append(f"measured fastest: #{best.index} {best.layout}"
                      + (" (the planner's choice)" if best.index == 0 else " (not the planner's choice)"))
+        done = [m.run_dir for m in results if m.ok and m.steps > 1]
+        lines.append(f"fit this cluster's efficiency to these runs: launch calibrate {' '.join(done)}")
     return "\n".join(lines)
