@@ -182,7 +182,7 @@ def fit(runs: list[Run], base: dict[str, float], names: list[str], iters: int = 
         jac = _jacobian(runs, base, names, x)
         jtj = [[sum(row[i] * row[j] for row in jac) for j in range(len(x))] for i in range(len(x))]
         jtr = [sum(row[i] * ri for row, ri in zip(jac, r)) for i in range(len(x))]
-        improved = False
+        improved = done = False
         while lam < 1e8:
             a = [[jtj[i][j] + (lam * (jtj[i][i] or 1.0) if i == j else 0.0) for j in range(len(x))]
                  for i in range(len(x))]
@@ -190,7 +190,7 @@ def fit(runs: list[Run], base: dict[str, float], names: list[str], iters: int = 
             xn = [min(max(xi + si, lo), hi) for xi, si, (lo, hi) in zip(x, step, bounds)]
             cn = sum(v * v for v in _residuals(runs, base, names, xn))
             if cn < cost:
-                improved, done = True, cost - cn < 1e-12
+                improved, done = True, cost - cn < 1e-12        # converged
                 x, cost, lam = xn, cn, lam / 3
                 break
             lam *= 4
