@@ -10,7 +10,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from launcher import jobstate
+from launcher.backends import jobstate
 from launcher.cli import cli
 from tests.conftest import REPO, shared_file
 from tests.test_diagnose import F_DESYNC, F_IB, F_IB_PAIR, LOGS, make_plan

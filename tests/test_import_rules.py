@@ -1,15 +1,23 @@
 """DESIGN.md's dependency rules ("Dependencies run one way"), enforced over the source with ast.
 
-commands -> plan/render/backends/diagnose -> formats; the trainer imports plan models and formats
-only; `checks` imports only the formats and the transport (never launcher's commands or backends);
-the transport imports nothing of launch4d but formats and errors; nothing outside the trainer (and
-launcher/verify, which traces it) imports torch at module level; kubernetes/paramiko are imported
-inside the functions that use them, so `launch --help` and `launch plan` start fast on a login node.
+The folders read as the pipeline: checks/ (measure) -> launcher/plan (decide) -> render, backends
+(run) -> trainer; diagnose (explain); commands/ + cli.py on top; formats (+ transport) underneath.
+
+- the trainer imports launcher.plan and launcher.formats only (and errors);
+- checks imports launcher.formats only, and the torch-free launcher.transport (never launcher's
+  commands, backends or plan); the transport stands on formats alone;
+- the backends never import the trainer (a job runs it in other processes);
+- the CLI never imports torch: no command module does at module level, `launch --help` and
+  `launch plan` never load it (only `launch run` and `launch verify` do, inside the command that
+  counts GPUs or traces the trainer); nothing outside the trainer and launcher/verify imports torch at
+  module level; kubernetes/paramiko are imported inside the functions that use them;
+- nothing below the commands imports them, and no two modules (or subpackages) import each other.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -24,10 +32,9 @@ from tests.conftest import REPO
 
 PACKAGES = ("launcher", "checks")
 HEAVY = ("torch", "kubernetes", "paramiko")
-# what the trainer may use from the rest of launcher: the plan's models and the torch-free formats
-TRAINER_MAY_USE = ("launcher.plan.model", "launcher.plan.spec", "launcher.plan.layout", "launcher.plan.capabilities",
-                   "launcher.plan.costs", "launcher.formats", "launcher.errors")
-COMMAND_LAYER = ("launcher.cli", "launcher.commands")
+# what the trainer may use from the rest of launch4d: the plan and the torch-free formats
+TRAINER_MAY_USE = ("launcher.plan", "launcher.formats", "launcher.errors")
+COMMAND_LAYER = ("launcher.cli", "launcher.__main__", "launcher.commands")
 
 
 @dataclass(frozen=True)
@@ -131,8 +138,8 @@ def test_torch_only_in_the_trainer_at_module_level():
     assert violations(not_under("launcher.trainer", "launcher.verify"), ("torch",), top_level_only=True) == []
 
 
-def test_trainer_imports_only_plan_models_and_formats():
-    assert violations(under("launcher.trainer"), ("launcher",), top_level_only=False,
+def test_trainer_imports_only_plan_and_formats():
+    assert violations(under("launcher.trainer"), ("launcher", "checks"), top_level_only=False,
                       allowed=("launcher.trainer",) + TRAINER_MAY_USE) == []
 
 
@@ -253,3 +260,14 @@ def test_the_cycle_check_finds_a_cycle():
 def test_no_import_cycles():
     """No two modules (or subpackages) need each other, even through imports inside functions."""
     assert import_cycles(all_imports()) == []
+
+
+def test_python_m_launcher_is_launch():
+    p = subprocess.run([sys.executable, "-m", "launcher", "plan", "examples/tiny-cpu.yaml", "--json"],
+                       capture_output=True, text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["best"]["world_size"] == 4
+    bad = subprocess.run([sys.executable, "-m", "launcher", "plan", "no-such.yaml"], capture_output=True,
+                         text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr

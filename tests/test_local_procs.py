@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from launcher.backends import JobHandle, procs
+from launcher.backends.jobstate import JobRecord, record
 from launcher.backends.local import LocalBackend
-from launcher.jobstate import JobRecord, record
 from tests.conftest import REPO
 
 LAUNCH = str(Path(sys.executable).with_name("launch"))

@@ -242,7 +242,7 @@ def state_for_exit(code: int | None) -> str:
 
 
 def handle_from_record(rec: Any) -> JobHandle:
-    """A JobHandle again from a launcher.jobstate.JobRecord (status/logs/cancel from another shell)."""
+    """A JobHandle again from a launcher.backends.jobstate.JobRecord (status/logs/cancel from another shell)."""
     extra = dict(rec.extra or {})
     return JobHandle(backend=rec.backend, id=rec.id, name=rec.name, run_dir=rec.run_dir,
                      log_path=extra.get("log_path"), extra=extra)

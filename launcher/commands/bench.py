@@ -119,9 +119,9 @@ def run_benchmark_slurm(spec, plans: list, base: Path, job_text: str | None,
     task i in <base>/<i>-<layout>, then measured as above. The tasks are recorded, so
     `launch status|logs <job>_<i>` follow each one."""
     from launcher.backends import wait
+    from launcher.backends.jobstate import JobRecord, record
     from launcher.backends.slurm import SlurmBackend
     from launcher.commands import progress
-    from launcher.jobstate import JobRecord, record
 
     if spec.backend.slurm.login_host:
         raise UserError("--benchmark with backend.slurm.login_host: the runs' metrics would stay on the "

@@ -17,7 +17,7 @@ def _target(arg: str) -> tuple[Path, Path | None]:
     p = Path(arg)
     if p.exists():
         return p, None
-    from launcher import jobstate
+    from launcher.backends import jobstate
     from launcher.errors import UserError
     from launcher.formats.rundir import RunDir
 

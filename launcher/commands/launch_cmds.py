@@ -46,7 +46,7 @@ def _stamp() -> str:
 
 def _handle(job: str):
     from launcher.backends import handle_from_record
-    from launcher.jobstate import lookup
+    from launcher.backends.jobstate import lookup
 
     rec = lookup(job)
     handle = handle_from_record(rec)
@@ -114,9 +114,9 @@ def render(job_file: str, backend: str | None, out_dir: str | None, bwmap: str |
 def submit(job_file: str, backend: str | None, bwmap: str | None, run_dir: str | None, templates: str | None,
            dry_run: bool, verify_: bool, as_json: bool) -> None:
     """Submit a job to Slurm (sbatch, here or over SSH) or Kubernetes (PyTorchJob)."""
+    from launcher.backends.jobstate import JobRecord, check_state, record
     from launcher.formats import rundir
     from launcher.formats.files import child_path
-    from launcher.jobstate import JobRecord, check_state, record
 
     spec, plan, bw, kind, text = _load(job_file, backend, bwmap)
     if verify_:
@@ -201,7 +201,7 @@ def _seconds(name: str, value: float | None, positive: bool) -> None:
 
 def _remember(rec, state: str) -> None:
     """The job's last known state, kept in its record for `launch jobs` when a scheduler is away."""
-    from launcher.jobstate import record
+    from launcher.backends.jobstate import record
 
     if rec.extra.get("last_state") != state:
         rec.extra.update(last_state=state, last_seen=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
@@ -319,7 +319,7 @@ def jobs(as_json: bool) -> None:
     """List the jobs launch4d submitted, with their state now (Slurm: one squeue per login host),
     or the last known one where the scheduler cannot answer."""
     from launcher.backends import handle_from_record
-    from launcher.jobstate import all_jobs
+    from launcher.backends.jobstate import all_jobs
 
     recs = all_jobs()
     now: dict[tuple[str, str], Any] = {}

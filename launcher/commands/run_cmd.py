@@ -275,7 +275,7 @@ def run(job: str, run_dir: str | None, nproc: int | None, resume: str, dry_run: 
              lambda: f"plan: {plan.degrees} zero={plan.zero_stage} micro_batch={plan.micro_batch} "
                      f"grad_accum={plan.grad_accum}\nrun dir: {rd.resolve()}\ncommand: {handle.request}")
         return 0
-    from launcher.jobstate import check_state
+    from launcher.backends.jobstate import check_state
 
     device = check_devices(plan, as_json)
     check_state()  # a broken state file is found before anything starts
@@ -342,7 +342,7 @@ def _start(backend, spec, plan, rd: Path, resume: str, text: str | None):
 
 
 def _record(handle) -> None:
-    from launcher.jobstate import JobRecord, record
+    from launcher.backends.jobstate import JobRecord, record
 
     try:
         record(JobRecord(id=handle.id, backend=handle.backend, name=handle.name, run_dir=handle.run_dir,
