@@ -63,3 +63,16 @@ def shared_texts(folder: str, pattern: str = "*.txt") -> list[str]:
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+KINDS = ("unit", "integration", "e2e")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test is of exactly one kind (a module-level `pytestmark = pytest.mark.unit|integration|e2e`),
+    so `-m unit` and the rest select the whole suite between them."""
+    wrong = sorted({item.nodeid.split("::")[0] for item in items
+                    if sum(item.get_closest_marker(k) is not None for k in KINDS) != 1})
+    if wrong:
+        raise pytest.UsageError("each test module needs exactly one of pytestmark = pytest.mark."
+                                f"{'|'.join(KINDS)}: {', '.join(wrong)}")

@@ -13,10 +13,14 @@ import sys
 import tracemalloc
 from pathlib import Path
 
+import pytest
+
 from launcher.backends import procs
 from launcher.diagnose import diagnose
 from launcher.diagnose.collect import read_sources
 from tests.test_local_procs import wait_until
+
+pytestmark = pytest.mark.unit
 
 LAUNCH = str(Path(sys.executable).with_name("launch"))
 

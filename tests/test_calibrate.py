@@ -19,6 +19,8 @@ from launcher.plan.calibrate import base_params, predict
 from launcher.plan.planner import plan_job
 from launcher.plan.spec import spec_from_dict
 
+pytestmark = pytest.mark.unit
+
 
 def job(nodes: int, gpu: str = "h100-sxm", **par) -> dict:
     return {"name": "cal", "model": "llama3-8b", "train": {"seq_len": 4096, "global_batch": 64},

@@ -18,7 +18,7 @@ from launcher.trainer.checkpoint import Checkpointer, CheckpointError
 from tests.conftest import EXAMPLES
 from tests.test_trainer_checkpoint import make_training, train_steps
 
-pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized")
+pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized")]
 LAUNCH = str(Path(sys.executable).with_name("launch"))
 
 

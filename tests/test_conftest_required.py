@@ -6,7 +6,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
+
+pytestmark = pytest.mark.unit
 
 PROBE = '''
 from tests.conftest import shared_file, spec_file, shared_texts, absent

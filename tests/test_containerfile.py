@@ -21,6 +21,8 @@ import tomllib
 
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.unit
+
 CONTAINERFILE = REPO / "Containerfile"
 
 

@@ -15,6 +15,8 @@ from launcher.plan.ledger import Layout, memory_ledger
 from launcher.plan.planner import CP_SHORT_SEQ, TIE_BAND, Candidate, plan_job, rank
 from launcher.plan.spec import ModelSpec, TrainSpec, resolve_gpu, resolve_model, spec_from_dict
 
+pytestmark = pytest.mark.unit
+
 
 def gpt(layers: int, hidden: int, heads: int) -> ModelSpec:
     return ModelSpec(layers=layers, hidden=hidden, heads=heads, vocab=51200, mlp="gelu", tied_embeddings=True)

@@ -13,6 +13,8 @@ from launcher.plan.ledger import Layout
 from launcher.plan.planner import cluster_from
 from launcher.plan.spec import TrainSpec, resolve_gpu, resolve_model, spec_from_dict
 
+pytestmark = pytest.mark.unit
+
 
 def ep_time(bw, ep: int, dp: int) -> float:
     model = resolve_model("mixtral-8x7b")

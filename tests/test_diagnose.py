@@ -22,6 +22,8 @@ from launcher.plan.model import Plan
 from tests.conftest import shared_file
 from tests.trainer_helpers import make_plan as trainer_plan
 
+pytestmark = pytest.mark.unit
+
 LOGS = "nccl-logs"
 F_SOCKET = "2node-8rank-nccl2.7.8-init-INFO-net-socket-fallback-p2p-shm-old-format.txt"
 F_IB = "h100-roce-2node-16rank-nccl2.27.5-init-INFO-p2p-ipc-net-ib-gdrdma.txt"

@@ -8,12 +8,15 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from launcher.backends import jobstate
 from launcher.cli import cli
 from tests.conftest import REPO, shared_file
 from tests.test_diagnose import F_DESYNC, F_IB, F_IB_PAIR, LOGS, make_plan
+
+pytestmark = pytest.mark.unit
 
 
 def run(*args: str, env: dict | None = None):

@@ -11,6 +11,7 @@ import pickle
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +20,8 @@ from launcher.diagnose.collect import Sources, build_report
 from launcher.diagnose.flight import Flight, load_dump
 from launcher.diagnose.heartbeat import Heartbeats, parse_beat
 from tests.conftest import absent, fixtures_dir
+
+pytestmark = pytest.mark.unit
 
 FIXTURE_DIR = fixtures_dir() / "nccl-logs"
 

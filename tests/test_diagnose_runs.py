@@ -18,6 +18,8 @@ from launcher.diagnose import diagnose
 from launcher.diagnose.heartbeat import Heartbeats, parse_beat
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.e2e
+
 PY = sys.executable
 
 

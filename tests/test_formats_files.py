@@ -25,6 +25,8 @@ from launcher.formats.files import (
 from launcher.formats.rundir import LOCK, RunDirLock
 from tests.conftest import EXAMPLES
 
+pytestmark = pytest.mark.unit
+
 
 def test_read_is_bounded_and_refuses_devices_and_directories(tmp_path):
     big = tmp_path / "big"

@@ -22,6 +22,8 @@ from launcher.formats.rundir import (
 from launcher.formats.tokens import check_token_file
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.unit
+
 # The names of the layout. A path made of one of these anywhere but launcher/formats is a second copy.
 FILES = {rundir.PLAN, rundir.JOB, rundir.METRICS, rundir.LOCK, "node0.log", "rank*.json", "rank*.txt",
          rundir.CHECKPOINT_EXTRA}

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from click.testing import CliRunner
 
 from launcher.cli import cli
 from launcher.plan.planner import plan_job
 from launcher.plan.spec import spec_from_dict
 from tests.conftest import EXAMPLES
+
+pytestmark = pytest.mark.unit
 
 
 def job(headroom=None, **parallel):

@@ -37,6 +37,8 @@ from checks.parsers.perftest import parse_perftest
 from checks.parsers.xid import parse_xid
 from tests.conftest import shared_file
 
+pytestmark = pytest.mark.unit
+
 
 def read(*parts: str) -> str:
     return shared_file(*parts).read_text()

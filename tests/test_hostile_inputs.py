@@ -21,6 +21,8 @@ from click.testing import CliRunner
 from launcher.cli import cli
 from tests.conftest import EXAMPLES
 
+pytestmark = pytest.mark.unit
+
 SLURM_JOB = EXAMPLES / "tiny-slurm.yaml"
 CPU_JOB = EXAMPLES / "tiny-cpu.yaml"
 

@@ -30,6 +30,8 @@ import pytest
 
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.unit
+
 PACKAGES = ("launcher", "checks")
 HEAVY = ("torch", "kubernetes", "paramiko")
 # what the trainer may use from the rest of launch4d: the plan and the torch-free formats

@@ -25,6 +25,8 @@ from launcher.plan.planner import plan_job
 from launcher.plan.schema_doc import DOC, render_reference, updated
 from launcher.plan.spec import job_schema, load_spec, spec_from_dict
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
 BASE = {"model": "tiny", "train": {"seq_len": 32, "global_batch": 8},

@@ -24,6 +24,8 @@ from click.testing import CliRunner
 from launcher.cli import cli
 from tests.conftest import EXAMPLES, spec_file
 
+pytestmark = pytest.mark.unit
+
 NS, NAME = "training", "tiny-k8s"
 JOBS = f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs"
 CMS = f"/api/v1/namespaces/{NS}/configmaps"

@@ -24,6 +24,8 @@ from launcher.plan.spec import spec_from_dict
 from launcher.render import render_k8s
 from tests.conftest import EXAMPLES, spec_file
 
+pytestmark = pytest.mark.unit
+
 pytest.importorskip("jsonschema")
 
 

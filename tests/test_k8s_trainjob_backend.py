@@ -31,6 +31,8 @@ from tests.test_k8s_backend import (
     status_obj,
 )
 
+pytestmark = pytest.mark.unit
+
 TRAINER = f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{NS}"
 TJ, RT = f"{TRAINER}/trainjobs", f"{TRAINER}/trainingruntimes"
 JOBSET = f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets/{NAME}"

@@ -18,6 +18,8 @@ from launcher.plan.model import Plan
 from launcher.plan.spec import GpuSpec
 from tests.trainer_helpers import make_plan, spawn_layouts
 
+pytestmark = pytest.mark.integration
+
 SHAPE = dict(layers=4, hidden=128, heads=4, kv_heads=2, ffn_hidden=352, vocab=512)
 LAYOUTS = {
     "dp1_zero0": dict(),

@@ -17,6 +17,8 @@ from launcher.plan.ledger import (
     tp_bytes_per_step,
 )
 
+pytestmark = pytest.mark.unit
+
 
 def test_sixteen_bytes_per_param():
     assert bytes_per_param().total == 16

@@ -24,6 +24,8 @@ from launcher.plan.ledger import (
 from launcher.plan.planner import plan_job
 from launcher.plan.spec import ModelSpec, resolve_gpu, spec_from_dict
 
+pytestmark = pytest.mark.unit
+
 SHAPES = {
     "gqa-swiglu": dict(hidden=128, heads=4, kv_heads=2, ffn_hidden=352, vocab=512),
     "mha-gelu": dict(hidden=128, heads=4, kv_heads=4, ffn_hidden=512, vocab=512, mlp="gelu"),

@@ -10,6 +10,8 @@ import pytest
 
 from benchmarks.ledger_vs_trace import QUICK, compare
 
+pytestmark = pytest.mark.integration
+
 MATRIX = ["tiny dp8 z0 none", "tiny dp8 z2 none", "tiny dp8 z3 full", "tiny tp2 dp4 z3", "tiny cp2 dp4 z1",
           "tiny pp2 1f1b z2"]
 

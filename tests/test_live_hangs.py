@@ -25,6 +25,8 @@ from launcher.diagnose.stragglers import stragglers
 from tests.conftest import EXAMPLES, REPO
 from tests.test_local_procs import _tiny_plan, wait_until
 
+pytestmark = pytest.mark.e2e
+
 LAUNCH = str(Path(sys.executable).with_name("launch"))
 
 

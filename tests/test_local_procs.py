@@ -20,6 +20,8 @@ from launcher.backends.jobstate import JobRecord, record
 from launcher.backends.local import LocalBackend
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.integration
+
 LAUNCH = str(Path(sys.executable).with_name("launch"))
 
 

@@ -19,6 +19,8 @@ from checks.parsers.nvlink import parse_nvlink_status
 from checks.parsers.xid import parse_xid
 from tests.replay.constructed import dmesg_xids, gpu_query_csv, ibstat_text, nvlink_status
 
+pytestmark = pytest.mark.unit
+
 
 def test_gpu_query_fields_units_and_na():
     q = parse_gpu_query(gpu_query_csv(n=8, overrides={2: {"ecc.errors.uncorrected.volatile.total": "3",

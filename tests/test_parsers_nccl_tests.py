@@ -14,6 +14,8 @@ from checks.parsers import ParseError
 from checks.parsers.nccl_tests import parse_nccl_tests, parse_nccl_tests_all
 from tests.conftest import REPO, absent, shared_file, shared_texts
 
+pytestmark = pytest.mark.unit
+
 
 def runs_in(name: str):
     return parse_nccl_tests_all(shared_file("nccl-tests", name).read_text())

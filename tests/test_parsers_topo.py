@@ -14,6 +14,8 @@ from checks.parsers import ParseError
 from checks.parsers.topo import parse_topo
 from tests.conftest import REPO, absent, shared_file, shared_texts
 
+pytestmark = pytest.mark.unit
+
 TOPO_FILES = [
     "a800-sxm4-8gpu-nv8-8nic-mlx5bond-2numa.txt", "dgx-a100-8gpu-nv12-10nic-mlx5-4numa.txt",
     "dgx1-v100-8gpu-hybrid-cube-mesh-nv1-nv2-4mlx5-oldlegend.txt", "h100-8gpu-topo-mp-pcie-only-12nic-mlx5.txt",

@@ -8,7 +8,10 @@ import json
 import subprocess
 import sys
 
+import pytest
 import yaml
+
+pytestmark = pytest.mark.e2e
 
 JOB = {
     "name": "bench-tiny", "model": "tiny",

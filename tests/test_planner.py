@@ -20,6 +20,8 @@ from launcher.plan.planner import plan_job, stage_layers
 from launcher.plan.spec import load_spec, spec_from_dict
 from tests.conftest import EXAMPLES, REPO
 
+pytestmark = pytest.mark.unit
+
 MODELS = ["tiny", "llama3-1b", "llama3-8b", "llama3-70b", "mixtral-8x7b"]
 
 

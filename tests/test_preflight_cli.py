@@ -9,6 +9,8 @@ import pytest
 
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.unit
+
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", "from launcher.cli import main; main()", "preflight", *args],

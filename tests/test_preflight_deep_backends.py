@@ -30,7 +30,7 @@ from tests.services.slurm import slurm_cluster  # noqa: F401  (session fixture; 
 from tests.test_preflight_levels import DCGM_FAIL, GOOD
 from tests.test_preflight_runners import LocalKubelet, _final_state
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 NVLINK_E = GOOD["NVLINK_ERR"]
 
 

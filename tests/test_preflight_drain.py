@@ -24,6 +24,8 @@ from checks.drain import REASON_MAX, plan_drain
 from tests.conftest import EXAMPLES, REPO, shared_file
 from tests.services.slurm import slurm_cluster  # noqa: F401  (session fixture)
 
+pytestmark = pytest.mark.e2e
+
 XID79 = ("xid", "akash-provider-gpu-xid79-fallen-off-bus-dmesg-T-crash-dump-multiline.txt")
 
 

@@ -20,6 +20,8 @@ from checks.judges import JudgeConfig, JudgeConfigError, at_least, outliers
 from tests.conftest import REPO, shared_file
 from tests.replay.constructed import dmesg_xids, gpu_query_csv, ibstat_text, nvlink_status
 
+pytestmark = pytest.mark.unit
+
 H100_TOPO = "h100-sxm-8gpu-12nic-mlx5-1numa.txt"
 H100_NODE = "h100-1node-8gpu-5colls-v2.17.8.txt"
 PAIR_OK = "h100-a3mega-2node-16gpu-all_reduce_perf.txt"

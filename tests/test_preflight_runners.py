@@ -31,6 +31,8 @@ from tests.replay import install
 from tests.replay.constructed import gpu_query_csv, ibstat_text, nvlink_status
 from tests.services.slurm import slurm_cluster  # noqa: F401  (session fixture; skips where Slurm is absent)
 
+pytestmark = pytest.mark.integration
+
 
 # ---- hosts ---------------------------------------------------------------------------------
 def test_hostlist_expressions_files_and_allocation(tmp_path):

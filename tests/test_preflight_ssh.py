@@ -27,7 +27,7 @@ from tests.replay import install
 from tests.replay.constructed import gpu_query_csv, nvlink_status
 from tests.services.sshd import SshCluster, sshd_available
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 NODES = ["node01", "node02", "node03", "node04"]
 GOOD = dict(TOPO="topo/h100-sxm-8gpu-12nic-mlx5-1numa.txt",
             NCCL_NODE="nccl-tests/h100-1node-8gpu-5colls-v2.17.8.txt",

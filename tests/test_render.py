@@ -25,6 +25,8 @@ from launcher.plan.spec import load_spec, spec_from_dict
 from launcher.render import check_k8s_name, render_k8s, render_slurm
 from tests.conftest import EXAMPLES, spec_file
 
+pytestmark = pytest.mark.unit
+
 
 def job_dict(**over) -> dict:
     d = yaml.safe_load((EXAMPLES / "tiny-slurm.yaml").read_text())

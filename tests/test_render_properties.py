@@ -34,6 +34,8 @@ from launcher.plan.spec import spec_from_dict
 from launcher.render import render_k8s, render_slurm
 from tests.conftest import EXAMPLES
 
+pytestmark = pytest.mark.unit
+
 # Modest: the suite runs on 2 cores; each example renders and runs a few bash processes.
 PROPERTY = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SLURM_PROPERTY = settings(PROPERTY, max_examples=80)  # about half are refused by validation

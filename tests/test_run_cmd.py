@@ -24,6 +24,8 @@ from launcher.backends import PREEMPT_EXIT_CODE, PREEMPTED, SUCCEEDED, JobHandle
 from launcher.backends.local import LocalBackend, job_exit_code, rank_of
 from tests.conftest import EXAMPLES
 
+pytestmark = pytest.mark.e2e
+
 LAUNCH = [str(Path(sys.executable).with_name("launch"))]
 TINY = EXAMPLES / "tiny-cpu.yaml"
 

@@ -13,7 +13,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import EXAMPLES
+
+pytestmark = pytest.mark.e2e
 
 LAUNCH = str(Path(sys.executable).with_name("launch"))
 

@@ -26,7 +26,7 @@ from launcher.plan.model import Plan
 from tests.conftest import EXAMPLES
 from tests.services.slurm import slurm_cluster  # noqa: F401  (session fixture)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 @pytest.fixture(autouse=True)

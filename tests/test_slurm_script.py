@@ -22,6 +22,8 @@ import pytest
 from launcher.render import render_slurm
 from tests.test_render import spec_plan
 
+pytestmark = pytest.mark.integration
+
 SRUN = """#!/bin/bash
 while [[ "$1" == --* ]]; do shift; done
 pids=()

@@ -21,6 +21,8 @@ from launcher.errors import UserError
 from launcher.render import render_slurm
 from tests.test_render import spec_plan
 
+pytestmark = pytest.mark.integration
+
 SRUN = """#!/bin/bash
 echo "srun $*" >> "$CALLS"
 while [[ "$1" == --* ]]; do shift; done

@@ -24,6 +24,8 @@ from launcher.backends.slurm import (
 from launcher.errors import UserError
 from launcher.transport import CHUNK_LIMIT, Completed
 
+pytestmark = pytest.mark.unit
+
 ALL_STATES = ["BOOT_FAIL", "CANCELLED", "COMPLETED", "CONFIGURING", "COMPLETING", "DEADLINE", "FAILED",
               "NODE_FAIL", "OUT_OF_MEMORY", "PENDING", "PREEMPTED", "RUNNING", "RESV_DEL_HOLD", "REQUEUE_FED",
               "REQUEUE_HOLD", "REQUEUED", "RESIZING", "REVOKED", "SIGNALING", "SPECIAL_EXIT", "STAGE_OUT",

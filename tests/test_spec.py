@@ -14,6 +14,8 @@ from launcher.errors import SpecError
 from launcher.plan.spec import load_spec, spec_from_dict
 from tests.conftest import EXAMPLES, REPO
 
+pytestmark = pytest.mark.unit
+
 BASE = {"model": "llama3-8b", "train": {"seq_len": 4096, "global_batch": 64},
         "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm"}}
 

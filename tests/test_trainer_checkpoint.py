@@ -18,7 +18,7 @@ from torch import nn
 from launcher.trainer.checkpoint import PREEMPT_EXIT_CODE, Checkpointer, is_complete
 
 # DCP says so when it saves/loads without a process group, which the one-process tests mean to do.
-pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized")
+pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore:torch.distributed is disabled, unavailable or uninitialized")]
 
 
 class Block(nn.Module):

@@ -17,6 +17,8 @@ from launcher.trainer.data import TokenSource
 from launcher.trainer.tokenize import decode, tokenize_file
 from tests.trainer_helpers import make_plan as trainer_plan
 
+pytestmark = pytest.mark.unit
+
 
 def make_plan(dp: int = 1, micro_batch: int = 2, grad_accum: int = 1, seq_len: int = 16,
               data: str = "synthetic", seed: int = 7, vocab: int = 256, **degrees: int) -> Plan:

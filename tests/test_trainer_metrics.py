@@ -15,6 +15,8 @@ from launcher.plan.costs import model_flops_per_token
 from launcher.trainer.metrics import Heartbeat, MetricsLogger
 from tests.test_trainer_data import make_plan
 
+pytestmark = pytest.mark.unit
+
 
 def test_metrics_line_figures(tmp_path):
     plan = make_plan(dp=4, micro_batch=2, seq_len=16)

@@ -13,6 +13,8 @@ from launcher.errors import UserError
 from launcher.trainer.config import config_from_plan
 from tests.trainer_helpers import make_plan
 
+pytestmark = pytest.mark.integration
+
 MOE = {"experts": 4, "experts_per_token": 2}
 
 

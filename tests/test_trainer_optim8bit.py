@@ -25,6 +25,8 @@ from launcher.trainer.optim8bit import (
 )
 from tests.trainer_helpers import make_plan, spawn_layouts
 
+pytestmark = pytest.mark.integration
+
 
 def _wide_range(n: int, seed: int, signed: bool) -> torch.Tensor:
     """Values spanning ~8 decades inside each block, the way Adam's moments do; some exact zeros."""

@@ -22,6 +22,8 @@ from launcher.errors import UserError
 from launcher.trainer.config import config_from_plan
 from tests.trainer_helpers import make_plan, spawn_layouts
 
+pytestmark = pytest.mark.integration
+
 RTOL = 1e-5
 STEPS = 5
 

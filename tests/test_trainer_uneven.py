@@ -10,6 +10,8 @@ import pytest
 from launcher.plan.layout import stage_layers
 from tests.trainer_helpers import make_plan, spawn_layouts
 
+pytestmark = pytest.mark.integration
+
 RTOL = 1e-5
 SIX = {"layers": 6}
 

@@ -15,6 +15,8 @@ import pytest
 from launcher.trainer.zero1 import _buckets, partition
 from tests.trainer_helpers import make_plan, spawn_layouts
 
+pytestmark = pytest.mark.integration
+
 RTOL = 1e-5
 STEPS = 5
 MOE = dict(model_over={"experts": 4, "experts_per_token": 2})

@@ -11,6 +11,8 @@ from launcher.transport.lines import LineSplitter, iter_lines
 from launcher.transport.local import LocalTransport
 from tests.services.sshd import ssh_cluster  # noqa: F401 - fixture
 
+pytestmark = pytest.mark.integration
+
 
 def test_line_splitter_holds_a_line_cut_across_chunks():
     s = LineSplitter()

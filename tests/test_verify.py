@@ -18,6 +18,8 @@ from launcher.verify.roles import extend, micro_batch_counts, plan_roles
 from tests.conftest import EXAMPLES, REPO
 from tests.trainer_helpers import make_plan
 
+pytestmark = pytest.mark.integration
+
 
 def launch(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO, capture_output=True,

@@ -16,6 +16,8 @@ from launcher.verify import trace_plan
 from tests.trainer_helpers import free_port, make_plan
 from tests.verify_helpers import measure_rank
 
+pytestmark = pytest.mark.integration
+
 MODEL = {"layers": 2, "hidden": 256, "heads": 4, "kv_heads": 2, "ffn_hidden": 512, "vocab": 4096}
 LAYOUTS = {
     # the 2-D mesh: FSDP (ZeRO 3) over dp, TP with sequence parallelism
