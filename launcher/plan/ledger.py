@@ -337,11 +337,25 @@ def optimizer_temp_bytes(train, gpu, local_params: float, largest: float) -> flo
 
 
 def logits_chunk_bytes(train, model, lay: Layout, num: Numerics) -> float:
-    """The chunked loss (loss.py): one checkpointed chunk of `loss_chunk` tokens' logits exists at a time;
-    its backward holds the logits, their fp32 copy and log-softmax, and the logits' gradient
-    (vocab-parallel ÷tp); about 12 B per element beside the logits themselves (traced)."""
+    """The chunked loss (loss.py): one checkpointed chunk of `loss_chunk` tokens' logits exists at a time.
+    At its backward's peak (in log-softmax's backward) the recomputed chunk holds three fp32 [n, V/tp]
+    tensors: log-softmax's output, nll's gradient and log-softmax's gradient (12 B per element; the
+    bf16 logits are already freed); the vocab-parallel loss (TP) keeps exp(z) and gathers and scatters
+    through one more (16 B). Beside them, the chunk's hidden states in the matmul dtype."""
     tokens = min(train.loss_chunk, train.seq_len / lay.cp * lay.micro_batch)
-    return tokens * model.vocab / lay.tp * (num.act + 12)
+    return tokens * model.vocab / lay.tp * (16 if lay.tp > 1 else 12) + tokens * model.hidden * num.act
+
+
+def mlp_backward_bytes(model, tokens: float, tp: int, e: int) -> float:
+    """The MLP's backward working set (autograd temporaries, traced): w2's input gradient and, for
+    SwiGLU, the gradients of silu(w1 x) and w3 x, each [tokens, ffn/tp] in the matmul dtype."""
+    return (3 if model.mlp == "swiglu" else 2) * tokens * model.ffn_hidden / tp * e
+
+
+def rope_buffer_bytes(model, train, lay: Layout) -> float:
+    """RoPE cos/sin tables, buffers of each of the rank's model parts (model.Transformer): fp32
+    [seq/cp, head_dim] twice per part (one part per virtual stage)."""
+    return 2 * 4 * (model.hidden // model.heads) * train.seq_len / lay.cp * max(1, lay.virtual_stages)
 
 
 @dataclass(frozen=True)
@@ -371,6 +385,7 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
     opt_b = TRAINER_STATE_BYTES[train.optimizer]
     dense = rp.blocks_dense + rp.root
     cache = 0.0
+    buffers = rope_buffer_bytes(model, train, lay)
     # --- state: fp32 params and grads (the optimizer's masters), sharded by FSDP under ZeRO 2/3
     if fsdp:
         params = 4 * (dense / n + rp.blocks_expert / n_exp)
@@ -379,9 +394,10 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
         gathered = num.gathered
         # the root unit is fully_shard(reshard_after_forward=False): gathered through forward and backward
         params += gathered * rp.root
-        if lay.zero == 2 or lay.pp > 1:
-            # ZeRO 2 keeps every block gathered from forward to backward; under PP torch's pipelining
-            # also disables reshard-after-backward until the last micro-batch (stage.py)
+        if lay.zero == 2:
+            # ZeRO 2 keeps every block gathered from forward to backward (under PP, torch's pipelining
+            # also disables reshard-after-backward until the last micro-batch: stage.py); ZeRO 3 blocks
+            # are resharded after each forward, so at the peak only the block in backward is gathered
             params += gathered * (rp.blocks_dense + rp.blocks_expert)
         if lay.pp > 1:
             # ... and gradient sync: unsharded grads accumulate in the fp32 reduce dtype for the whole
@@ -420,31 +436,49 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
     if lay.cp > 1:
         acts += s / lay.cp * s                       # the causal mask over gathered keys (bool, one per part)
     has_head = pp_rank_of(lay, role) == lay.pp - 1
-    if has_head:
-        # final norm, and the final hidden states the chunked loss keeps (all-gathered under TP) with their grad
-        acts += (4 + num.residual) * model.hidden * tokens / lay.tp + 2 * num.act * model.hidden * tokens
-    # --- communication buffers at the forward/backward peak (the start of the last micro-batch's
-    # backward): ZeRO 3 has re-gathered the last block and prefetches the one before; ZeRO 2's blocks
-    # are still gathered (params). Reduce-scatters and the ZeRO 0/1 all-reduce come later.
-    comm = 2 * num.gathered * rp.block if fsdp and lay.zero == 3 and lay.pp == 1 else 0.0
-    # the flat bucket fsdp.all_reduce_grads concatenates after backward (ZeRO 0/1)
-    step_comm = 4 * min(rp.total, ALLREDUCE_BUCKET_ELEMS) if not fsdp and n > 1 else 0.0
-    # --- the two peaks: the last micro-batch's forward/backward, and the optimizer step
-    logits = logits_chunk_bytes(train, model, lay, num) if has_head else 0.0
-    if recomputed > logits:          # the loss's backward is over before the first block is recomputed
-        acts, logits = acts + recomputed, 0.0
-    if lay.grad_accum > 1 or lay.pp > 1:
+    # --- the forward/backward peak: the loss's backward (last stage) or the first block's backward
+    fwd_bwd = max(_loss_peak(model, train, lay, num, tokens, acts) if has_head else None,
+                  _block_peak(model, lay, num, tokens, acts, recomputed, rp.block if fsdp and lay.zero == 3 else 0.0),
+                  key=lambda x: -1 if x is None else sum(x))
+    acts, temps, gathered_block, comm = fwd_bwd
+    if lay.grad_accum > held:
+        # an earlier micro-batch's backward has run here: the whole stage's gradients exist
         accumulated = grads
     else:
-        # one micro-batch: gradients appear as activations are freed; the head's come first
-        accumulated = max(0.0, grads - acts) + (4 * rp.root / (n if fsdp else 1) if has_head else 0.0)
-    fwd_bwd = RankMemory(params + cache, accumulated, optimizer, acts, logits, comm, "forward/backward")
+        # the first backward (no pipeline and one micro-batch, GPipe, or a 1F1B rank whose warm-up holds
+        # every micro-batch): gradients appear only as one micro-batch's activations are freed
+        accumulated = max(0.0, grads - acts / held)
+    # the flat bucket fsdp.all_reduce_grads concatenates after backward (ZeRO 0/1)
+    step_comm = 4 * min(rp.total, ALLREDUCE_BUCKET_ELEMS) if not fsdp and n > 1 else 0.0
+    fwd_bwd = RankMemory(params + buffers + cache + gathered_block, accumulated, optimizer, acts, temps, comm,
+                         "forward/backward")
     stepped = dense / n + rp.blocks_expert / n_exp if fsdp or lay.zero == 1 else rp.total   # what step() updates
     temp = max(optimizer_temp_bytes(train, gpu, stepped, rp.largest / (n if fsdp else 1)),
                16 * rp.largest / (n if fsdp else 1))  # grad-norm clip: a float64 copy and its square
-    step = RankMemory(params - (num.gathered * rp.root if fsdp else 0.0), step_grads, optimizer, 0.0, temp,
+    step = RankMemory(params + buffers - (num.gathered * rp.root if fsdp else 0.0), step_grads, optimizer, 0.0, temp,
                       step_comm, "optimizer step")
     return fwd_bwd if fwd_bwd.total >= step.total else step
+
+
+def _loss_peak(model, train, lay: Layout, num: Numerics, tokens: float, acts: float) -> tuple[float, ...]:
+    """(activations, temporaries, gathered block, comm buffers) in the chunked loss's backward: every
+    stored activation, the final norm's and the loss's inputs, one chunk's logits; ZeRO 3 blocks are
+    all resharded (the last block is gathered again only after the loss's backward)."""
+    # final norm (fp32 input, normed output) and the final hidden states the chunked loss keeps
+    # (all-gathered under TP) with their gradient
+    head = (4 + num.residual) * model.hidden * tokens / lay.tp + 2 * num.act * model.hidden * tokens
+    return acts + head, logits_chunk_bytes(train, model, lay, num), 0.0, 0.0
+
+
+def _block_peak(model, lay: Layout, num: Numerics, tokens: float, acts: float, recomputed: float,
+                fsdp3_block: float) -> tuple[float, ...]:
+    """(activations, temporaries, gathered block, comm buffers) in the first block's backward: the
+    stored activations, the block recomputed (full recompute), its MLP's gradient temporaries (one
+    expert's routed tokens at a time under MoE); ZeRO 3 has gathered that block and prefetches the
+    next one (FSDP2's backward prefetch: an all-gather buffer of one block)."""
+    routed = tokens * model.experts_per_token / model.experts if model.experts > 1 else tokens
+    temps = mlp_backward_bytes(model, routed, lay.tp, num.act)
+    return acts + recomputed, temps, num.gathered * fsdp3_block, num.gathered * fsdp3_block
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,10 @@ What it takes to run the trainer unchanged in that world (notes/testbed.md lists
   entered in), counts every part of a rank (virtual pipeline stages), counts parameters and
   gradients that FSDP does not manage (ZeRO 0/1, dp·cp = 1), and accepts one forward per
   micro-batch.
+- Categories follow what a tensor is, not when it was made (as the ledger files them): autocast's
+  bf16 copies of the weights are parameters (torch's tracker files them as activations), and the
+  fp32 gradients FSDP accumulates unsharded while pipelining disables gradient sync are gradients
+  (torch's files them as backward temporaries).
 """
 
 from __future__ import annotations
@@ -146,6 +150,8 @@ class RankMemTracker(FSDPMemTracker):
         self._fsdp_state = _FSDPState.PRE_FW
         self._ref_class = _FSDPRefType
         self._plain_hooks: list = []
+        self._param_storages: set[int] = set()
+        self._weight_cast = False
 
     def _register_module_and_optimizer_hooks(self) -> None:
         super()._register_module_and_optimizer_hooks()
@@ -154,6 +160,7 @@ class RankMemTracker(FSDPMemTracker):
             if isinstance(m, FSDPModule) and (group := m._get_fsdp_state()._fsdp_param_group):
                 managed.update(id(fp.sharded_param) for fp in group.fsdp_params)
         for p in self._root_mod.parameters():
+            self._param_storages.update(id(st) for st in get_untyped_storages(p))
             if id(p) in managed:
                 continue
             self._update_and_maybe_create_winfos(p, _FSDPRefType.SHARDED_PARAM)
@@ -169,6 +176,34 @@ class RankMemTracker(FSDPMemTracker):
         for h in self._plain_hooks:
             h.remove()
         self._plain_hooks.clear()
+
+    def _fsdp_param_group_post_backward(self, fsdp_mod, orig):
+        inner = super()._fsdp_param_group_post_backward(fsdp_mod, orig)
+
+        def post_backward(*args, **kwargs):
+            inner(*args, **kwargs)
+            # without gradient sync (pipelining until the last micro-batch) FSDP keeps each unsharded
+            # gradient, upcast to the reduce dtype, in unsharded_accumulated_grad
+            if group := fsdp_mod._get_fsdp_state()._fsdp_param_group:
+                for fp in group.fsdp_params:
+                    if fp.unsharded_accumulated_grad is not None:
+                        self._update_and_maybe_create_winfos(fp.unsharded_accumulated_grad,
+                                                             _FSDPRefType.UNSHARDED_GRAD)
+
+        return post_backward
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # autocast's cast of a parameter (a weight in bf16, cached until the autocast region ends)
+        self._weight_cast = (func is torch.ops.aten._to_copy.default and not self._in_opt and bool(args)
+                             and isinstance(args[0], torch.Tensor)
+                             and any(id(st) in self._param_storages for st in get_untyped_storages(args[0])))
+        try:
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        finally:
+            self._weight_cast = False
+
+    def _track(self, reftype, t: torch.Tensor) -> None:
+        super()._track(_FSDPRefType.UNSHARDED_PARAM if self._weight_cast else reftype, t)
 
     def _fsdp_state_pre_forward(self, fsdp_mod, orig):
         inner = super()._fsdp_state_pre_forward(fsdp_mod, orig)
