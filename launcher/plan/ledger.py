@@ -430,15 +430,15 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
     if lay.recompute == "full":
         # backward recomputes one block at a time: that block's whole activations exist meanwhile
         recomputed = trainer_layer_activation_bytes(model, s, b, "none", num, tp=lay.tp, cp=lay.cp)
+    r = pp_rank_of(lay, role)
     if lay.pp > 1:
-        # the schedule keeps each in-flight micro-batch's stage output (and input on later stages)
-        acts += 2 * num.residual * model.hidden * tokens / lay.tp * held
+        acts += pipeline_buffer_bytes(model, lay, num, tokens, held, r)
     if lay.cp > 1:
         acts += s / lay.cp * s                       # the causal mask over gathered keys (bool, one per part)
-    has_head = pp_rank_of(lay, role) == lay.pp - 1
+    has_head = r == lay.pp - 1
     # --- the forward/backward peak: the loss's backward (last stage) or the first block's backward
-    fwd_bwd = max(_loss_peak(model, train, lay, num, tokens, acts) if has_head else None,
-                  _block_peak(model, lay, num, tokens, acts, recomputed, rp.block if fsdp and lay.zero == 3 else 0.0),
+    fwd_bwd = max(_loss_peak(model, train, lay, num, tokens, acts, held) if has_head else None,
+                  _block_peak(model, lay, num, tokens, acts, recomputed, rp.block if fsdp else 0.0, lay.zero),
                   key=lambda x: -1 if x is None else sum(x))
     acts, temps, gathered_block, comm = fwd_bwd
     if lay.grad_accum > held:
@@ -460,25 +460,46 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
     return fwd_bwd if fwd_bwd.total >= step.total else step
 
 
-def _loss_peak(model, train, lay: Layout, num: Numerics, tokens: float, acts: float) -> tuple[float, ...]:
+def pipeline_buffer_bytes(model, lay: Layout, num: Numerics, tokens: float, held: float, r: int) -> float:
+    """What torch's pipelining keeps beside the blocks' own activations on pipeline rank `r`
+    (pipelining/stage.py), each [micro_batch, seq/cp/tp, hidden] in the stage-boundary dtype: one
+    receive buffer per micro-batch for every stage's input (not stage 0's) and for its output's
+    gradient (not the last stage's), allocated once for the whole step; and each in-flight micro-batch's
+    stage output, kept for its backward. In fp32 (autocast) the first block's norm saves that received
+    input itself (x.float() is x), already counted among the block's activations."""
+    v, m = max(1, lay.virtual_stages), lay.grad_accum
+    recv = m * (2 * v - (r == 0) - (r == lay.pp - 1))
+    kept = held * v - (held if r == lay.pp - 1 else 0.0)
+    shared = held * v - (held if r == 0 else 0.0) if num.residual == 4 else 0.0
+    return num.residual * model.hidden * tokens / lay.tp * (recv + kept - shared)
+
+
+def _loss_peak(model, train, lay: Layout, num: Numerics, tokens: float, acts: float,
+               held: float) -> tuple[float, ...]:
     """(activations, temporaries, gathered block, comm buffers) in the chunked loss's backward: every
-    stored activation, the final norm's and the loss's inputs, one chunk's logits; ZeRO 3 blocks are
+    stored activation, the final norm's and the loss's inputs (for each micro-batch in flight: GPipe
+    runs every micro-batch's loss before the first backward), one chunk's logits; ZeRO 3 blocks are
     all resharded (the last block is gathered again only after the loss's backward)."""
     # final norm (fp32 input, normed output) and the final hidden states the chunked loss keeps
     # (all-gathered under TP) with their gradient
     head = (4 + num.residual) * model.hidden * tokens / lay.tp + 2 * num.act * model.hidden * tokens
-    return acts + head, logits_chunk_bytes(train, model, lay, num), 0.0, 0.0
+    return acts + head * held, logits_chunk_bytes(train, model, lay, num), 0.0, 0.0
 
 
 def _block_peak(model, lay: Layout, num: Numerics, tokens: float, acts: float, recomputed: float,
-                fsdp3_block: float) -> tuple[float, ...]:
-    """(activations, temporaries, gathered block, comm buffers) in the first block's backward: the
-    stored activations, the block recomputed (full recompute), its MLP's gradient temporaries (one
-    expert's routed tokens at a time under MoE); ZeRO 3 has gathered that block and prefetches the
-    next one (FSDP2's backward prefetch: an all-gather buffer of one block)."""
+                fsdp_block: float, zero: int) -> tuple[float, ...]:
+    """(activations, temporaries, gathered block, comm buffers) in a block's backward near the top of
+    the stack: the stored activations; as temporaries, what exists only during that block's backward
+    (the block recomputed under full recompute, which torch's tracker sees made in backward, and its
+    MLP's gradient temporaries: one expert's routed tokens at a time under MoE). FSDP (`fsdp_block`:
+    one block's parameters, 0 without FSDP): ZeRO 3 has gathered that block and prefetches the next
+    (FSDP2's backward prefetch: one block's all-gather buffer); without a pipeline the block above's
+    gradients are being reduce-scattered (its fp32 unsharded gradient is the reduce-scatter input)."""
     routed = tokens * model.experts_per_token / model.experts if model.experts > 1 else tokens
-    temps = mlp_backward_bytes(model, routed, lay.tp, num.act)
-    return acts + recomputed, temps, num.gathered * fsdp3_block, num.gathered * fsdp3_block
+    temps = recomputed + mlp_backward_bytes(model, routed, lay.tp, num.act)
+    gathered = num.gathered * fsdp_block if zero == 3 else 0.0
+    comm = gathered + (4 * fsdp_block if lay.pp == 1 else 0.0)
+    return acts, temps, gathered, comm
 
 
 @dataclass(frozen=True)
