@@ -4,8 +4,9 @@ The folders read as the pipeline: checks/ (measure) -> launcher/plan (decide) ->
 (run) -> trainer; diagnose (explain); commands/ + cli.py on top; formats (+ transport) underneath.
 
 - the trainer imports launcher.plan and launcher.formats only (and errors);
-- checks imports launcher.formats only, and the torch-free launcher.transport (never launcher's
-  commands, backends or plan); the transport stands on formats alone;
+- checks imports launcher.formats only, the torch-free launcher.transport and the render
+  environment (launcher.render itself; never launcher's commands, backends or plan); those stand on
+  formats alone;
 - the backends never import the trainer (a job runs it in other processes);
 - the CLI never imports torch: no command module does at module level, `launch --help` and
   `launch plan` never load it (only `launch run` and `launch verify` do, inside the command that
@@ -126,8 +127,21 @@ def test_the_scan_sees_the_code():
 BASE_LAYER = ("launcher.formats", "launcher.transport", "launcher.errors")
 
 
+#: launcher.render itself (the package, not its plan-bound sbatch/k8s modules): the one Jinja
+#: environment, which preflight's batch script and pods render through too
+RENDER_ENV = "launcher.render"
+
+
 def test_checks_never_imports_launcher_commands_or_backends():
-    assert violations(under("checks"), ("launcher",), top_level_only=False, allowed=BASE_LAYER) == []
+    """checks may use the base layer and the render environment (exactly launcher.render), nothing else."""
+    assert [str(i) for i in all_imports() if within(i.module, "checks") and within(i.name, "launcher")
+            and not within(i.name, *BASE_LAYER) and i.name != RENDER_ENV] == []
+
+
+def test_the_render_environment_stands_on_formats_only():
+    """checks renders through launcher.render's environment: that module must not pull in the plan."""
+    assert [str(i) for i in all_imports() if i.module == RENDER_ENV and within(i.name, "launcher", "checks")
+            and not within(i.name, *BASE_LAYER)] == []
 
 
 def test_the_transport_stands_on_formats_only():

@@ -21,7 +21,7 @@ from launcher.cli import cli
 from launcher.errors import UserError
 from launcher.plan.planner import plan_job
 from launcher.plan.spec import spec_from_dict
-from launcher.render import render_k8s
+from launcher.render.k8s import render_k8s
 from tests.conftest import EXAMPLES, spec_file
 
 pytestmark = pytest.mark.unit

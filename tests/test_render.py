@@ -22,7 +22,9 @@ from launcher.cli import cli
 from launcher.errors import UserError
 from launcher.plan.planner import plan_job
 from launcher.plan.spec import load_spec, spec_from_dict
-from launcher.render import check_k8s_name, render_k8s, render_slurm
+from launcher.render import check_k8s_name
+from launcher.render.k8s import render_k8s
+from launcher.render.sbatch import render_slurm
 from tests.conftest import EXAMPLES, spec_file
 
 pytestmark = pytest.mark.unit
@@ -275,7 +277,7 @@ def test_single_node_job_has_no_worker_replicas():
 
 
 def test_pod_templates_pass_the_kubernetes_client_models():
-    from launcher.render import to_model
+    from launcher.render.k8s import to_model
 
     _, _, _, (cm, job) = k8s_docs()
     pod = to_model(job["spec"]["pytorchReplicaSpecs"]["Master"]["template"], "V1PodTemplateSpec")

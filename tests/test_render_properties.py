@@ -31,7 +31,8 @@ from launcher.errors import UserError
 from launcher.formats.shell import SBATCH_SAFE, quote
 from launcher.plan.planner import plan_job
 from launcher.plan.spec import spec_from_dict
-from launcher.render import render_k8s, render_slurm
+from launcher.render.k8s import render_k8s
+from launcher.render.sbatch import render_slurm
 from tests.conftest import EXAMPLES
 
 pytestmark = pytest.mark.unit

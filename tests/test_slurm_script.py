@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.render import render_slurm
+from launcher.render.sbatch import render_slurm
 from tests.test_render import spec_plan
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import UserError
-from launcher.render import render_slurm
+from launcher.render.sbatch import render_slurm
 from tests.test_render import spec_plan
 
 pytestmark = pytest.mark.integration
@@ -198,7 +198,7 @@ def test_no_check_step_when_there_is_nothing_to_check(tmp_path):
 # --- job arrays ---------------------------------------------------------------------------------
 def test_an_array_runs_each_tasks_own_plan_and_run_dir(tmp_path):
     from launcher.plan.planner import plan_job
-    from launcher.render import render_slurm_array
+    from launcher.render.sbatch import render_slurm_array
 
     spec, _ = spec_plan(**{"parallel": "auto"})
     result = plan_job(spec, top=3, ranks_for=2)

@@ -13,29 +13,27 @@ import re
 import secrets
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from checks.results import CommandResult
 from checks.runners import Runner
+from launcher.render import RFC1123_SUBDOMAIN
 
-TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "k8s" / "preflight-pod.yaml.j2"
-DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+TEMPLATE = "k8s/preflight-pod.yaml.j2"  # rendered by launcher.render's one environment
 
 
 def render_pod(*, name: str, namespace: str, node: str, image: str, command: str, run_id: str,
                gpus: int | None = None, deadline: int = 900, service_account: str | None = None) -> dict[str, Any]:
-    import jinja2
     import yaml
 
+    from launcher.render import render_template
+
     for what, v in (("pod name", name), ("namespace", namespace), ("node name", node)):
-        if not DNS1123.match(v) or len(v) > 253:
+        if not RFC1123_SUBDOMAIN.fullmatch(v) or len(v) > 253:
             raise ValueError(f"{what} {v!r} is not a valid Kubernetes name (lowercase letters, digits, '-', '.')")
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE.parent)), undefined=jinja2.StrictUndefined,
-                             trim_blocks=True, lstrip_blocks=True)
-    text = env.get_template(TEMPLATE.name).render(name=name, namespace=namespace, node=node, image=image,
-                                                  command=command, run_id=run_id, gpus=gpus, deadline=deadline,
-                                                  service_account=service_account)
+    text = render_template(TEMPLATE, dict(name=name, namespace=namespace, node=node, image=image, command=command,
+                                          run_id=run_id, gpus=gpus, deadline=deadline,
+                                          service_account=service_account))
     return yaml.safe_load(text)
 
 

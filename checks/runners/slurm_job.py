@@ -4,9 +4,9 @@ The job runs the node probes (`python -m checks.probe --level L`: at standard an
 level's single-node tools) on every node with srun, the pair rounds and the all-node run with
 `srun --mpi`, at level long the pair tests (`python -m checks.slurm_pairs`: all_to_all_perf
 and per-NIC ib_write_bw as srun steps), writes everything in the `import` layout under OUT, and
-ends with `python -m checks OUT` (the BandwidthMap in OUT/bwmap.json). Rendered with
-jinja2 directly; checks imports only launch4d's torch-free formats (launcher.formats), whose one
-quoting function every user string goes through.
+ends with `python -m checks OUT` (the BandwidthMap in OUT/bwmap.json). Rendered by
+launcher.render's one environment (torch- and plan-free), whose `q` filter every user string goes
+through and whose `sbatch` filter every #SBATCH value does.
 """
 
 from __future__ import annotations
@@ -19,22 +19,12 @@ from pathlib import Path
 from checks.hosts import compress
 from checks.pairing import NcclOptions, ring_rounds
 from launcher.errors import UserError
-from launcher.formats.shell import quote
-from launcher.formats.shell import sbatch_value as formats_sbatch_value
 
-TEMPLATE = Path(__file__).resolve().parents[2] / "templates" / "slurm" / "preflight.sbatch.j2"
+TEMPLATE = "slurm/preflight.sbatch.j2"  # rendered by launcher.render's one environment
 
 
 class SlurmJobError(ValueError):
     """A value that cannot go into the batch script; the message names it."""
-
-
-def sbatch_value(value: object) -> str:
-    """#SBATCH lines are not shell: sbatch reads them itself, so only plain values may go there."""
-    try:
-        return formats_sbatch_value(value)
-    except UserError as exc:
-        raise SlurmJobError(str(exc)) from None
 
 
 @dataclass
@@ -54,17 +44,16 @@ class SlurmJobOptions:
     tool_timeouts: list[str] = field(default_factory=list)  # TOOL=SECONDS, as --tool-timeout takes them
 
 
-def render(hosts: list[str], opts: SlurmJobOptions, template: Path | None = None) -> str:
-    import jinja2
+def render(hosts: list[str], opts: SlurmJobOptions) -> str:
+    """The batch script, through launcher.render's one environment (its `q` and `sbatch` filters)."""
+    from launcher.render import render_template
 
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str((template or TEMPLATE).parent)),
-                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                             trim_blocks=True, lstrip_blocks=True)
-    env.filters["q"] = quote
-    env.filters["sbatch"] = sbatch_value
-    tpl = env.get_template((template or TEMPLATE).name)
-    return tpl.render(hosts=hosts, nodelist=compress(hosts), rounds=ring_rounds(hosts) if opts.nccl.pairs else [],
-                      o=opts, nccl=opts.nccl, collective=opts.nccl.collective)
+    try:
+        return render_template(TEMPLATE, dict(hosts=hosts, nodelist=compress(hosts), o=opts, nccl=opts.nccl,
+                                              rounds=ring_rounds(hosts) if opts.nccl.pairs else [],
+                                              collective=opts.nccl.collective))
+    except UserError as exc:
+        raise SlurmJobError(str(exc)) from None
 
 
 def submit(script: str, out_dir: Path, sbatch: str = "sbatch", env: dict[str, str] | None = None) -> str:

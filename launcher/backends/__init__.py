@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from launcher.errors import UserError
 from launcher.formats.exitcodes import PREEMPT_EXIT_CODE
-from launcher.formats.rundir import RunDir
 
 if TYPE_CHECKING:
     from launcher.plan.model import Plan
@@ -204,27 +203,13 @@ def prepare_run_dir(run_dir: str | Path, plan: Plan, job_text: str | None) -> Pa
 
 
 def trainer_env(spec: JobSpec, run_dir: str | Path) -> dict[str, str]:
-    """Environment for every trainer process: diagnostics (NCCL debug, flight recorder, timeouts)
-    pointed into the run dir, then the job's backend.env (the user has the last word)."""
-    d = spec.diagnostics
-    rd = Path(run_dir)
-    env = {"PYTHONUNBUFFERED": "1", "LAUNCH4D_RUN_DIR": str(rd)}
-    if d.nccl_debug != "off":
-        env["NCCL_DEBUG"] = d.nccl_debug
-        env["NCCL_DEBUG_FILE"] = RunDir(rd).nccl_debug_file()
-        if d.nccl_debug_subsys:
-            env["NCCL_DEBUG_SUBSYS"] = d.nccl_debug_subsys
-    if d.flight_recorder:
-        env["TORCH_FR_BUFFER_SIZE"] = str(d.flight_recorder_entries)
-        env["TORCH_NCCL_DUMP_ON_TIMEOUT"] = "1"
-        env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = RunDir(rd).flight_prefix()
-        env["TORCH_FR_DUMP_TEMP_FILE"] = RunDir(rd).flight_prefix()
-    env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "3"
-    if d.socket_ifname:
-        env["NCCL_SOCKET_IFNAME"] = d.socket_ifname
-        env["GLOO_SOCKET_IFNAME"] = d.socket_ifname
-    if d.ib_hca:
-        env["NCCL_IB_HCA"] = d.ib_hca
+    """Environment for every trainer process of a local run: the diagnostics every backend sets
+    (launcher.render.env: NCCL debug, flight recorder, timeouts) pointed into the run dir, then the
+    job's backend.env (the user has the last word)."""
+    from launcher.render.env import diagnostics_env
+
+    env = {"PYTHONUNBUFFERED": "1", "LAUNCH4D_RUN_DIR": str(Path(run_dir))}
+    env.update(diagnostics_env(spec, str(Path(run_dir))))
     env.update({str(k): str(v) for k, v in spec.backend.env.items()})
     return env
 

@@ -132,7 +132,7 @@ class KubernetesBackend:
     def submit(self, spec: JobSpec, plan: Plan, run_dir: str | Path | None = None, dry_run: bool = False,
                templates: str | None = None, **options: Any) -> JobHandle:
         """Render the ConfigMap + PyTorchJob and create both (or, for a dry run, only render)."""
-        from launcher.render import parse_manifests, render_k8s
+        from launcher.render.k8s import parse_manifests, render_k8s
 
         rendered = render_k8s(spec, plan, None, templates, options.get("exclude"))
         configmap, *objects = parse_manifests(rendered.files["manifest.yaml"])

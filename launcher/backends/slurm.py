@@ -215,7 +215,7 @@ class SlurmBackend:
         """Render into the run dir (here, or a remote one on the login node), then sbatch there.
 
         Nothing is written for a dry run; on any failure the run dir this call created is removed."""
-        from launcher.render import render_slurm
+        from launcher.render.sbatch import render_slurm
 
         target = ssh_target_from(spec.backend.slurm)
         runner = self.runner(target) if (target or not dry_run) else None
@@ -247,7 +247,7 @@ class SlurmBackend:
         """Several plans of one job as one Slurm job array (`--array`): task i runs plan i in its own
         run dir <base>/<names[i]>; its logs are <base>/logs/slurm-<job>_<i>.out. One handle per
         task, id "<job>_<i>", which squeue, scancel, status and logs take as they are."""
-        from launcher.render import render_slurm_array
+        from launcher.render.sbatch import render_slurm_array
 
         target = ssh_target_from(spec.backend.slurm)
         runner = self.runner(target) if (target or not dry_run) else None
@@ -580,7 +580,7 @@ UNKNOWN_OPTION = re.compile(r"unrecognized option '(--[^=' ]+)")
 def refusal(spec: JobSpec, text: str) -> str:
     """sbatch's refusal as one line; an option the installed sbatch does not know is named with
     the job-file field it came from (the installed sbatch is the judge of what it accepts)."""
-    from launcher.render import site_options
+    from launcher.render.sbatch import site_options
 
     m = UNKNOWN_OPTION.search(text)
     if m:

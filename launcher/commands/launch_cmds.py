@@ -76,7 +76,8 @@ def render(job_file: str, backend: str | None, out_dir: str | None, bwmap: str |
     Same input, same bytes."""
     from launcher.formats import rundir
     from launcher.formats.files import child_path
-    from launcher.render import render_k8s, render_slurm
+    from launcher.render.k8s import render_k8s
+    from launcher.render.sbatch import render_slurm
 
     spec, plan, bw, kind, text = _load(job_file, backend, bwmap)
     if kind == "slurm":

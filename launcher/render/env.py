@@ -1,0 +1,81 @@
+"""The environment every trainer process runs under, from one place for every backend (local,
+Slurm, Kubernetes): NCCL debug files, the flight recorder, the watchdog's timeouts, interface
+hints (the job file's, else preflight's), then the user's backend.env."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from launcher.errors import UserError
+from launcher.formats import rundir
+from launcher.formats.shell import quote as shell_quote
+
+if TYPE_CHECKING:
+    from launcher.plan.model import Plan
+    from launcher.plan.spec import JobSpec
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Names that look like credentials are refused in backend.env: reference a Secret instead.
+SECRET_WORDS = re.compile(r"(SECRET|PASSWORD|PASSWD|TOKEN|API_?KEY|CREDENTIAL|PRIVATE_KEY)", re.I)
+
+
+def measured_nccl_env(plan: Plan) -> dict[str, str]:
+    """From preflight, through the plan: NCCL_IB_HCA restricted (exact match) to the NICs nearest
+    the job's GPUs, so a storage or management port is never picked."""
+    nics = sorted({r.nic for r in plan.ranks if getattr(r, "nic", None)})
+    return {"NCCL_IB_HCA": "=" + ",".join(nics)} if nics else {}
+
+
+def diagnostics_env(spec: JobSpec, run_dir: str, extra: dict[str, str] | None = None) -> list[tuple[str, str]]:
+    """NCCL / PyTorch observability variables from the job's `diagnostics` section, the same for every
+    backend (the local run's environment, the sbatch script's exports, the pods' env); interface
+    hints given in the job file win over measured ones (`extra`)."""
+    d = spec.diagnostics
+    env: list[tuple[str, str]] = []
+    if d.nccl_debug != "off":
+        env.append(("NCCL_DEBUG", d.nccl_debug))
+        if d.nccl_debug_subsys:
+            env.append(("NCCL_DEBUG_SUBSYS", d.nccl_debug_subsys))
+        env.append(("NCCL_DEBUG_FILE", f"{run_dir}/{rundir.NCCL_LOGS}/%h.%p.log"))
+    env.append(("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"))
+    if d.flight_recorder:
+        # Both spellings: TORCH_FR_* on current PyTorch, TORCH_NCCL_* on older releases.
+        env += [("TORCH_NCCL_TRACE_BUFFER_SIZE", str(d.flight_recorder_entries)),
+                ("TORCH_FR_BUFFER_SIZE", str(d.flight_recorder_entries)),
+                ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"),
+                ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", f"{run_dir}/{rundir.FLIGHT}/rank_"),
+                ("TORCH_FR_DUMP_TEMP_FILE", f"{run_dir}/{rundir.FLIGHT}/rank_")]
+    # The init and collective timeouts go to the trainer's flags (trainer_args); the NCCL watchdog's
+    # heartbeat monitor must not fire before the collective timeout does.
+    env.append(("TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC", str(max(d.collective_timeout_s, 60))))
+    measured = extra or {}
+    ifname = d.socket_ifname or measured.get("NCCL_SOCKET_IFNAME")
+    hca = d.ib_hca or measured.get("NCCL_IB_HCA")
+    if ifname:  # gloo (CPU collectives, the trainer's control-plane barriers) on the same interface
+        env += [("NCCL_SOCKET_IFNAME", ifname), ("GLOO_SOCKET_IFNAME", ifname)]
+    if hca:
+        env.append(("NCCL_IB_HCA", hca))
+    return env
+
+
+def trainer_args(spec: JobSpec, plan_path: str, run_dir: str) -> str:
+    """The trainer's command-line arguments, shell-quoted."""
+    d = spec.diagnostics
+    return (f"--plan {shell_quote(plan_path)} --run-dir {shell_quote(run_dir)} --resume auto "
+            f"--init-timeout-s {d.init_timeout_s} --step-timeout-s {d.collective_timeout_s}")
+
+
+def user_env(spec: JobSpec) -> list[tuple[str, str]]:
+    out = []
+    for key, value in sorted(spec.backend.env.items()):
+        if not ENV_NAME.fullmatch(key):
+            raise UserError(f"backend.env.{key}: not a valid environment variable name")
+        if SECRET_WORDS.search(key):
+            raise UserError(f"backend.env.{key}: looks like a secret and would be written into the rendered "
+                            "file; pass it from the submitting shell (Slurm exports it) or name a Kubernetes "
+                            "Secret in backend.k8s.env_from_secrets")
+        if "\x00" in str(value):
+            raise UserError(f"backend.env.{key}: a NUL byte cannot be in an environment variable")
+        out.append((key, value))
+    return out

@@ -1,0 +1,179 @@
+"""Slurm: a Plan as an sbatch script (templates/slurm/train.sbatch.j2) and several plans as one job
+array; the site's own sbatch options checked one by one, with the job-file field each came from."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import UserError
+from launcher.formats import rundir
+from launcher.formats.shell import sbatch_value
+from launcher.plan.model import Plan
+from launcher.plan.spec import JobSpec
+from launcher.render import bash_syntax_check, render_template
+from launcher.render.env import diagnostics_env, measured_nccl_env, trainer_args, user_env
+from launcher.render.rendered import Rendered, check_plan, gpu_lists
+
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+# backend.slurm.extra: one long sbatch option, "--flag" or "--flag=value" (the whole string).
+SBATCH_EXTRA = re.compile(r"--([a-z][a-z0-9-]*)(?:=(.*))?", re.S)
+# Options the script itself sets (its rank logic, logs and requeue depend on them), with the
+# job-file field to use where there is one.
+SBATCH_MANAGED = {"job-name": "name", "nodes": "cluster.nodes", "ntasks-per-node": None, "ntasks": None,
+                  "output": None, "error": None, "chdir": None, "open-mode": None,
+                  "signal": "backend.slurm.checkpoint_signal / signal_seconds", "requeue": "backend.slurm.requeue",
+                  "no-requeue": "backend.slurm.requeue", "gpus-per-node": "cluster.gpus_per_node",
+                  "array": None, "wrap": None, "parsable": None}
+SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}")
+
+
+def _check_sbatch_fields(spec: JobSpec) -> None:
+    """Every job-file value bound for an #SBATCH line, checked with its dotted path in the error."""
+    s = spec.backend.slurm
+    fields: list[tuple[str, Any]] = [("name", spec.name)]
+    fields += [(f"backend.slurm.{k}", getattr(s, k)) for k in ("partition", "account", "qos", "time", "mem",
+                                                                "dependency", "switches_wait")]
+    fields += [(f"backend.slurm.{k}[{i}]", v) for k in ("exclude", "nodelist") for i, v in enumerate(getattr(s, k))]
+    for path, value in fields:
+        if value is None:
+            continue
+        try:
+            sbatch_value(value)
+        except UserError as exc:
+            raise UserError(f"{path}: {exc}") from None
+
+
+def site_options(spec: JobSpec) -> list[tuple[str, str | None, str]]:
+    """The site's own sbatch options, in order: (flag, value or None, job-file path). First-class
+    fields, then backend.slurm.extra, each checked to be one well-formed long option."""
+    s = spec.backend.slurm
+    out: list[tuple[str, str | None, str]] = []
+    for fld, flag in (("reservation", "--reservation"), ("constraint", "--constraint"), ("gres", "--gres"),
+                      ("mail_user", "--mail-user"), ("mail_type", "--mail-type"), ("comment", "--comment"),
+                      ("segment", "--segment")):
+        value = getattr(s, fld)
+        if value is not None:
+            out.append((flag, str(value), f"backend.slurm.{fld}"))
+    for i, opt in enumerate(s.extra):
+        path = f"backend.slurm.extra[{i}]"
+        m = SBATCH_EXTRA.fullmatch(opt)
+        if not m or CONTROL_CHARS.search(opt):
+            raise UserError(f"{path}: {opt!r} is not one sbatch option; write it as \"--flag=value\" or "
+                            "\"--flag\" (long form, no newlines or control characters)")
+        flag = m.group(1)
+        if flag in SBATCH_MANAGED:
+            field_hint = SBATCH_MANAGED[flag]
+            raise UserError(f"{path}: --{flag} is set by launch4d itself"
+                            + (f"; use {field_hint}" if field_hint else ""))
+        out.append((f"--{flag}", m.group(2), path))
+    for _, value, path in out:
+        if value is not None and CONTROL_CHARS.search(value):
+            raise UserError(f"{path}: {value!r} holds a newline or control character")
+    return out
+
+
+def node_check(spec: JobSpec, plan: Plan) -> dict[str, Any]:
+    """backend.slurm.node_check with its automatic parts resolved: GPU and Xid checks where the
+    plan runs on GPUs, the NIC check where the plan names NICs."""
+    c = spec.backend.slurm.node_check
+    has_gpus = plan.gpu.name != "cpu"
+    gpus = has_gpus if c.gpus is None else c.gpus
+    out = {"gpus": gpus, "xid": gpus if c.xid is None else c.xid, "nics": c.nics and bool(plan_nics(plan)),
+           "command": c.command, "timeout_s": c.timeout_s}
+    out["enabled"] = c.enabled and any(out[k] for k in ("gpus", "xid", "nics", "command"))
+    return out
+
+
+def plan_nics(plan: Plan) -> list[str]:
+    return sorted({r.nic for r in plan.ranks if getattr(r, "nic", None)})
+
+
+def slurm_context(spec: JobSpec, plan: Plan, run_dir: str, exclude: list[str] | None = None,
+                  measured_env: dict[str, str] | None = None, node_order: list[str] | None = None
+                  ) -> dict[str, Any]:
+    check_plan(spec, plan)
+    s = spec.backend.slurm
+    _check_sbatch_fields(spec)
+    if s.switches_wait is not None:
+        if not s.switches:
+            raise UserError("backend.slurm.switches_wait: set backend.slurm.switches too (--switches=N@wait)")
+        if not SLURM_TIME.fullmatch(s.switches_wait):
+            raise UserError(f"backend.slurm.switches_wait: {s.switches_wait!r} is not a Slurm time "
+                            "(minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS)")
+    runtime = s.container_runtime if s.container_image else "none"
+    if s.container_runtime == "apptainer" and not s.container_image:
+        raise UserError("backend.slurm.container_runtime is apptainer: set backend.slurm.container_image "
+                        "(a .sif file or docker://...)")
+    excluded = sorted(set(s.exclude) | set(exclude or []))
+    # Only the job author's explicit nodelist pins nodes; a plan's hosts (from a BandwidthMap) order
+    # the ranks at start instead, so a requeue never waits for a node that just failed.
+    nodelist = list(s.nodelist)
+    clash = sorted(set(nodelist) & set(excluded))
+    if clash:
+        raise UserError(f"backend.slurm.nodelist: {', '.join(clash)} also excluded (preflight or backend.slurm.exclude)")
+    order = [h for h in (node_order or plan.hosts or []) if h not in excluded]
+    return {
+        "name": spec.name,
+        "source_name": Path(spec.source).name if spec.source else spec.name,
+        "nodes": plan.nodes,
+        "nproc": plan.gpus_per_node,
+        "gpus_per_node": plan.gpus_per_node if s.gres_gpus else None,
+        "s": s,
+        "sig": s.checkpoint_signal,
+        "site_options": [(flag, value) for flag, value, _ in site_options(spec)],
+        "exclude": excluded,
+        "nodelist": nodelist,
+        "node_order": order,
+        "check": node_check(spec, plan),
+        "check_nics": plan_nics(plan),
+        "runtime": runtime,
+        "binds": [run_dir, *s.container_mounts],
+        "gpu_lists": gpu_lists(plan),
+        "run_dir": run_dir,
+        "node_dirs": (rundir.NCCL_LOGS, rundir.FLIGHT, rundir.HEARTBEAT),  # made on every node before torchrun
+        "plan_path": f"{run_dir}/{rundir.PLAN}",
+        "trainer_args": trainer_args(spec, f"{run_dir}/{rundir.PLAN}", run_dir),
+        "python": s.python,
+        "master_port": s.master_port,
+        "grace_seconds": max(s.signal_seconds - 10, 5),
+        "diag_env": diagnostics_env(spec, run_dir, {**measured_nccl_env(plan), **(measured_env or {})}),
+        "user_env": user_env(spec),
+    }
+
+
+def render_slurm(spec: JobSpec, plan: Plan, run_dir: str, templates: str | Path | None = None,
+                 exclude: list[str] | None = None, measured_env: dict[str, str] | None = None,
+                 node_order: list[str] | None = None) -> Rendered:
+    """`node_order`: the BandwidthMap's host order (default: the plan's hosts); the batch script
+    ranks the nodes it is given in this order."""
+    ctx = slurm_context(spec, plan, run_dir, exclude, measured_env, node_order)
+    script = render_template("slurm/train.sbatch.j2", ctx, templates)
+    bash_syntax_check(script)
+    return Rendered("slurm", run_dir, "train.sbatch",
+                    {"train.sbatch": script, rundir.PLAN: plan.to_json() + "\n"})
+
+
+def render_slurm_array(spec: JobSpec, plans: list[Plan], base: str, task_dirs: list[str],
+                       templates: str | Path | None = None, exclude: list[str] | None = None,
+                       node_order: list[str] | None = None) -> tuple[str, list[Rendered]]:
+    """One `--array` job of several plans of the same job (`launch plan --benchmark`): each task's
+    own batch script and plan.json in its run dir, and the array script that runs task i's. The
+    tasks must ask Slurm for the same resources (the array has one set of #SBATCH options)."""
+    tasks = [render_slurm(spec, plan, d, templates, exclude, None, node_order) for plan, d in zip(plans, task_dirs)]
+    keep = ("--chdir=", "--output=", "--error=")
+
+    def directives(script: str) -> list[str]:
+        return [ln for ln in script.splitlines() if ln.startswith("#SBATCH ") and not ln[8:].startswith(keep)]
+
+    first = directives(tasks[0].files["train.sbatch"])
+    for i, t in enumerate(tasks[1:], 1):
+        if directives(t.files["train.sbatch"]) != first:
+            raise UserError(f"plan {i} of the array asks Slurm for other resources than plan 0 "
+                            "(nodes, GPUs per node); an array needs one shape")
+    script = render_template("slurm/array.sbatch.j2", {"name": spec.name, "directives": first, "base": base,
+                                                       "scripts": [f"{d}/train.sbatch" for d in task_dirs]},
+                             templates)
+    bash_syntax_check(script, "sbatch array script")
+    return script, tasks
