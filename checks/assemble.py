@@ -71,7 +71,7 @@ def assemble(results: PreflightResults, config: JudgeConfig | None = None) -> Ba
         hosts = ",".join(run.hosts)
         if t is None or t.failed:
             checks.append(CheckResult(CLUSTER, "nccl_all", "fail", None, None,
-                                      f"all-node run over {hosts}: {why or '; '.join(t.errors[:3])}"))
+                                      f"all-node run over {hosts}: {why or '; '.join(t.errors[:3] if t else [])}"))
             continue
         all_busbw = t.busbw_at_max_size
         c = at_least(CLUSTER, "nccl_all", all_busbw or 0.0, cfg.min_all_busbw_gbs, cfg.warn_margin)

@@ -197,7 +197,8 @@ def hardware_checks(data: dict[str, NodeData], cfg: JudgeConfig) -> list[CheckRe
     for h, nd in data.items():
         def add(check: str, status: str, value: Any, threshold: Any, msg: str, h: str = h,
                 nd: NodeData = nd) -> None:
-            out.append(nd.problems.pop(check, None) or CheckResult(h, check, status, value, threshold, msg))
+            found: CheckResult | None = nd.problems.pop(check, None)  # a probe-level problem says it better
+            out.append(found or CheckResult(h, check, status, value, threshold, msg))
 
         # gpu_count
         n = nd.gpu_count
@@ -213,7 +214,7 @@ def hardware_checks(data: dict[str, NodeData], cfg: JudgeConfig) -> list[CheckRe
             add("gpu_count", "fail", None, expected, "")
         # gpu_model / driver
         if nd.gpu and nd.gpu.gpus:
-            names = {g.name for g in nd.gpu.gpus}
+            names = {str(g.name) for g in nd.gpu.gpus}
             if len(names) > 1:
                 add("gpu_model", "fail", sorted(names), common_model, f"mixed GPU models: {', '.join(sorted(names))}")
             elif nd.model != common_model:
@@ -382,7 +383,7 @@ def pair_checks(results: PreflightResults, data: dict[str, NodeData],
         a, b = run.hosts[0], run.hosts[1]
         t, why = parse_nccl_run(run.result, run.collective)
         if t is None or t.failed:
-            reason = why or "; ".join(t.errors[:2]) if t is None or why else "; ".join(t.errors[:2])
+            reason = why or ("; ".join(t.errors[:2]) if t is not None else "")
             p = PairReport(a, b, 0.0, "fail")
             pairs.append(p)
             for h in (a, b):
@@ -416,13 +417,13 @@ def pair_checks(results: PreflightResults, data: dict[str, NodeData],
             p.status = "warn"
     checks: list[CheckResult] = []
     for h, lst in per_node.items():
-        th = cfg.for_model(data[h].model if h in data else None)
+        model_th = cfg.for_model(data[h].model if h in data else None)
         if score[h] <= 0:
             reasons = "; ".join(r for _, r in lst if r)
-            checks.append(CheckResult(h, "nccl_inter", "fail", 0.0, th.inter_busbw_gbs,
+            checks.append(CheckResult(h, "nccl_inter", "fail", 0.0, model_th.inter_busbw_gbs,
                                       f"every pair run of this node failed: {reasons}"))
             continue
-        c = at_least(h, "nccl_inter", score[h], th.inter_busbw_gbs, cfg.warn_margin)
+        c = at_least(h, "nccl_inter", score[h], model_th.inter_busbw_gbs, cfg.warn_margin)
         partners = ", ".join(f"{p.b if p.a == h else p.a} {p.busbw_gbs:.1f}" for p, _ in lst)
         c.message = f"best pair busbw {c.message} (pairs: {partners})"
         if h in flagged:

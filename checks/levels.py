@@ -21,6 +21,7 @@ import json
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -203,16 +204,16 @@ def deep_checks(results: PreflightResults) -> list[CheckResult]:
     for host, probes in results.probes.items():
         if "dcgm-diag" in probes:
             out += _judged(host, "dcgm", probes["dcgm-diag"], parse_dcgm_diag,
-                           lambda d, h=host: judge_dcgm_diag(d, h), results.tool_timeouts)
+                           partial(judge_dcgm_diag, node=host), results.tool_timeouts)
         if "nvbandwidth" in probes:
             out += _judged(host, "nvbandwidth", probes["nvbandwidth"], parse_nvbandwidth,
-                           lambda d, h=host: judge_nvbandwidth(d, h), results.tool_timeouts)
+                           partial(judge_nvbandwidth, node=host), results.tool_timeouts)
         if "nvlink-errors-after" in probes:
             before = probes.get("nvlink-errors")
             prior = _parse(before, parse_nvlink_errors) if before is not None and before.ok else None
             prior = None if isinstance(prior, ParseError) else prior
             judged = _judged(host, "nvlink_errors", probes["nvlink-errors-after"], parse_nvlink_errors,
-                             lambda d, h=host, p=prior: judge_nvlink_errors(d, before=p, node=h),
+                             partial(judge_nvlink_errors, before=prior, node=host),
                              results.tool_timeouts)
             for c in judged:  # the judge says "nvlink"; the quick level's `nvlink -s` check has that name
                 c.check = "nvlink_errors" if c.check == "nvlink" else c.check
@@ -269,7 +270,7 @@ def a2a_checks(results: PreflightResults) -> list[CheckResult]:
         t, why = parse_nccl_run(run.result, "alltoall")
         where = "+".join(run.hosts)
         if t is None or t.failed:
-            out += [CheckResult(h, check, "fail", None, None, f"{where}: {why or '; '.join(t.errors[:3])}")
+            out += [CheckResult(h, check, "fail", None, None, f"{where}: {why or '; '.join(t.errors[:3] if t else [])}")
                     for h in run.hosts]
         else:
             out += [CheckResult(h, check, "pass", t.busbw_at_max_size, None,

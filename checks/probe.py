@@ -15,6 +15,7 @@ import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from checks.parsers.gpu_query import QUERY_FIELDS
 from checks.results import OUTPUT_LIMIT, CommandResult, over_limit
@@ -82,7 +83,7 @@ def save(out_dir: Path, host: str, results: dict[str, CommandResult], timeouts: 
     timeouts, so a tool that timed out is reported with its limit when the folder is judged)."""
     d = out_dir / host
     d.mkdir(parents=True, exist_ok=True)
-    meta = {}
+    meta: dict[str, Any] = {}
     for name, r in results.items():
         fname = PROBE_BY_NAME[name].file if name in PROBE_BY_NAME else (EXTRA_FILES | RUN_FILES)[name]
         (d / fname).write_text(r.stdout)

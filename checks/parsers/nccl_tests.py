@@ -287,18 +287,18 @@ def parse_nccl_tests_all(text: str) -> list[NcclTestResult]:
         fm = FAIL_RE.search(s)
         if fm:
             msg = s
-            target = cur.errors if cur else orphan_errors
-            if msg not in target:
-                target.append(msg)
+            errors = cur.errors if cur else orphan_errors
+            if msg not in errors:
+                errors.append(msg)
             continue
         if "NCCL INFO" in s:
-            target = cur if cur is not None else pending_info
+            into = cur if cur is not None else pending_info
             v = VIA_RE.search(s)
-            if v and v.group(1) not in target.transports:
-                target.transports.append(v.group(1))
+            if v and v.group(1) not in into.transports:
+                into.transports.append(v.group(1))
             n = NETWORK_RE.search(s)
             if n:
-                target.network = n.group(1)
+                into.network = n.group(1)
             continue
         if s.startswith("#"):
             body = s.lstrip("#").strip()

@@ -22,7 +22,7 @@ class Runner(ABC):
     """How commands reach a host (local, SSH, srun, a pod); subclasses say how one command runs."""
 
     name = "base"
-    launcher = "mpirun"  # how multi-host nccl-tests are started: mpirun | srun
+    launcher: str | None = "mpirun"  # how multi-host nccl-tests are started: mpirun | srun | None (cannot)
 
     @abstractmethod
     def run(self, host: str, command: str, timeout: float) -> CommandResult:
@@ -98,7 +98,7 @@ def get_runner(backend: str, **kwargs: object) -> Runner:
     """The runner for a --backend name."""
     if backend == "local":
         from checks.runners.local import LocalRunner
-        return LocalRunner(**kwargs)  # type: ignore[arg-type]
+        return LocalRunner(**kwargs)
     if backend == "ssh":
         from checks.runners.ssh import SSHRunner
         return SSHRunner(**kwargs)  # type: ignore[arg-type]

@@ -39,7 +39,7 @@ def render_pod(*, name: str, namespace: str, node: str, image: str, command: str
 
 class K8sRunner(Runner):
     name = "k8s"
-    launcher = None
+    launcher = None  # pods have no multi-host launcher
 
     def __init__(self, *, namespace: str = "default", image: str = "nvcr.io/nvidia/pytorch:24.05-py3",
                  gpus: int | None = None, kubeconfig: str | None = None, context: str | None = None,
