@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from launcher.backends import FAILED, PENDING, RUNNING, SUCCEEDED, JobHandle, JobStatus
 from launcher.backends.slurm import filter_rank
 from launcher.errors import UserError
+from launcher.transport.lines import iter_lines
 
 if TYPE_CHECKING:
     from launcher.plan.model import Plan
@@ -329,14 +330,7 @@ class KubernetesBackend:
 
 
 def _stream_lines(resp) -> Iterator[str]:
-    pending = b""
     try:
-        for chunk in resp.stream(4096):
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
-                yield line.decode(errors="replace")
-        if pending:
-            yield pending.decode(errors="replace")
+        yield from iter_lines(resp.stream(4096))
     finally:
         resp.release_conn()

@@ -50,6 +50,8 @@ from launcher.backends import (
 from launcher.errors import UserError
 from launcher.formats import rundir
 from launcher.formats.files import read_text
+from launcher.transport import CHUNK_LIMIT
+from launcher.transport.lines import LineSplitter
 
 if TYPE_CHECKING:
     from launcher.plan.model import Plan
@@ -247,24 +249,24 @@ class LocalBackend:
         """Lines of node0.log (this submission's part); with follow, until the job ends."""
         path = Path(handle.log_path or rundir.RunDir(handle.run_dir).node_log())
         offset = int(handle.extra.get("log_offset", 0))
-        buf = b""
+        split = LineSplitter()
         while True:
             st = self.status(handle) if follow else None
             done = st is None or st.done or st.state == UNKNOWN
             try:
                 with open(path, "rb") as f:
                     f.seek(offset)
-                    chunk = f.read()
+                    chunk = f.read(CHUNK_LIMIT)
             except OSError:
                 chunk = b""
             offset += len(chunk)
-            buf += chunk
-            *lines, buf = buf.split(b"\n")
-            for line in lines:
-                yield line.decode(errors="replace")
+            yield from split.feed(chunk)
+            if len(chunk) == CHUNK_LIMIT:
+                continue  # more is there already
             if done:
-                if buf:
-                    yield buf.decode(errors="replace")
+                last = split.rest()
+                if last is not None:
+                    yield last
                 return
             if not chunk:
                 time.sleep(poll_s)

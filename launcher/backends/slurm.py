@@ -37,6 +37,7 @@ from launcher.backends import (
 from launcher.errors import UserError
 from launcher.formats import rundir
 from launcher.transport import CHUNK_LIMIT, ConnectError, Transport, over_limit
+from launcher.transport.lines import LineSplitter
 from launcher.transport.local import LocalTransport
 
 if TYPE_CHECKING:
@@ -445,7 +446,7 @@ class SlurmBackend:
         words), tolerating a controller that is away for up to `budget_s`."""
         runner = self.runner(ssh_target_from(handle))
         path = f"{log_dir(handle)}/slurm-{handle.id}.{stream}"
-        offset, pending = 0, b""
+        offset, split = 0, LineSplitter()
         deadline = time.monotonic() + timeout_s if timeout_s else None
         delays = backoff()
         next_check = time.monotonic() + next(delays)
@@ -456,8 +457,7 @@ class SlurmBackend:
                 chunk = runner.get(path, offset)
                 if chunk:
                     offset += len(chunk)
-                    lines, pending = split_lines(pending + chunk, rank)
-                    yield from lines
+                    yield from ranked(split.feed(chunk), rank)
                     if b"launch4d: step finished" in chunk or b"launch4d: requeueing" in chunk \
                             or b"left out:" in chunk:
                         next_check = time.monotonic()
@@ -486,15 +486,13 @@ class SlurmBackend:
                     if done:
                         while tail := runner.get(path, offset):
                             offset += len(tail)
-                            lines, pending = split_lines(pending + tail, rank)
-                            yield from lines
+                            yield from ranked(split.feed(tail), rank)
                         break
                 if not chunk:
                     time.sleep(poll_s)
-            if pending:
-                text = filter_rank(pending.decode(errors="replace"), rank)
-                if text is not None:
-                    yield text
+            last = split.rest()
+            if last is not None:
+                yield from ranked([last], rank)
             if offset == 0 and not follow:
                 raise UserError(f"no log yet at {path}" + (f" on {runner.host}" if runner.host else "")
                                 + " (is the job still pending?)")
@@ -550,11 +548,12 @@ def _optional(runner: Transport, argv: list[str]) -> tuple[int, str, str]:
         return 127, "", str(exc)
 
 
-def split_lines(data: bytes, rank: int | None) -> tuple[list[str], bytes]:
-    """Complete lines of `data` (rank-filtered), and the unfinished rest."""
-    *raw, rest = data.split(b"\n")
-    lines = [filter_rank(r.decode(errors="replace"), rank) for r in raw]
-    return [ln for ln in lines if ln is not None], rest
+def ranked(lines: list[str], rank: int | None) -> Iterator[str]:
+    """The lines (all, or with `rank` that rank's text only: filter_rank)."""
+    for line in lines:
+        text = filter_rank(line, rank)
+        if text is not None:
+            yield text
 
 
 def filter_rank(line: str, rank: int | None) -> str | None:
