@@ -213,10 +213,10 @@ class Failures:
             err = IbError(host=m["host"], dev=int(m["dev"]), peer=ib["peer"], status=int(ib["status"]),
                           vendor_err=int(ib["verr"]) if ib["verr"] else None, direction=ib["dir"],
                           hca=ib.groupdict().get("hca"), evidence=evidence)
-            key = (err.host, err.dev, err.peer, err.status, err.hca)
-            if key in self._ib_seen or len(self.ib_errors) >= MAX_ITEMS:
+            seen = (err.host, err.dev, err.peer, err.status, err.hca)
+            if seen in self._ib_seen or len(self.ib_errors) >= MAX_ITEMS:
                 return  # the same error again (a log repeats it per retry): once is evidence enough
-            self._ib_seen.add(key)
+            self._ib_seen.add(seen)
             self.ib_errors.append(err)
             if err.vendor_err is None:
                 self._pending_ib = err

@@ -156,8 +156,8 @@ class Stacks:
             main = d.main()
             if main is None:
                 continue
-            waiting, text = where(main)
-            live[r] = (waiting, text, d)
+            in_collective, text = where(main)
+            live[r] = (in_collective, text, d)
         out: list[Finding] = []
         if history and not live:
             out.append(Finding("stacks", INFO, f"stack dumps of rank {_ranks(history)} predate their ranks' "

@@ -140,8 +140,8 @@ def write_files(directory: str | Path, files: dict[str, tuple[str | bytes, int]]
     try:
         for name, (data, mode) in sorted(files.items()):
             raw = _encode(data, d / name, what)
-            fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{name}.", suffix=".tmp")
-            staged.append((name, Path(tmp)))
+            fd, tmp_name = tempfile.mkstemp(dir=d, prefix=f".{name}.", suffix=".tmp")
+            staged.append((name, Path(tmp_name)))
             with os.fdopen(fd, "wb") as f:
                 f.write(raw)
                 f.flush()

@@ -76,8 +76,9 @@ def read_run(run_dir: str | Path) -> Run:
 
 def _step_time(rec: dict) -> float | None:
     t = rec.get("step_time_s")
-    ok = isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0
-    return float(t) if ok else None
+    if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0:
+        return float(t)
+    return None
 
 
 def cluster_key(plan: Plan) -> dict[str, Any]:

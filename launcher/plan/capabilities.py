@@ -62,7 +62,7 @@ def model_problem(m: ModelSpec) -> tuple[str, str] | None:
     """(field, reason) where the model shape cannot be built."""
     if m.hidden % m.heads:
         return "hidden", f"{m.hidden} is not divisible by heads={m.heads}"
-    if m.heads % m.kv_heads:
+    if m.heads % (m.kv_heads or m.heads):
         return "kv_heads", f"{m.kv_heads} does not divide heads={m.heads}"
     if (m.hidden // m.heads) % 2:
         return "heads", f"{m.heads} gives head_dim {m.hidden // m.heads}; rotary embeddings need an even head_dim"

@@ -437,10 +437,9 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
         acts += s / lay.cp * s                       # the causal mask over gathered keys (bool, one per part)
     has_head = r == lay.pp - 1
     # --- the forward/backward peak: the loss's backward (last stage) or the first block's backward
-    fwd_bwd = max(_loss_peak(model, train, lay, num, tokens, acts, held) if has_head else None,
-                  _block_peak(model, lay, num, tokens, acts, recomputed, rp.block if fsdp else 0.0, lay.zero),
-                  key=lambda x: -1 if x is None else sum(x))
-    acts, temps, gathered_block, comm = fwd_bwd
+    peaks = ([_loss_peak(model, train, lay, num, tokens, acts, held)] if has_head else []) + \
+        [_block_peak(model, lay, num, tokens, acts, recomputed, rp.block if fsdp else 0.0, lay.zero)]
+    acts, temps, gathered_block, comm = max(peaks, key=sum)  # on a tie the loss's (first)
     if lay.grad_accum > held:
         # an earlier micro-batch's backward has run here: the whole stage's gradients exist
         accumulated = grads

@@ -192,7 +192,7 @@ class Plan:
             value = getattr(self, f.name)
             if f.name == "ranks":
                 out[f.name] = dataclasses.asdict(RankColumns.of(value))
-            elif dataclasses.is_dataclass(value):
+            elif dataclasses.is_dataclass(value) and not isinstance(value, type):
                 out[f.name] = dataclasses.asdict(value)
             else:
                 out[f.name] = json.loads(json.dumps(value)) if isinstance(value, (dict, list)) else value

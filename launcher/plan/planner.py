@@ -484,7 +484,7 @@ def plan_job(spec: JobSpec, bwmap: BandwidthMap | None = None, top: int = 5,
     notes.append(f"{band} plan(s) within {TIE_BAND:.0%} of the fastest estimate (the time model's error) count "
                  f"as equal; the simplest was chosen. Choice: {choice['reason']}")
     seen = {_shape(best.layout)}
-    alts = []
+    alts: list[Plan] = []
     for cand in ranked[1:]:
         if len(alts) >= top:
             break

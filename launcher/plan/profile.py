@@ -103,8 +103,8 @@ class ClusterProfile:
         gpu, gpn = data.get("gpu"), data.get("gpus_per_node")
         if not isinstance(gpu, dict) or not isinstance(gpn, int) or isinstance(gpn, bool) or gpn < 1:
             raise UserError(f"{where}: gpu (a mapping) and gpus_per_node (a positive integer) are required")
-        runs = data.get("runs") if isinstance(data.get("runs"), list) else []
-        base = data.get("base") if isinstance(data.get("base"), dict) else {}
+        runs = data["runs"] if isinstance(data.get("runs"), list) else []
+        base = data["base"] if isinstance(data.get("base"), dict) else {}
         return cls(gpu=gpu, gpus_per_node=gpn, params={k: float(v) for k, v in params.items()}, base=base,
                    runs=runs, path=str(path))
 

@@ -14,7 +14,7 @@ import re
 import reprlib
 import types
 import typing
-from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, TypeVar, Union, cast, get_args, get_origin, get_type_hints
 
 from launcher.errors import SpecError
 
@@ -109,7 +109,7 @@ def convert(value: Any, tp: Any, path: str) -> Any:
                 check_text(key, f"{path}.{key_name(k)}")
             out[key] = convert(v, vt, f"{path}.{key}")
         return out
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return load_dataclass(tp, value, path)
     if tp is Any:
         return value
@@ -150,7 +150,7 @@ def load_dataclass(cls: type[T], data: Any, path: str) -> T:
         data = {}
     if not isinstance(data, dict):
         raise SpecError(path, f"expected a mapping, got {show(data)}")
-    hints, fields = _shape(cls)
+    hints, fields = _shape(cast(type, cls))
     for key in data:
         if key not in fields:
             where = f"{path}.{key_name(key)}" if path else key_name(key)
@@ -230,7 +230,7 @@ def json_schema(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
     if origin is dict:
         return {"type": "object", "additionalProperties": json_schema(get_args(tp)[1], defs),
                 "propertyNames": {"pattern": TEXT_PATTERN}}
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         name = tp.__name__
         if name not in defs:
             defs[name] = {}                 # placeholder: recursion and shared sections

@@ -53,7 +53,7 @@ def type_text(s: dict[str, Any]) -> str:
         if lo is not None:
             return f"{word} ≥ {_num(lo)}"
         return word
-    return {"string": "text", "boolean": "true \\| false"}.get(t, "any")
+    return {"string": "text", "boolean": "true \\| false"}.get(str(t), "any")
 
 
 def table(defn: dict[str, Any]) -> list[str]:

@@ -23,7 +23,7 @@ SECRET_WORDS = re.compile(r"(SECRET|PASSWORD|PASSWD|TOKEN|API_?KEY|CREDENTIAL|PR
 def measured_nccl_env(plan: Plan) -> dict[str, str]:
     """From preflight, through the plan: NCCL_IB_HCA restricted (exact match) to the NICs nearest
     the job's GPUs, so a storage or management port is never picked."""
-    nics = sorted({r.nic for r in plan.ranks if getattr(r, "nic", None)})
+    nics = sorted({r.nic for r in plan.ranks if r.nic})
     return {"NCCL_IB_HCA": "=" + ",".join(nics)} if nics else {}
 
 

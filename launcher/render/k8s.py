@@ -234,6 +234,6 @@ def to_model(obj: dict, kind: str) -> Any:
     try:
         if "response_text" in inspect.signature(client.deserialize).parameters:
             return client.deserialize(json.dumps(obj), kind, "application/json")
-        return client.deserialize(_Resp(json.dumps(obj)), kind)
+        return client.deserialize(_Resp(json.dumps(obj)), kind)  # type: ignore[call-arg, arg-type]  # older clients
     except (ValueError, TypeError) as exc:
         raise UserError(f"rendered {kind} is invalid: {exc}") from None

@@ -87,7 +87,7 @@ def node_check(spec: JobSpec, plan: Plan) -> dict[str, Any]:
 
 
 def plan_nics(plan: Plan) -> list[str]:
-    return sorted({r.nic for r in plan.ranks if getattr(r, "nic", None)})
+    return sorted({r.nic for r in plan.ranks if r.nic})
 
 
 def slurm_context(spec: JobSpec, plan: Plan, run_dir: str, exclude: list[str] | None = None,

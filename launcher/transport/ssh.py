@@ -147,10 +147,10 @@ class SSHHosts:
         paramiko = self._paramiko
         hosts = self
 
-        class UnknownHostKey(paramiko.SSHException):
+        class UnknownHostKey(paramiko.SSHException):  # type: ignore[name-defined]  # paramiko is loaded lazily
             pass
 
-        class Policy(paramiko.MissingHostKeyPolicy):
+        class Policy(paramiko.MissingHostKeyPolicy):  # type: ignore[name-defined]
             def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
                 if not hosts.options.accept_new_hosts:
                     raise UnknownHostKey(hostname)
