@@ -54,7 +54,8 @@ class SlurmSpec:
     python: str = "python3"
     setup: list[str] = field(default_factory=list)
     # SSH submission (login_host set): host keys are checked against known_hosts; an unknown
-    # host is refused unless accept_unknown_host is true. identity_file names a key file.
+    # host is refused unless accept_unknown_host is true (its key is then added to known_hosts,
+    # like OpenSSH's accept-new; a changed key is always refused). identity_file names a key file.
     identity_file: str | None = None
     known_hosts: str | None = None
     accept_unknown_host: bool = False
