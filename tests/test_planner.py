@@ -252,3 +252,14 @@ def test_help_imports_no_heavy_libraries():
             "print('HEAVY=' + ','.join(heavy))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0 and "HEAVY=\n" in r.stdout
+
+
+def test_llama3_405b_interleaves_as_meta_did():
+    """126 layers on pp 16: the search reaches v 8 (Llama 3's split, arXiv 2407.21783 §3.3.2: one-layer
+    chunks, the first chunk only the embedding, the last only the head and loss), whose bubble
+    (p-1)/(m·v) = 15/128 beats v 2's 15/32 at 16 micro-batches."""
+    spec = job("llama3-405b", nodes=2048, seq=8192, gb=2048, parallel={"tp": 8, "cp": 1, "pp": 16, "dp": 128})
+    best = plan_job(spec, top=1).best
+    assert best.virtual_stages == 8
+    assert best.stage_layers == [0] + [1] * 126 + [0]
+    assert best.estimate["bubble_fraction"] == pytest.approx(15 / 128, abs=1e-5)

@@ -30,3 +30,20 @@ def test_interleaved_uneven_stage_layers_match_one_process(tmp_path):
     assert res["pp2_v2_uneven"]["losses"] == pytest.approx(res["ref6"]["losses"], rel=RTOL)
     assert res["pp2_v2_uneven"]["grad_norms"] == pytest.approx(res["ref6"]["grad_norms"], rel=RTOL)
     assert res["ref6"]["losses"][0] != res["ref6"]["losses"][-1]
+
+
+@pytest.mark.slow
+def test_interleaved_end_chunks_without_layers_match_one_process(tmp_path):
+    """Llama 3's split of 126 layers over pp 16 × v 8: 128 one-layer chunks with the first holding
+    only the embedding and the last only the output head and loss (here 6 layers over pp 2 × v 4)."""
+    split = stage_layers(6, 8)
+    assert split == [0, 1, 1, 1, 1, 1, 1, 0]
+    jobs = [dict(name="ref6", plan=make_plan(steps=4, model_over=SIX).to_dict()),
+            dict(name="pp2_v4_ends_empty", plan=make_plan(pp=2, dp=2, schedule="interleaved-1f1b", virtual_stages=4,
+                                                          stage_layers=split, zero=1, steps=4,
+                                                          model_over=SIX).to_dict())]
+    res = spawn_layouts(jobs, tmp_path)
+    for name in ("ref6", "pp2_v4_ends_empty"):
+        assert "losses" in res[name], f"{name}: {res[name].get('error')}\n{res[name].get('trace', '')}"
+    assert res["pp2_v4_ends_empty"]["losses"] == pytest.approx(res["ref6"]["losses"], rel=RTOL)
+    assert res["pp2_v4_ends_empty"]["grad_norms"] == pytest.approx(res["ref6"]["grad_norms"], rel=RTOL)

@@ -237,11 +237,12 @@ class Search:
             if self.par.virtual_stages is not None:
                 vs = [self.par.virtual_stages]
             else:
-                # an even split, or Llama 3's uneven one (the first and last stage, which also hold
-                # the embedding and the head, one layer fewer): stage_layers, charged in costs.py
+                # an even split, or Llama 3's uneven one: the first and last chunk, which also hold
+                # the embedding and the head, one layer fewer, down to none (126 layers on pp 16 × v 8:
+                # one layer a chunk, the ends embedding-only and head-only): stage_layers, charged in
+                # costs.py, run by the trainer (tests/test_trainer_uneven.py)
                 layers = self.model.layers
-                vs = [v for v in range(2, MAX_VIRTUAL_STAGES + 1) if layers % (pp * v) == 0
-                      or (-layers % (pp * v) <= 2 and layers >= 2 * pp * v)]
+                vs = [v for v in range(2, MAX_VIRTUAL_STAGES + 1) if -layers % (pp * v) <= 2]
                 if not vs:
                     self.reject("layers do not split evenly over pp·virtual_stages (ends one fewer)")
             out.extend((sched, v) for v in vs if v > 1 or self.par.virtual_stages is not None)
