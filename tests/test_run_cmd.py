@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launcher.backends import PREEMPT_EXIT_CODE, PREEMPTED, SUCCEEDED, JobHandle, state_for_exit
+from launcher.backends import PREEMPT_EXIT_CODE, PREEMPTED, SUCCEEDED, state_for_exit
 from launcher.backends.local import LocalBackend, job_exit_code, rank_of
 from tests.conftest import EXAMPLES
 
@@ -109,25 +109,6 @@ def test_exit_code_from_real_torchrun_failure_summary(tmp_path):
     assert job_exit_code(0, "") == 0 and state_for_exit(0) == SUCCEEDED
     assert rank_of("[rank3]: step 1/8 | loss 5.0") == (3, "step 1/8 | loss 5.0")
     assert rank_of("W1129 09:04:49 torchrun says") == (None, "W1129 09:04:49 torchrun says")
-
-
-def test_local_backend_follows_a_job_to_its_exit_code(tmp_path):
-    """submit/status/logs on a real detached process (a shell standing in for torchrun's command)."""
-    be = LocalBackend()
-    (tmp_path / "logs").mkdir()
-    log, exit_file = tmp_path / "logs" / "node0.log", tmp_path / "logs" / "exit_code"
-    proc = subprocess.Popen(["bash", "-c", f"echo '[rank0]: hello'; echo '[rank1]: other'; sleep 3; "
-                                           f"echo 3 > {exit_file}"],
-                            stdout=open(log, "wb"), stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "LAUNCH4D_JOB": "t1"})  # the marker every job process carries
-    h = JobHandle("local", f"local-{proc.pid}", "t", str(tmp_path), str(log),
-                  extra={"pid": proc.pid, "exit_file": str(exit_file), "log_offset": 0, "marker": "t1"})
-    be._procs[h.id] = proc
-    assert be.status(h).state == "RUNNING"
-    lines = list(be.logs(h, follow=True))
-    assert lines == ["[rank0]: hello", "[rank1]: other"]
-    st = be.wait(h, timeout=10)
-    assert (st.state, st.exit_code) == ("FAILED", 3)
 
 
 # --- slow: the tiny model under torchrun ------------------------------------------------------

@@ -1,23 +1,30 @@
-"""Backends: one small interface per place a job can run (torchx-style), so the CLI never knows
+"""Backends: one interface per place a job can run (torchx's Scheduler), so the CLI never knows
 which one it talks to.
 
-    backend = get_backend("local")                         # or "slurm", "k8s"
-    handle = backend.submit(spec, plan, run_dir, dry_run)  # dry run: handle.request says what would run
-    backend.status(handle) -> JobStatus; backend.logs(handle, follow) -> lines; backend.cancel(handle)
+    be = get_backend("local")                    # or "slurm", "k8s"
+    req = be.dryrun(spec, plan, run_dir)         # Request: the files and the command; nothing sent
+    print(req.text())                            # what every --dry-run prints
+    h = be.submit(req)                           # Handle (JobHandle)
+    be.describe(h) -> Status | None              # None: the backend does not know this job
+    be.log_iter(h, rank=None, follow=False, since=None)   # lines; since N: skip the first N
+    be.cancel(h) -> bool                         # False: it had already ended (idempotent)
+    be.wait(h, timeout)                          # written once here: backoff 2..60 s, retry budget
 
-Also here, because every backend needs them: the run directory (COMMON.md layout: plan.json,
-job.yaml, logs/, heartbeat/, checkpoints/) and the environment the trainer runs under (NCCL
-debug files, flight recorder, timeouts, the user's backend.env).
+Also here, because every backend needs them: the run directory (plan.json, job.yaml, logs/,
+heartbeat/, checkpoints/) and the environment the trainer runs under (NCCL debug files, flight
+recorder, timeouts, the user's backend.env).
 """
 
 from __future__ import annotations
 
 import importlib
+import re
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from launcher.errors import UserError
 from launcher.formats.exitcodes import PREEMPT_EXIT_CODE
@@ -32,6 +39,8 @@ T = TypeVar("T")
 PENDING, RUNNING, SUCCEEDED, FAILED, CANCELLED, PREEMPTED, UNKNOWN = (
     "PENDING", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "PREEMPTED", "UNKNOWN")
 TERMINAL = frozenset({SUCCEEDED, FAILED, CANCELLED, PREEMPTED})
+#: A trainer's line in a log: "[rank3]: text", after srun --label's "0: " where there is one.
+RANK_LINE = re.compile(r"^(?:\d+: )?\[rank(\d+)\]: ?(.*)$")
 
 
 BACKENDS = {
@@ -89,15 +98,17 @@ def wait(backend: Backend, handle: JobHandle, timeout: float | None = None, budg
          start: float = POLL_START_S, cap: float = POLL_MAX_S,
          sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> JobStatus:
     """Poll until the job is done or `timeout` passes: every 2, 4, 8 ... `cap` s (back to `start`
-    when the state changes), tolerating transient scheduler errors for `budget_s` at a time."""
+    when the state changes), tolerating transient scheduler errors for `budget_s` at a time. A job
+    the backend does not know (describe: None) ends the wait at once, as UNKNOWN."""
     deadline = clock() + timeout if timeout else None
     last = None
     delays = backoff(start, cap)
     while True:
-        st = with_retries(lambda: backend.status(handle), budget_s, on_retry, sleep, clock, start, cap)
+        found = with_retries(lambda: backend.describe(handle), budget_s, on_retry, sleep, clock, start, cap)
+        st = found if found is not None else unknown(handle)
         if on_status:
             on_status(st)
-        if st.done or (deadline is not None and clock() >= deadline):
+        if st.done or found is None or (deadline is not None and clock() >= deadline):
             return st
         if st.state != last:
             delays = backoff(start, cap)
@@ -135,18 +146,94 @@ class JobStatus:
         return self.state in TERMINAL
 
 
-@runtime_checkable
-class Backend(Protocol):
+def unknown(handle: JobHandle) -> JobStatus:
+    return JobStatus(UNKNOWN, None, f"{handle.backend} has no job {handle.id} (never submitted, or forgotten)")
+
+
+Handle = JobHandle
+Status = JobStatus
+
+
+@dataclass
+class Request:
+    """What submit() sends, made by dryrun() with nothing sent or written: the files that go into the
+    run dir (script or manifest, plan.json, job.yaml) and the command that starts the job. Printing
+    it is every --dry-run; a test may change it before submitting it (torchx's AppDryRunInfo)."""
+
+    backend: str
     name: str
+    run_dir: str
+    command: str
+    files: dict[str, str] = field(default_factory=dict)
+    main: str | None = None                 # the file a person reads first (train.sbatch, manifest.yaml)
+    host: str | None = None                 # where the command runs, when not here (login node)
+    env: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)  # what the backend keeps for submit and the handle
 
-    def submit(self, spec: JobSpec, plan: Plan, run_dir: str | Path, dry_run: bool = False,
-               **options: Any) -> JobHandle: ...
+    def text(self) -> str:
+        """The command (and where it runs), then the main file."""
+        head = self.command + (f"  (on {self.host})" if self.host else "")
+        return head + (f"\n\n{self.files[self.main].rstrip()}" if self.main in self.files else "")
 
-    def status(self, handle: JobHandle) -> JobStatus: ...
+    def to_dict(self) -> dict[str, Any]:
+        return {"backend": self.backend, "name": self.name, "run_dir": self.run_dir, "command": self.command,
+                "host": self.host, "main": self.main, "env": self.env, "files": self.files,
+                "warnings": self.warnings}
 
-    def logs(self, handle: JobHandle, follow: bool = False) -> Iterator[str]: ...
 
-    def cancel(self, handle: JobHandle) -> bool | None: ...
+class Backend(ABC):
+    """One place jobs run. Subclasses say how to build, send, read and stop a job; waiting (with
+    backoff and a retry budget for a scheduler that is away) is the same everywhere, so it is here."""
+
+    name = "base"
+    #: Seconds between polls in wait(): start, doubling up to cap (local jobs are polled faster).
+    poll_start_s, poll_max_s = POLL_START_S, POLL_MAX_S
+    retry_budget_s = RETRY_BUDGET_S
+    #: Told of each retry while the scheduler does not answer (the CLI prints a warning).
+    on_retry: Callable[[TransientError, float, int], None] | None = None
+
+    @abstractmethod
+    def dryrun(self, job: JobSpec, plan: Plan, run_dir: str | Path | None = None, **options: Any) -> Request:
+        """The request, built without side effects: nothing written, started or sent. Options a
+        backend has no use for (templates, exclude, node_order, job_text, resume) are ignored."""
+
+    @abstractmethod
+    def submit(self, request: Request) -> JobHandle:
+        """Send the request; nothing is left behind when it is refused."""
+
+    @abstractmethod
+    def describe(self, handle: JobHandle) -> JobStatus | None:
+        """The job's state now, or None when the backend does not know the job."""
+
+    @abstractmethod
+    def log_iter(self, handle: JobHandle, rank: int | None = None, follow: bool = False, since: int | None = None,
+                 stream: str = "out") -> Iterator[str]:
+        """The job's log lines (only global rank `rank`'s trainer lines, without their prefix); `since`
+        N skips the first N of them (a follower resuming); `follow` goes on until the job ends.
+        `stream` "err": Slurm's separate stderr file; elsewhere the one combined log."""
+
+    @abstractmethod
+    def cancel(self, handle: JobHandle) -> bool:
+        """Stop the job. Idempotent: a job that has already ended (or is gone) is no error: False."""
+
+    def status(self, handle: JobHandle) -> JobStatus:
+        """describe(), with an unknown job as an UNKNOWN status."""
+        found = self.describe(handle)
+        return found if found is not None else unknown(handle)
+
+    def statuses(self, handles: list[JobHandle]) -> dict[str, JobStatus]:
+        """Many jobs' states (Slurm asks once per login host)."""
+        return {h.id: self.status(h) for h in handles}
+
+    def wait(self, handle: JobHandle, timeout: float | None = None,
+             on_status: Callable[[JobStatus], None] | None = None, **options: Any) -> JobStatus:
+        """Until the job has ended, is unknown, or `timeout` passes (module wait(): backoff, retries)."""
+        options.setdefault("start", self.poll_start_s)
+        options.setdefault("cap", self.poll_max_s)
+        options.setdefault("budget_s", self.retry_budget_s)
+        options.setdefault("on_retry", self.on_retry)
+        return wait(self, handle, timeout, on_status=on_status, **options)
 
 
 def get_backend(kind: str) -> Backend:
@@ -212,6 +299,22 @@ def trainer_env(spec: JobSpec, run_dir: str | Path) -> dict[str, str]:
     env.update(diagnostics_env(spec, str(Path(run_dir))))
     env.update({str(k): str(v) for k, v in spec.backend.env.items()})
     return env
+
+
+def filter_rank(line: str, rank: int | None) -> str | None:
+    """srun --label prefixes each line with its task ("0: "); torchrun with the global rank
+    ("[rank3]: ", TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE). With `rank`, keep that rank's text."""
+    if rank is None:
+        return line
+    m = RANK_LINE.match(line)
+    return m.group(2) if m and int(m.group(1)) == rank else None
+
+
+def skip_lines(lines: Iterator[str], since: int | None) -> Iterator[str]:
+    """All but the first `since` lines."""
+    for n, line in enumerate(lines):
+        if since is None or n >= since:
+            yield line
 
 
 def state_for_exit(code: int | None) -> str:

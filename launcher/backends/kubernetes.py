@@ -19,8 +19,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launcher.backends import FAILED, PENDING, RUNNING, SUCCEEDED, JobHandle, JobStatus
-from launcher.backends.slurm import filter_rank
+from launcher.backends import (
+    FAILED,
+    PENDING,
+    RUNNING,
+    SUCCEEDED,
+    Backend,
+    JobHandle,
+    JobStatus,
+    Request,
+    filter_rank,
+    skip_lines,
+)
 from launcher.errors import UserError
 from launcher.transport.lines import iter_lines
 
@@ -101,7 +111,7 @@ def _api_error(exc: Exception, what: str) -> UserError:
     return UserError(f"{what}: API answered {status} ({message})")
 
 
-class KubernetesBackend:
+class KubernetesBackend(Backend):
     name = "k8s"
 
     def __init__(self, api_client=None, kubeconfig: str | None = None, context: str | None = None):
@@ -130,29 +140,36 @@ class KubernetesBackend:
         return client.CustomObjectsApi(self.api)
 
     # submit -----------------------------------------------------------------------------------
-    def submit(self, spec: JobSpec, plan: Plan, run_dir: str | Path | None = None, dry_run: bool = False,
-               templates: str | None = None, **options: Any) -> JobHandle:
-        """Render the ConfigMap + PyTorchJob and create both (or, for a dry run, only render)."""
+    def dryrun(self, job: JobSpec, plan: Plan, run_dir: str | Path | None = None, templates: str | None = None,
+               exclude: list[str] | None = None, **options: Any) -> Request:
+        """The manifest (ConfigMap with plan.json, then the job's objects), nothing sent: no client is
+        even built. `run_dir` is where the job is recorded here; the pods' run dir is the manifest's."""
         from launcher.render.k8s import parse_manifests, render_k8s
 
-        rendered = render_k8s(spec, plan, None, templates, options.get("exclude"))
+        rendered = render_k8s(job, plan, None, templates, exclude)
         configmap, *objects = parse_manifests(rendered.files["manifest.yaml"])
-        job = objects[-1]
-        ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
-        k = spec.backend.k8s
+        head = objects[-1]
+        ns = head["metadata"]["namespace"]
+        k = job.backend.k8s
         extra = {"namespace": ns, "configmap": configmap["metadata"]["name"], "gpus_per_node": plan.gpus_per_node,
                  "nodes": plan.nodes, "pod_run_dir": rendered.run_dir, "kubeconfig": k.kubeconfig,
-                 "context": k.context, "kind": job["kind"],
-                 "owned": [[o["kind"], o["metadata"]["name"]] for o in objects[:-1]],
-                 "warnings": rendered.warnings}
-        if dry_run:
-            return JobHandle(self.name, "dry-run", spec.name, str(run_dir or rendered.run_dir), dry_run=True,
-                             request=rendered.files["manifest.yaml"], extra=extra)
+                 "context": k.context, "kind": head["kind"],
+                 "owned": [[o["kind"], o["metadata"]["name"]] for o in objects[:-1]]}
+        made = ", ".join(f"{o['kind']} {o['metadata']['name']}" for o in [configmap, *objects])
+        command = f"create in namespace {ns}{' (context ' + k.context + ')' if k.context else ''}: {made}"
+        return Request(self.name, job.name, str(run_dir or rendered.run_dir), command,
+                       dict(rendered.files), main="manifest.yaml", warnings=rendered.warnings, extra=extra)
+
+    def submit(self, request: Request) -> JobHandle:
+        """Create the manifest's objects in order (undone on any failure)."""
+        from launcher.render.k8s import parse_manifests
+
+        configmap, *objects = parse_manifests(request.files["manifest.yaml"])
+        extra = dict(request.extra)
         self._use(extra)
-        uid = self.create(configmap, *objects)
-        extra["uid"] = uid
-        return JobHandle(self.name, name, spec.name, str(run_dir or rendered.run_dir),
-                         request=rendered.files["manifest.yaml"], extra=extra)
+        extra["uid"] = self.create(configmap, *objects)
+        return JobHandle(self.name, objects[-1]["metadata"]["name"], request.name, request.run_dir,
+                         request=request.text(), extra=extra)
 
     def create(self, configmap: dict, *objects: dict) -> str | None:
         """The ConfigMap, then each custom object in order (a TrainingRuntime before the TrainJob
@@ -205,13 +222,15 @@ class KubernetesBackend:
             pass
 
     # status -----------------------------------------------------------------------------------
-    def get_job(self, name: str, ns: str, kind: str = "PyTorchJob") -> dict:
+    def get_job(self, name: str, ns: str, kind: str = "PyTorchJob") -> dict | None:
+        """The job object, or None where the API says 404 (deleted, or collected after its TTL)."""
         group, version, plural = KINDS[kind]
         try:
             return self._custom().get_namespaced_custom_object(group, version, ns, plural, name)
         except Exception as exc:
-            if getattr(exc, "status", None) == 404:
-                raise UserError(f"{kind} {ns}/{name} not found (deleted, or collected after its TTL)") from None
+            if getattr(exc, "status", None) == 404 and "could not find the requested resource" not in str(
+                    getattr(exc, "body", "")).lower():
+                return None
             raise _api_error(exc, f"{kind} {ns}/{name}") from None
 
     def pods(self, name: str, ns: str, kind: str = "PyTorchJob") -> list[Any]:
@@ -234,11 +253,14 @@ class KubernetesBackend:
             return None
         return int((js.get("status") or {}).get("restarts") or 0)
 
-    def status(self, handle: JobHandle) -> K8sJobStatus:
+    def describe(self, handle: JobHandle) -> K8sJobStatus | None:
+        """The job's conditions and its pods' phases; None when the job is not there (404)."""
         self._use(handle.extra)
         ns = handle.extra.get("namespace") or "default"
         kind = handle.extra.get("kind") or "PyTorchJob"
         job = self.get_job(handle.id, ns, kind)
+        if job is None:
+            return None
         st = job.get("status") or {}
         conds = [c for c in st.get("conditions") or [] if c.get("status") == "True"]
         last = conds[-1] if conds else None
@@ -282,7 +304,13 @@ class KubernetesBackend:
             raise UserError(f"TrainJob {ns}/{handle.id}: no pod yet for node {missing[0]} (pending or not admitted)")
         return [by_index[i].metadata.name for i in wanted]
 
-    def logs(self, handle: JobHandle, follow: bool = False, rank: int | None = None, **_: Any) -> Iterator[str]:
+    def log_iter(self, handle: JobHandle, rank: int | None = None, follow: bool = False, since: int | None = None,
+                 stream: str = "out") -> Iterator[str]:
+        """The trainer container's log (stdout and stderr together) of the pod holding `rank`; without
+        a rank, every node's pod (node 0's alone when following)."""
+        return skip_lines(self._logs(handle, follow, rank), since)
+
+    def _logs(self, handle: JobHandle, follow: bool, rank: int | None) -> Iterator[str]:
         self._use(handle.extra)
         ns = handle.extra.get("namespace") or "default"
         gpus = int(handle.extra.get("gpus_per_node", 1))
@@ -311,22 +339,37 @@ class KubernetesBackend:
                         yield text
 
     # cancel -----------------------------------------------------------------------------------
-    def cancel(self, handle: JobHandle) -> None:
+    def cancel(self, handle: JobHandle) -> bool:
         """Delete the job (its pods go with it), then what was created with it. Idempotent: a job
-        already gone (404) is not an error, and its ConfigMap and runtime are still removed."""
+        already gone (404) or already finished is not an error (False: nothing was stopped), and its
+        ConfigMap and runtime are still removed."""
         self._use(handle.extra)
         ns = handle.extra.get("namespace") or "default"
         kind = handle.extra.get("kind") or "PyTorchJob"
         group, version, plural = KINDS[kind]
+        stopped = True
         try:
-            self._custom().delete_namespaced_custom_object(group, version, ns, plural, handle.id,
-                                                           propagation_policy="Foreground")
+            gone = self._custom().delete_namespaced_custom_object(group, version, ns, plural, handle.id,
+                                                                  propagation_policy="Foreground")
+            # Foreground deletion answers with the object as it was: a finished job was not stopped.
+            stopped = not finished(gone)
         except Exception as exc:
             if getattr(exc, "status", None) != 404:
                 raise _api_error(exc, f"{kind} {ns}/{handle.id}") from None
+            stopped = False
         for owned_kind, owned_name in handle.extra.get("owned") or []:
             self._delete_object(owned_kind, ns, owned_name)
         self._delete_configmap(ns, handle.extra.get("configmap", f"{handle.id}-plan"))
+        return stopped
+
+
+def finished(obj: Any) -> bool:
+    """A job object whose conditions say it has ended (Succeeded/Failed; a TrainJob's Complete)."""
+    status = obj.get("status") if isinstance(obj, dict) else None
+    if not isinstance(status, dict):  # a Status answer ("status": "Success") says nothing of the job
+        return False
+    conds = status.get("conditions") or []
+    return any(c.get("type") in ("Succeeded", "Failed", "Complete") and c.get("status") == "True" for c in conds)
 
 
 def _stream_lines(resp) -> Iterator[str]:

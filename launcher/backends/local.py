@@ -40,10 +40,14 @@ from launcher.backends import (
     PREEMPTED,
     RUNNING,
     UNKNOWN,
+    Backend,
     JobHandle,
     JobStatus,
+    Request,
+    filter_rank,
     prepare_run_dir,
     procs,
+    skip_lines,
     state_for_exit,
     trainer_env,
 )
@@ -110,8 +114,9 @@ def job_exit_code(torchrun_rc: int, log_text: str, run_dir: Path | None = None,
     return torchrun_rc
 
 
-class LocalBackend:
+class LocalBackend(Backend):
     name = "local"
+    poll_start_s, poll_max_s = 0.2, 2.0  # a job on this machine is cheap to look at
 
     def __init__(self) -> None:
         self._procs: dict[str, subprocess.Popen] = {}
@@ -143,22 +148,41 @@ class LocalBackend:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, order))
         return env
 
-    def submit(self, spec: JobSpec, plan: Plan, run_dir: str | Path, dry_run: bool = False,
-               resume: str | None = None, job_text: str | None = None, **options: Any) -> JobHandle:
+    def dryrun(self, job: JobSpec, plan: Plan, run_dir: str | Path | None = None, resume: str | None = None,
+               job_text: str | None = None, keep_fds: tuple[int, ...] = (), **options: Any) -> Request:
+        """torchrun's command and environment, plan.json and job.yaml: nothing written or started.
+        `keep_fds`: descriptors the job's processes inherit (the run dir's lock)."""
+        from launcher.backends import default_run_dir
+
         if plan.nodes != 1:
             raise UserError(f"cluster.nodes: the local backend runs on this machine only, but the plan has "
                             f"{plan.nodes} nodes; use backend.kind slurm or k8s, or set cluster.nodes: 1")
-        rd = Path(run_dir).resolve()
+        rd = Path(run_dir or default_run_dir(job)).resolve()
         cmd = self.command(plan, rd, resume)
-        env = self.env(spec, plan, rd)
+        env = self.env(job, plan, rd)
+        files = {rundir.PLAN: plan.to_json() + "\n"}
+        if job_text is not None:
+            files[rundir.JOB] = job_text
+        command = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())) + " " + shlex.join(cmd)
+        return Request(self.name, job.name, str(rd), command, files, env=env,
+                       extra={"argv": cmd, "world": plan.world_size, "keep_fds": tuple(keep_fds)})
+
+    def submit(self, request: Request) -> JobHandle:
+        """Write the run dir (refusing one that holds another job), then start the command detached."""
+        from launcher.formats.files import atomic_write
+        from launcher.plan.model import Plan as PlanCls
+
+        rd = Path(request.run_dir)
+        plan = PlanCls.from_dict(json.loads(request.files[rundir.PLAN]))
+        prepare_run_dir(rd, plan, None)
+        for name, text in request.files.items():
+            if name != rundir.PLAN:
+                atomic_write(rd / name, text, name)
         log = rundir.RunDir(rd).node_log()
         exit_file = rundir.RunDir(rd).exit_code
-        request = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())) + " " + shlex.join(cmd)
-        if dry_run:
-            return JobHandle(backend=self.name, id="dry-run", name=spec.name, run_dir=str(rd), log_path=str(log),
-                             dry_run=True, request=request)
-        prepare_run_dir(rd, plan, job_text)
         exit_file.unlink(missing_ok=True)
+        cmd = list(request.extra["argv"])
+        env = dict(request.env)
         token = uuid.uuid4().hex
         env[procs.MARKER] = token
         wrapper = (f"trap ':' TERM INT USR1 USR2\n{shlex.join(cmd)}\nrc=$?\n"
@@ -170,37 +194,46 @@ class LocalBackend:
             out.flush()
             proc = subprocess.Popen(["bash", "-c", wrapper], stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ, **env},
-                                    pass_fds=tuple(options.get("keep_fds", ())))  # the run dir's lock
-        handle = JobHandle(backend=self.name, id=f"local-{proc.pid}", name=spec.name, run_dir=str(rd),
-                           log_path=str(log), request=request,
+                                    pass_fds=tuple(request.extra.get("keep_fds", ())))  # the run dir's lock
+        handle = JobHandle(backend=self.name, id=f"local-{proc.pid}", name=request.name, run_dir=str(rd),
+                           log_path=str(log), request=request.text(),
                            extra={"pid": proc.pid, "exit_file": str(exit_file), "log_path": str(log),
-                                  "started": started, "log_offset": log.stat().st_size, "world": plan.world_size,
-                                  "marker": token, "start_ticks": procs.start_time(proc.pid)})
+                                  "started": started, "log_offset": log.stat().st_size,
+                                  "world": request.extra.get("world"), "marker": token,
+                                  "start_ticks": procs.start_time(proc.pid)})
         self._procs[handle.id] = proc
         return handle
 
     # --- follow ------------------------------------------------------------------------------------
-    def status(self, handle: JobHandle) -> JobStatus:
+    def describe(self, handle: JobHandle) -> JobStatus | None:
+        """From the wrapper's exit-code file, else whether the wrapper still lives; None for a job
+        this machine has no trace of (no such pid of ours, no exit code, no run dir)."""
         proc = self._procs.get(handle.id)
         if proc is not None:
             proc.poll()
         exit_file = Path(handle.extra.get("exit_file", rundir.RunDir(handle.run_dir).exit_code))
-        if exit_file.exists():
-            try:
-                rc = int(exit_file.read_text().strip())
-            except ValueError:
-                rc = 1
-            text = self._log_text(handle)
-            code = job_exit_code(rc, text, Path(handle.run_dir), handle.extra.get("started"))
-            state = state_for_exit(code)
-            detail = {PREEMPTED: "checkpointed and stopped; run again with --resume auto to continue",
-                      CANCELLED: "stopped by a signal"}.get(state, "")
-            if state == FAILED and NO_SPACE in text:
-                detail = no_space(handle.run_dir)
-            return JobStatus(state, code, detail)
-        if self._wrapper_alive(handle):
-            return JobStatus(RUNNING)
+        for _ in range(2):  # the exit code, else a live wrapper; again: it may have ended in between
+            if exit_file.exists():
+                return self._ended(handle, exit_file)
+            if self._wrapper_alive(handle):
+                return JobStatus(RUNNING)
+        if not handle.extra.get("pid") or not Path(handle.run_dir).is_dir():
+            return None
         return JobStatus(FAILED, None, self._why_gone(handle))
+
+    def _ended(self, handle: JobHandle, exit_file: Path) -> JobStatus:
+        try:
+            rc = int(exit_file.read_text().strip())
+        except ValueError:
+            rc = 1
+        text = self._log_text(handle)
+        code = job_exit_code(rc, text, Path(handle.run_dir), handle.extra.get("started"))
+        state = state_for_exit(code)
+        detail = {PREEMPTED: "checkpointed and stopped; run again with --resume auto to continue",
+                  CANCELLED: "stopped by a signal"}.get(state, "")
+        if state == FAILED and NO_SPACE in text:
+            detail = no_space(handle.run_dir)
+        return JobStatus(state, code, detail)
 
     def _why_gone(self, handle: JobHandle) -> str:
         """The job's wrapper is gone and left no exit code: say why where the run dir shows it."""
@@ -245,8 +278,14 @@ class LocalBackend:
         except OSError:
             return ""
 
-    def logs(self, handle: JobHandle, follow: bool = False, poll_s: float = 0.2) -> Iterator[str]:
-        """Lines of node0.log (this submission's part); with follow, until the job ends."""
+    def log_iter(self, handle: JobHandle, rank: int | None = None, follow: bool = False, since: int | None = None,
+                 stream: str = "out") -> Iterator[str]:
+        """Lines of node0.log (this submission's part; stdout and stderr together); with follow,
+        until the job ends."""
+        lines = (t for t in (filter_rank(ln, rank) for ln in self._lines(handle, follow)) if t is not None)
+        return skip_lines(lines, since)
+
+    def _lines(self, handle: JobHandle, follow: bool, poll_s: float = 0.2) -> Iterator[str]:
         path = Path(handle.log_path or rundir.RunDir(handle.run_dir).node_log())
         offset = int(handle.extra.get("log_offset", 0))
         split = LineSplitter()
@@ -284,6 +323,8 @@ class LocalBackend:
         """SIGTERM the trainers (they checkpoint and exit 75); force: SIGKILL every process of the job.
         Only processes that still carry the job's marker are signalled; False when none is left (the
         job had already ended: cancel is idempotent)."""
+        if not handle.extra.get("pid"):
+            return False
         wrapper = int(handle.extra["pid"])
         ours = self._wrapper_alive(handle)
         if force:
@@ -344,14 +385,3 @@ class LocalBackend:
         """After the job's end: SIGKILL any of its processes still running (trainers that outlived a
         killed torchrun); the pids that were."""
         return procs.kill_marked(self.marker(handle))
-
-    def wait(self, handle: JobHandle, timeout: float | None = None) -> JobStatus:
-        deadline = None if timeout is None else time.time() + timeout
-        while True:
-            st = self.status(handle)
-            if st.done or st.state == UNKNOWN:
-                return st
-            if deadline is not None and time.time() > deadline:
-                return st
-            time.sleep(0.2)
-

@@ -28,10 +28,14 @@ from launcher.backends import (
     SUCCEEDED,
     TERMINAL,
     UNKNOWN,
+    Backend,
     JobHandle,
     JobStatus,
+    Request,
     TransientError,
     backoff,
+    filter_rank,
+    skip_lines,
     with_retries,
 )
 from launcher.errors import UserError
@@ -75,7 +79,6 @@ SACCT_WANTED = ("JobID", "State", "ExitCode", "NodeList", "Elapsed", "Restarts")
 SQUEUE_FORMAT = "%i|%T|%r|%N|%M"
 # Per login host: the fields this sacct has (None: no accounting) and why not (probed once).
 _SACCT_FIELDS: dict[str | None, tuple[frozenset[str] | None, str]] = {}
-RANK_LINE = re.compile(r"^(?:\d+: )?\[rank(\d+)\]: ?(.*)$")
 
 
 def normalize_state(raw: str) -> str:
@@ -199,7 +202,7 @@ def ssh_target_from(record_or_spec: Any) -> SSHTarget | None:
 
 
 # --- the backend ----------------------------------------------------------------------------
-class SlurmBackend:
+class SlurmBackend(Backend):
     name = "slurm"
 
     def __init__(self, transport_factory: Callable[[SSHTarget | None], Transport] | None = None):
@@ -209,38 +212,45 @@ class SlurmBackend:
         return self._factory(target)
 
     # submit -----------------------------------------------------------------------------------
-    def submit(self, spec: JobSpec, plan: Plan, run_dir: str | Path, dry_run: bool = False,
-               templates: str | None = None, exclude: list[str] | None = None,
-               measured_env: dict[str, str] | None = None, job_text: str | None = None,
-               node_order: list[str] | None = None, **options: Any) -> JobHandle:
-        """Render into the run dir (here, or a remote one on the login node), then sbatch there.
+    def dryrun(self, job: JobSpec, plan: Plan, run_dir: str | Path | None = None, templates: str | None = None,
+               exclude: list[str] | None = None, measured_env: dict[str, str] | None = None,
+               job_text: str | None = None, node_order: list[str] | None = None, **options: Any) -> Request:
+        """The sbatch script (and plan.json, job.yaml) for the run dir and the sbatch command, nothing
+        written. Over SSH the run dir is on the login node (<remote_dir>/<run dir's name>); a relative
+        remote_dir asks the login node for $HOME, read only."""
+        from launcher.formats.files import child_path
+        from launcher.render.sbatch import render_slurm, site_options
 
-        Nothing is written for a dry run; on any failure the run dir this call created is removed."""
-        from launcher.render.sbatch import render_slurm
+        target = ssh_target_from(job.backend.slurm)
+        if run_dir is None:
+            run_dir = child_path(Path(job.backend.log_dir).expanduser().resolve(), job.name, "name")
+        rd = self._job_dir(job, run_dir, target)
+        rendered = render_slurm(job, plan, rd, templates, exclude, measured_env, node_order)
+        files = dict(rendered.files)
+        if job_text is not None:
+            files[rundir.JOB] = job_text
+        extra: dict[str, Any] = {
+            "ssh": asdict(target) if target else None, "remote_dir": rd if target else None,
+            "host": target.host if target else None, "gpus_per_node": plan.gpus_per_node, "nodes": plan.nodes,
+            "requeue": job.backend.slurm.requeue, "site_flags": {f: path for f, _, path in site_options(job)}}
+        return Request(self.name, job.name, rd, f"cd {shlex.quote(rd)} && sbatch --parsable train.sbatch", files,
+                       main="train.sbatch", host=target.host if target else None, warnings=rendered.warnings,
+                       extra=extra)
 
-        target = ssh_target_from(spec.backend.slurm)
-        runner = self.runner(target) if (target or not dry_run) else None
+    def submit(self, request: Request) -> JobHandle:
+        """Write the request's files into a new run dir (here, or on the login node), then sbatch there;
+        on any failure the run dir this call created is removed."""
+        extra = {k: v for k, v in request.extra.items() if k != "site_flags"}
+        target = SSHTarget(**extra["ssh"]) if extra.get("ssh") else None
+        runner = self.runner(target)
         try:
-            rd = self._job_dir(spec, run_dir, target, runner)
-            rendered = render_slurm(spec, plan, rd, templates, exclude, measured_env, node_order)
-            files = dict(rendered.files)
-            if job_text is not None:
-                files[rundir.JOB] = job_text
-            command = f"cd {shlex.quote(rd)} && sbatch --parsable train.sbatch"
-            extra: dict[str, Any] = {"ssh": asdict(target) if target else None, "remote_dir": rd if target else None,
-                     "host": target.host if target else None, "gpus_per_node": plan.gpus_per_node,
-                     "nodes": plan.nodes, "requeue": spec.backend.slurm.requeue,
-                     "log_path": rundir.slurm_log(rd)}
-            request = f"{command}{' (on ' + target.host + ')' if target else ''}\n\n{files['train.sbatch']}"
-            if dry_run:
-                return JobHandle(self.name, "dry-run", spec.name, rd, dry_run=True, request=request, extra=extra)
-            job_id = self._sbatch(spec, runner, target, rd, files, "train.sbatch", [rd])
-            extra["log_path"] = rundir.slurm_log(rd, job_id)
-            return JobHandle(self.name, job_id, spec.name, rd, log_path=extra["log_path"], request=request,
-                             extra=extra)
+            job_id = self._sbatch(request.extra.get("site_flags") or {}, runner, target, request.run_dir,
+                                  request.files, request.main or "train.sbatch", [request.run_dir])
         finally:
-            if runner is not None:
-                runner.close()
+            runner.close()
+        extra["log_path"] = rundir.slurm_log(request.run_dir, job_id)
+        return JobHandle(self.name, job_id, request.name, request.run_dir, log_path=extra["log_path"],
+                         request=request.text(), extra=extra)
 
     def submit_array(self, spec: JobSpec, plans: list[Plan], base: str | Path, names: list[str],
                      dry_run: bool = False, templates: str | None = None, exclude: list[str] | None = None,
@@ -248,13 +258,14 @@ class SlurmBackend:
         """Several plans of one job as one Slurm job array (`--array`): task i runs plan i in its own
         run dir <base>/<names[i]>; its logs are <base>/logs/slurm-<job>_<i>.out. One handle per
         task, id "<job>_<i>", which squeue, scancel, status and logs take as they are."""
-        from launcher.render.sbatch import render_slurm_array
+        from launcher.render.sbatch import render_slurm_array, site_options
 
         target = ssh_target_from(spec.backend.slurm)
         runner = self.runner(target) if (target or not dry_run) else None
         try:
             rd = self._job_dir(spec, base, target, runner)
             dirs = [f"{rd}/{n}" for n in names]
+            flags = {f: path for f, _, path in site_options(spec)}
             script, tasks = render_slurm_array(spec, plans, rd, dirs, templates, exclude, node_order)
             files = {"array.sbatch": script}
             for name, task in zip(names, tasks):
@@ -263,7 +274,7 @@ class SlurmBackend:
                     files[f"{name}/{rundir.JOB}"] = job_text
             request = (f"cd {shlex.quote(rd)} && sbatch --parsable array.sbatch"
                        f"{' (on ' + target.host + ')' if target else ''}\n\n{script}")
-            job_id = "dry-run" if dry_run else self._sbatch(spec, runner, target, rd, files, "array.sbatch",
+            job_id = "dry-run" if dry_run else self._sbatch(flags, runner, target, rd, files, "array.sbatch",
                                                             [rd, *dirs])
             out = []
             for i, (plan, d) in enumerate(zip(plans, dirs)):
@@ -278,8 +289,8 @@ class SlurmBackend:
             if runner is not None:
                 runner.close()
 
-    def _sbatch(self, spec: JobSpec, runner, target: SSHTarget | None, rd: str, files: dict[str, str],
-                script: str, dirs: list[str]) -> str:
+    def _sbatch(self, site_flags: dict[str, str], runner, target: SSHTarget | None, rd: str,
+                files: dict[str, str], script: str, dirs: list[str]) -> str:
         """Write `files` under the new run dir `rd` (and its `dirs`, each with logs/), run sbatch on
         `script` there, and return the job id; on any failure nothing of it is left behind."""
         if not runner.which("sbatch"):
@@ -296,7 +307,7 @@ class SlurmBackend:
                 runner.put(f"{rd}/{name}", text, 0o755 if name.endswith(".sbatch") else 0o644)
             rc, out, err = run(runner, ["sbatch", "--parsable", script], cwd=rd)
             if rc != 0:
-                raise UserError(refusal(spec, err or out))
+                raise UserError(refusal(site_flags, err or out))
             job_id = out.strip().splitlines()[-1].split(";")[0].strip() if out.strip() else ""
             if not job_id.isdigit():
                 raise UserError(f"sbatch printed no job id (stdout {out.strip()!r}, stderr {err.strip()!r})")
@@ -305,14 +316,21 @@ class SlurmBackend:
             raise
         return job_id
 
-    def _job_dir(self, spec: JobSpec, run_dir: str | Path, target: SSHTarget | None, runner) -> str:
+    def _job_dir(self, spec: JobSpec, run_dir: str | Path, target: SSHTarget | None, runner=None) -> str:
         """Here: the run dir itself (absolute). Over SSH: <remote_dir>/<run dir's name> on the login
-        node, remote_dir defaulting to ~/launch4d-runs."""
+        node, remote_dir defaulting to ~/launch4d-runs (its $HOME asked for when relative)."""
         if target is None:
             return str(Path(run_dir).expanduser().resolve())
         base = spec.backend.slurm.remote_dir or "launch4d-runs"
         if not base.startswith("/"):
-            base = f"{runner.home().rstrip('/')}/{base.removeprefix('~/')}"
+            own = runner is None
+            runner = runner or self.runner(target)
+            try:
+                home = runner.home()
+            finally:
+                if own:
+                    runner.close()
+            base = f"{home.rstrip('/')}/{base.removeprefix('~/')}"
         return f"{base.rstrip('/')}/{Path(run_dir).name}"
 
     # status -----------------------------------------------------------------------------------
@@ -324,18 +342,15 @@ class SlurmBackend:
         finally:
             runner.close()
 
-    describe = status
+    def describe(self, handle: JobHandle) -> SlurmJobStatus | None:
+        """status(), or None when neither squeue, sacct nor a job log knows the job."""
+        st = self.status(handle)
+        return None if st.source == "none" else st
 
-    def wait(self, handle: JobHandle, timeout: float | None = None, **options: Any) -> JobStatus:
-        """Until the job has ended (or `timeout`): launcher.backends.wait's backoff and retries."""
-        from launcher.backends import wait as wait_for_job
-
-        return wait_for_job(self, handle, timeout, **options)
-
-    def statuses(self, handles: list[JobHandle]) -> dict[str, SlurmJobStatus]:
+    def statuses(self, handles: list[JobHandle]) -> dict[str, JobStatus]:
         """Many jobs at once: one squeue per login host for all of them; sacct or the job log only
         for those squeue has forgotten. Raises TransientError when a controller does not answer."""
-        out: dict[str, SlurmJobStatus] = {}
+        out: dict[str, JobStatus] = {}
         by_host: dict[str | None, list[JobHandle]] = {}
         for h in handles:
             by_host.setdefault((h.extra.get("ssh") or {}).get("host"), []).append(h)
@@ -436,6 +451,10 @@ class SlurmBackend:
         return SlurmJobStatus(UNKNOWN, None, note, slurm_state="UNKNOWN", source="none", requeue=requeue)
 
     # logs -------------------------------------------------------------------------------------
+    def log_iter(self, handle: JobHandle, rank: int | None = None, follow: bool = False, since: int | None = None,
+                 stream: str = "out") -> Iterator[str]:
+        return skip_lines(self.logs(handle, follow, rank, stream, on_retry=self.on_retry), since)
+
     def logs(self, handle: JobHandle, follow: bool = False, rank: int | None = None, stream: str = "out",
              poll_s: float = 1.0, timeout_s: float | None = None, budget_s: float = RETRY_BUDGET_S,
              on_retry: Callable[[TransientError, float, int], None] | None = None) -> Iterator[str]:
@@ -556,15 +575,6 @@ def ranked(lines: list[str], rank: int | None) -> Iterator[str]:
             yield text
 
 
-def filter_rank(line: str, rank: int | None) -> str | None:
-    """srun --label prefixes each line with its task ("0: "); torchrun with the global rank
-    ("[rank3]: ", TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE). With `rank`, keep that rank's text."""
-    if rank is None:
-        return line
-    m = RANK_LINE.match(line)
-    return m.group(2) if m and int(m.group(1)) == rank else None
-
-
 def sbatch_error(text: str) -> str:
     """sbatch's own words, on one line: 'sbatch: error: invalid partition specified: x'."""
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
@@ -576,15 +586,14 @@ def sbatch_error(text: str) -> str:
 UNKNOWN_OPTION = re.compile(r"unrecognized option '(--[^=' ]+)")
 
 
-def refusal(spec: JobSpec, text: str) -> str:
+def refusal(site_flags: dict[str, str], text: str) -> str:
     """sbatch's refusal as one line; an option the installed sbatch does not know is named with
-    the job-file field it came from (the installed sbatch is the judge of what it accepts)."""
-    from launcher.render.sbatch import site_options
-
+    the job-file field it came from (`site_flags`: flag -> field; the installed sbatch is the judge
+    of what it accepts)."""
     m = UNKNOWN_OPTION.search(text)
     if m:
         flag = m.group(1)
-        path = next((p for f, _, p in site_options(spec) if f == flag), None)
+        path = site_flags.get(flag)
         if path:
             hint = "; --segment comes with the topology/block plugin of newer Slurm" if flag == "--segment" else ""
             return f"{path}: the installed sbatch does not accept {flag} (see `sbatch --help`{hint})"

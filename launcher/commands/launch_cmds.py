@@ -75,27 +75,21 @@ def render(job_file: str, backend: str | None, out_dir: str | None, bwmap: str |
     """Render the sbatch script or Kubernetes manifest (TrainJob or PyTorchJob; nothing is submitted).
     Same input, same bytes."""
     from launcher.formats import rundir
-    from launcher.formats.files import child_path
-    from launcher.render.k8s import render_k8s
-    from launcher.render.sbatch import render_slurm
+    from launcher.render.rendered import Rendered
 
     spec, plan, bw, kind, text = _load(job_file, backend, bwmap)
-    if kind == "slurm":
-        run_dir = str(Path(out_dir).resolve()) if out_dir else str(
-            child_path(Path(spec.backend.log_dir).expanduser().resolve(), spec.name, "name"))
-        rendered = render_slurm(spec, plan, run_dir, templates, list(bw.exclude) if bw else None,
+    req = _backend(kind).dryrun(spec, plan, Path(out_dir).resolve() if out_dir else None, templates=templates,
+                                exclude=list(bw.exclude) if bw else None,
                                 node_order=bw.healthy_hosts if bw else None)
-    else:
-        rendered = render_k8s(spec, plan, None, templates, list(bw.exclude) if bw else None)
-    for line in rendered.warnings:
+    for line in req.warnings:
         progress(f"warning: {line}")
     written: list[str] = []
     if out_dir:
-        rendered.files = {**rendered.files, rundir.JOB: text}
-        written = [str(p) for p in rendered.write(out_dir, force=force)]
-    main_text = rendered.files[rendered.main]
-    emit({"backend": kind, "run_dir": rendered.run_dir, "main": rendered.main, "written": written,
-          "files": rendered.files, "warnings": rendered.warnings},
+        files = {**req.files, rundir.JOB: text}
+        written = [str(p) for p in Rendered(kind, req.run_dir, req.main or "", files).write(out_dir, force=force)]
+    main_text = req.files[req.main or ""]
+    emit({"backend": kind, "run_dir": req.run_dir, "main": req.main, "written": written,
+          "files": req.files, "warnings": req.warnings, "command": req.command},
          as_json, lambda: main_text.rstrip("\n") + ("\n\n# wrote " + ", ".join(written) if written else ""))
 
 
@@ -133,19 +127,19 @@ def submit(job_file: str, backend: str | None, bwmap: str | None, run_dir: str |
     rd = run_dir or str(child_path(Path(spec.backend.log_dir).expanduser(), f"{spec.name}-{_stamp()}", "name"))
     if not dry_run:
         check_state()  # a broken state file is found before anything is submitted
-    options: dict[str, Any] = {"templates": templates, "job_text": text}
-    options["exclude"] = list(bw.exclude) if bw else None
-    if kind == "slurm":
-        options["node_order"] = bw.healthy_hosts if bw else None
-    handle = be.submit(spec, plan, rd, dry_run=dry_run, **options)
-    for line in handle.extra.pop("warnings", None) or []:
+    req = be.dryrun(spec, plan, rd, templates=templates, job_text=text, exclude=list(bw.exclude) if bw else None,
+                    node_order=bw.healthy_hosts if bw else None)
+    for line in req.warnings:
         progress(f"warning: {line}")
-    payload = {"id": handle.id, "backend": kind, "name": handle.name, "run_dir": handle.run_dir,
-               "dry_run": handle.dry_run, "host": handle.extra.get("host"),
-               "namespace": handle.extra.get("namespace"), "request": handle.request}
     if dry_run:
-        emit(payload, as_json, lambda: handle.request or "")
+        emit({"id": "dry-run", "backend": kind, "name": req.name, "run_dir": req.run_dir, "dry_run": True,
+              "host": req.host, "namespace": req.extra.get("namespace"), "request": req.text(),
+              "command": req.command, "files": req.files}, as_json, req.text)
         return
+    handle = be.submit(req)
+    payload = {"id": handle.id, "backend": kind, "name": handle.name, "run_dir": handle.run_dir,
+               "dry_run": False, "host": handle.extra.get("host"),
+               "namespace": handle.extra.get("namespace"), "request": handle.request}
     extra = dict(handle.extra)
     extra["log_path"] = handle.log_path
     try:
@@ -272,29 +266,27 @@ def status(job: str, wait: bool, timeout: float | None, interval: float, max_int
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
 @click.option("--rank", type=int, default=None, help="Only this global rank's trainer lines.")
 @click.option("--stream", type=click.Choice(["out", "err"]), default="out", show_default=True,
-              help="Slurm: the job's stdout or stderr file.")
+              help="Slurm: the job's stdout or stderr file (elsewhere the one log holds both).")
+@click.option("--since", type=click.IntRange(0), default=None, metavar="N",
+              help="Skip the first N lines (resume a follower: each --json line carries its number n).")
 @json_option
-def logs(job: str, follow: bool, rank: int | None, stream: str, as_json: bool) -> None:
-    """Show (or follow) a submitted job's logs."""
+def logs(job: str, follow: bool, rank: int | None, stream: str, since: int | None, as_json: bool) -> None:
+    """Show (or follow) a submitted job's logs. With -f --json: one JSON object per line (NDJSON),
+    as the lines come."""
+    import json
+
     rec, handle = _handle(job)
     be = _backend(rec.backend)
-    kwargs: dict[str, Any] = {"follow": follow and not as_json}
-    if rank is not None:
-        kwargs["rank"] = rank
-    if rec.backend == "slurm":
-        kwargs.update(stream=stream, on_retry=_retry_note)
-    elif rank is not None and rec.backend == "local":
-        kwargs.pop("rank")
-    lines = be.logs(handle, **kwargs)
-    if rec.backend == "local" and rank is not None:
-        from launcher.backends.slurm import filter_rank
-
-        lines = (t for t in (filter_rank(ln, rank) for ln in lines) if t is not None)
-    if as_json:
+    be.on_retry = _retry_note
+    lines = be.log_iter(handle, rank=rank, follow=follow, since=since, stream=stream)
+    if as_json and not follow:
         emit({"id": rec.id, "backend": rec.backend, "rank": rank, "lines": list(lines)}, True)
         return
-    for line in lines:
-        click.echo(line)
+    for n, line in enumerate(lines, start=since or 0):
+        if as_json:
+            click.echo(json.dumps({"id": rec.id, "backend": rec.backend, "rank": rank, "n": n, "line": line}))
+        else:
+            click.echo(line)
 
 
 # --- cancel ---------------------------------------------------------------------------------
@@ -305,9 +297,7 @@ def cancel(job: str, as_json: bool) -> None:
     """Cancel a submitted job (scancel; delete the PyTorchJob and its ConfigMap). A job that has already
     ended is left alone and said so (exit 0)."""
     rec, handle = _handle(job)
-    be = _backend(rec.backend)
-    sent = be.cancel(handle)
-    ended = sent is False  # a backend that can tell says False when nothing of the job was left
+    ended = not _backend(rec.backend).cancel(handle)  # False: nothing of the job was left (idempotent)
     emit({"id": rec.id, "backend": rec.backend, "name": rec.name, "cancelled": not ended, "already_ended": ended},
          as_json, lambda: (f"{rec.backend} job {rec.id} ({rec.name}) had already ended; nothing to cancel" if ended
                            else f"cancelled {rec.backend} job {rec.id} ({rec.name})"))
@@ -325,22 +315,16 @@ def jobs(as_json: bool) -> None:
     recs = all_jobs()
     now: dict[tuple[str, str], Any] = {}
     errors: dict[str, str] = {}
-    slurm = [r for r in recs if r.backend == "slurm"]
-    if slurm:
-        try:
-            found = _backend("slurm").statuses([handle_from_record(r) for r in slurm])
-            now.update({("slurm", k): v for k, v in found.items()})
-        except UserError as exc:
-            errors["slurm"] = str(exc)
+    by_kind: dict[str, list] = {}
     for r in recs:
-        if r.backend == "slurm":
-            continue
+        h = handle_from_record(r)
+        h.extra.setdefault("namespace", r.namespace)
+        by_kind.setdefault(r.backend, []).append(h)
+    for kind, handles in by_kind.items():  # one question per backend (Slurm: one squeue per login host)
         try:
-            h = handle_from_record(r)
-            h.extra.setdefault("namespace", r.namespace)
-            now[(r.backend, r.id)] = _backend(r.backend).status(h)
+            now.update({(kind, k): v for k, v in _backend(kind).statuses(handles).items()})
         except UserError as exc:
-            errors.setdefault(r.backend, str(exc))
+            errors[kind] = str(exc)
     rows = []
     for r in recs:
         st = now.get((r.backend, r.id))

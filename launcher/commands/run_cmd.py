@@ -213,7 +213,7 @@ def follow(backend, handle, as_json: bool, quiet_s: float = 120.0,
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        for line in backend.logs(handle, follow=True):
+        for line in backend.log_iter(handle, follow=True):
             rank, text = rank_of(line)
             if rank is not None:
                 tails[rank].append(text)
@@ -270,10 +270,10 @@ def run(job: str, run_dir: str | None, nproc: int | None, resume: str, dry_run: 
     rd = Path(run_dir) if run_dir else default_run_dir(spec)
     backend = LocalBackend()
     if dry_run:
-        handle = backend.submit(spec, plan, rd, dry_run=True, resume=resume)
-        emit({"run_dir": str(rd.resolve()), "plan": plan.to_dict(), "command": handle.request}, as_json,
-             lambda: f"plan: {plan.degrees} zero={plan.zero_stage} micro_batch={plan.micro_batch} "
-                     f"grad_accum={plan.grad_accum}\nrun dir: {rd.resolve()}\ncommand: {handle.request}")
+        req = backend.dryrun(spec, plan, rd, resume=resume, job_text=text)
+        emit({"run_dir": req.run_dir, "plan": plan.to_dict(), "command": req.command, "request": req.to_dict()},
+             as_json, lambda: f"plan: {plan.degrees} zero={plan.zero_stage} micro_batch={plan.micro_batch} "
+                              f"grad_accum={plan.grad_accum}\nrun dir: {req.run_dir}\ncommand: {req.command}")
         return 0
     from launcher.backends.jobstate import check_state
 
@@ -326,7 +326,8 @@ def _start(backend, spec, plan, rd: Path, resume: str, text: str | None):
                                 "or give a new run directory")
             for w in plan.warnings:
                 progress(f"launch: plan warning: {w}")
-            handle = backend.submit(spec, plan, rd, resume=resume, job_text=text, keep_fds=(lock.fd,))
+            handle = backend.submit(backend.dryrun(spec, plan, rd, resume=resume, job_text=text,
+                                                   keep_fds=(lock.fd,)))
         except BaseException:
             if not lock_existed:
                 RunDir(rd).lock.unlink(missing_ok=True)
