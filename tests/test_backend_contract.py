@@ -355,3 +355,25 @@ def test_no_backend_is_named_in_the_commands_that_drive_them():
         text = path.read_text()
         assert not re.search(r"""(kind|backend)\s*==\s*["'](local|slurm|k8s)["']""", text), path
         assert "from launcher.backends.slurm" not in text and "from launcher.backends.kubernetes" not in text
+
+
+def test_logs_follow_json_streams_one_object_per_line(tmp_path, monkeypatch):
+    """`launch logs -f --json`: NDJSON as the job writes it (here a local job), numbered for --since."""
+    from click.testing import CliRunner
+
+    from launcher.cli import cli
+    from launcher.commands.run_cmd import _record
+
+    monkeypatch.setenv("LAUNCH4D_STATE", str(tmp_path / "state"))
+    h = LocalHarness(tmp_path)
+    handle = h.backend.submit(h.quick(h.backend.dryrun(h.spec, h.plan, tmp_path / "run")))
+    _record(handle)
+    res = CliRunner().invoke(cli, ["logs", handle.id, "-f", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(line) for line in res.output.splitlines()]
+    assert [r["n"] for r in rows] == list(range(len(rows))) and len(rows) == 3
+    assert rows[1]["line"] == "[rank1]: hello from rank 1" and rows[0]["id"] == handle.id
+    res = CliRunner().invoke(cli, ["logs", handle.id, "-f", "--json", "--since", "2", "--rank", "0"])
+    assert res.output == ""                                            # rank 0 has one line, skipped
+    res = CliRunner().invoke(cli, ["logs", handle.id, "--json", "--rank", "1"])
+    assert json.loads(res.output)["lines"] == ["hello from rank 1"]

@@ -166,7 +166,8 @@ def threshold_options(f: Any) -> Any:
               "standard, 04:00:00 long: dcgmi diag -r 3 alone can take an hour).")
 @click.option("--gpus-per-node", type=click.IntRange(1), help="slurm/k8s backends: GPUs per node.")
 @click.option("--mpi", "srun_mpi", default="pmix", show_default=True, help="slurm backend: srun --mpi plugin.")
-@click.option("--dry-run", is_flag=True, help="slurm/k8s backends: print what would be submitted.")
+@click.option("--dry-run", is_flag=True, help="Print what would run where (script, pod, batch job); "
+              "connect to nothing, create nothing.")
 @click.option("--namespace", default="default", show_default=True, help="k8s backend: namespace.")
 @click.option("--image", default="nvcr.io/nvidia/pytorch:24.05-py3", show_default=True,
               help="k8s backend: image with nvidia-smi and nccl-tests.")
@@ -235,6 +236,9 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
         return _slurm_job(hosts, nccl, out_dir, partition, account, time_limit or JOB_TIME[level], gpus_per_node,
                           srun_mpi, probe_timeout, nccl_timeout, dry_run, as_json, level,
                           [f"{k}={v:g}" for k, v in timeouts.items()])
+    if dry_run:  # no connection, no pod, no process: what would run where
+        return _dry_run(backend, hosts, probe_timeout, level, nccl, as_json, user=user, port=port, jump=jump,
+                        namespace=namespace, image=image, gpus=gpus_per_node, context=kube_context)
     from checks.runners import get_runner
 
     if backend == "ssh":
@@ -263,6 +267,60 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
             raise UserError(f"--save-raw {save_raw}: cannot write ({exc.strerror})") from None
     bw = assemble(results, cfg)
     return _finish(bw, output, as_json, exclude_failed, drain_to, do_apply)
+
+
+def _dry_run(backend: str, hosts: list[str], probe_timeout: float, level: str, nccl: Any, as_json: bool,
+             **how: Any) -> int:
+    """`preflight --dry-run` on the ssh, srun, local and k8s paths: each host's node-probe script and
+    how it would reach the host (for k8s, the pod manifest), built without connecting, loading a
+    kubeconfig, or creating anything."""
+    import shlex
+
+    from checks.probe import PROBES
+    from checks.runners import probe_script
+
+    script, _ = probe_script(PROBES, probe_timeout)
+    steps: list[dict[str, Any]] = []
+    for i, host in enumerate(hosts, 1):
+        step: dict[str, Any] = {"host": host, "command": script}
+        if backend == "ssh":
+            step["via"] = (f"ssh {how['user'] + '@' if how['user'] else ''}{host}"
+                           f"{':' + str(how['port']) if how['port'] else ''}"
+                           f"{' via ' + how['jump'] if how['jump'] else ''}")
+        elif backend == "srun":
+            step["via"] = f"srun --nodes=1 --ntasks=1 --nodelist={shlex.quote(host)} --overlap bash -c SCRIPT"
+        elif backend == "k8s":
+            from checks.runners.k8s import render_pod
+
+            try:
+                step["pod"] = render_pod(name=f"launch4d-preflight-dryrun-{i}", namespace=how["namespace"],
+                                         node=host, image=how["image"], command=script, run_id="dryrun",
+                                         gpus=how["gpus"], deadline=int(probe_timeout) * len(PROBES) + 70)
+            except ValueError as exc:
+                raise UserError(f"--hosts: {exc}") from None
+            step["via"] = (f"a pod on node {host} in namespace {how['namespace']}"
+                           f"{' (context ' + how['context'] + ')' if how['context'] else ''}")
+        else:
+            step["via"] = "this machine"
+        steps.append(step)
+    then = [f"level {level}"]
+    if nccl.enabled:
+        then.append(f"{nccl.binary} per node" + (", then over node pairs" if nccl.pairs else "")
+                    + (", then all nodes" if nccl.all_nodes else ""))
+
+    def human() -> str:
+        import yaml
+
+        out = [f"# preflight --backend {backend} on {len(hosts)} host(s), {'; '.join(then)}; nothing run"]
+        for st in steps:
+            out.append(f"# {st['host']}: {st['via']}")
+            if "pod" in st:
+                out.append(yaml.safe_dump(st["pod"], sort_keys=False).rstrip())
+        out.append("# node probes (the same script on every host):\n" + script.rstrip())
+        return "\n".join(out)
+
+    emit({"backend": backend, "dry_run": True, "level": level, "then": then, "hosts": steps}, as_json, human)
+    return 0
 
 
 def _slurm_job(hosts: list[str], nccl: Any, out_dir: str | None, partition: str | None, account: str | None,
