@@ -35,6 +35,8 @@ from launcher.backends import CANCELLED, PENDING, RUNNING, SUCCEEDED, Backend, J
 from tests.conftest import EXAMPLES
 from tests.services.slurm import slurm_cluster  # noqa: F401  (session fixture)
 
+pytestmark = pytest.mark.integration
+
 QUICK = "echo '[rank0]: hello from rank 0'; echo '[rank1]: hello from rank 1'; echo 'a line of no rank'"
 
 

@@ -192,13 +192,20 @@ class LocalBackend(Backend):
         with open(log, "ab") as out:
             out.write(f"# launch4d local {time.strftime('%Y-%m-%dT%H:%M:%S')}: {shlex.join(cmd)}\n".encode())
             out.flush()
+            offset = out.tell()  # this submission's output starts here (the file is appended to)
             proc = subprocess.Popen(["bash", "-c", wrapper], stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ, **env},
                                     pass_fds=tuple(request.extra.get("keep_fds", ())))  # the run dir's lock
+        # Popen returns once the exec has begun, before the kernel has laid out the new environment:
+        # until the marker shows in /proc/PID/environ the wrapper would not be known as the job's.
+        until = time.monotonic() + 10
+        while procs.environ(proc.pid).get(procs.MARKER) != token and proc.poll() is None \
+                and time.monotonic() < until:
+            time.sleep(0.005)
         handle = JobHandle(backend=self.name, id=f"local-{proc.pid}", name=request.name, run_dir=str(rd),
                            log_path=str(log), request=request.text(),
                            extra={"pid": proc.pid, "exit_file": str(exit_file), "log_path": str(log),
-                                  "started": started, "log_offset": log.stat().st_size,
+                                  "started": started, "log_offset": offset,
                                   "world": request.extra.get("world"), "marker": token,
                                   "start_ticks": procs.start_time(proc.pid)})
         self._procs[handle.id] = proc
@@ -322,8 +329,11 @@ class LocalBackend(Backend):
     def cancel(self, handle: JobHandle, force: bool = False) -> bool:
         """SIGTERM the trainers (they checkpoint and exit 75); force: SIGKILL every process of the job.
         Only processes that still carry the job's marker are signalled; False when none is left (the
-        job had already ended: cancel is idempotent)."""
+        job had already ended, its exit code written: cancel is idempotent)."""
         if not handle.extra.get("pid"):
+            return False
+        st = self.describe(handle)
+        if not force and (st is None or st.done):  # its wrapper may still be exiting: nothing to stop
             return False
         wrapper = int(handle.extra["pid"])
         ours = self._wrapper_alive(handle)
