@@ -78,17 +78,33 @@ class Stack:
     selective_matmul_recompute: float = 0.0   # share of the matmul forward that selective recompute repeats
     replicated_param_bytes: float = 2.0       # bytes per parameter ZeRO 1 gathers back (replicated state)
     dp_per_gpu_nic: bool = False      # DP collectives across nodes reach one NIC's bandwidth per GPU, not k·NIC
+    ceiling_by_generation: tuple[tuple[str, float], ...] = ()   # efficiency_max per GPU generation, where it differs
+
+    def ceiling(self, gpu) -> float:
+        """The efficiency ceiling on `gpu`: its generation's where the stack has one, else efficiency_max."""
+        gen = GENERATIONS.get(getattr(gpu, "name", ""))
+        return dict(self.ceiling_by_generation).get(gen, self.efficiency_max) if gen else self.efficiency_max
+
+
+#: GPU presets by generation (launcher/plan/presets.py): an eager stack's ceiling depends on it (STACKS).
+GENERATIONS = {"a100-40gb": "ampere", "a100-80gb": "ampere", "h100-sxm": "hopper", "h100-pcie": "hopper",
+               "h200": "hopper", "b200": "blackwell", "l40s": "ada"}
 
 
 STACKS: dict[str, Stack] = {
-    # eager PyTorch FSDP2 + SDPA (torchtitan-class): ceiling fitted on torchtitan's bf16 rows. DP
-    # collectives across nodes are charged at one NIC per GPU: the only ZeRO-3 runs measured at scale
+    # eager PyTorch FSDP2 + SDPA (torchtitan-class): ceilings fitted on the eager rows' fit half
+    # (benchmarks/calibrate_costs.py), one per GPU generation: an eager step's fixed costs (kernel
+    # launches, memory-bound norms, activations and casts between the GEMMs) do not shrink with
+    # Hopper's 3x tensor-core throughput (1.6x HBM bandwidth), so the same code reaches a smaller
+    # fraction of an H100's peak than of an A100's. Hopper's is the default (newer GPUs: no rows).
+    # DP collectives across nodes are charged at one NIC per GPU: the only ZeRO-3 runs measured at scale
     # (Narayanan et al. Table 2) ran at that rate, and torchtitan's FSDP128 row fits it (+6%) as well
     # as the k-NIC node aggregate (-3%); the aggregate would make ZeRO-3 at 1,000+ GPUs look free.
     "bundled": Stack("bundled trainer (eager PyTorch, FSDP2)", efficiency_max=0.45, fsdp_overlap=0.8,
                      grad_sync_overlap=0.0, cp_overlap=0.0, cp_attention_factor=2.0,
                      zero2_sync_per_microbatch=True, zero1_allreduce=True, dp_collectives_per_layer=1, alpha_s=8e-6,
-                     grad_reduce_bytes=4.0, dp_per_gpu_nic=True, replicated_param_bytes=4.0),
+                     grad_reduce_bytes=4.0, dp_per_gpu_nic=True, replicated_param_bytes=4.0,
+                     ceiling_by_generation=(("ampere", 0.69),)),
     # Megatron-LM / NeMo: fused kernels, distributed optimizer overlapping grad reduce and param gather
     "megatron": Stack("Megatron-LM / NeMo", efficiency_max=0.68, fsdp_overlap=0.8, grad_sync_overlap=0.8,
                       cp_overlap=0.8, cp_attention_factor=1.0, zero2_sync_per_microbatch=False,
@@ -100,6 +116,10 @@ STACKS: dict[str, Stack] = {
                        zero2_sync_per_microbatch=True, zero1_allreduce=False, dp_collectives_per_layer=4,
                        alpha_s=8e-6, grad_reduce_bytes=2.0, dp_per_gpu_nic=True),
 }
+# Meta's Llama 3 stack (arXiv 2407.21783 §3.3.2) runs like Megatron but for its CP: K and V all-gathered
+# with the latency "exposed in the critical path"; FSDP keeps parameters gathered from forward to backward
+# (ZeRO 2) and reduce-scatters fp32 gradients
+STACKS["llama3"] = replace(STACKS["megatron"], name="Meta's Llama 3 stack (4D, FSDP ZeRO 2)", cp_overlap=0.0)
 BUNDLED = STACKS["bundled"]
 # torchtitan runs like the bundled trainer, but its "selective" is op-level SAC: every second matmul
 # recomputed (notes/trainers.md §1.4), where ours recomputes the attention core only
@@ -297,7 +317,7 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
 
     fwd, model_seq, hw_seq = _sequence_flops(model, s, lay.recompute, stack.selective_matmul_recompute)
     model_fl, hw_fl = model_seq * train.global_batch, hw_seq * train.global_batch
-    eff = compute_efficiency(model, lay, s, efficiency_max, stack)
+    eff = compute_efficiency(model, lay, s, efficiency_max or stack.ceiling(gpu), stack)
     # Hardware FLOPs of one layer (one sequence); under CP the attention core runs slower (mask).
     layer_fl = (hw_seq - 3 * fwd["logits"]) / model.layers
     attn_layer = fwd["attention"] * (4 if lay.recompute != "none" else 3) / model.layers
