@@ -74,7 +74,7 @@ LARGE = [
     ("mixtral ep8 z3", case("mixtral-8x7b", 8, 8, 4096, 256, tp=1, cp=1, pp=1, ep=8, zero=3, recompute="full",
                             micro_batch=1)),
     ("llama3-405b tp8 pp8 cp2", case("llama3-405b", 128, 8, 8192, 512, tp=8, cp=2, pp=8, zero=3, recompute="full",
-                                     micro_batch=1, schedule="interleaved-1f1b", virtual_stages=2)),
+                                     micro_batch=1, schedule="1f1b")),
 ]
 
 

@@ -3,7 +3,7 @@ allocated bytes read from the profiler's allocation events, beside the ledger's 
 
 Layouts cover ZeRO 0/2/3, context parallelism, and pipelines (1F1B, and ZeRO 3 under PP, where
 torch's pipelining keeps gradients whole until the last micro-batch). The shapes are small, so
-fixed costs (RoPE tables, masks, gloo's buffers) weigh more than at scale: within 15 %.
+fixed costs (RoPE tables, masks, gloo's buffers) weigh more than at scale: within 10 %.
 Tensor parallelism is left out: on gloo its runs hold about two s·h fp32 tensors per layer and
 micro-batch more than the ledger until the step ends (functional collectives' outputs); see
 benchmarks/ledger_vs_trace.py for the figures.
@@ -50,10 +50,10 @@ def runs(tmp_path_factory):
     return {j["name"]: (j["plan"], results[j["name"]]) for j in jobs}
 
 
-# The real peak of these tiny gloo runs varies between runs of the same file (dp2 ZeRO 2 and cp2 were each
-# seen 15-16% above the ledger once, and within 3% on other runs), so the bound is 25%: it still catches a
-# wrong term (the s² scores were +100s of %), and the tighter check is the traced one (test_ledger_vs_trace).
-REL = 0.25
+# Each run's peak pairs allocations with their frees by address (trainer_helpers.allocation_peak): summing
+# the profiler's events alone counted tensors freed on gloo's threads (which the profiler does not record) as
+# live for ever, so the same file's peak varied by up to 15%; paired, repeated runs agree within ~2%.
+REL = 0.10
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))

@@ -117,8 +117,14 @@ def run_layouts(rank: int, nprocs: int, jobs: list[dict], workdir: str, port: in
 
 
 class allocation_peak:
-    """Peak of the bytes torch's CPU allocator holds while the block runs: the profiler's memory
-    events (every allocation and free, in order), summed. `with allocation_peak(True) as p:` -> p[0]."""
+    """Peak of the bytes torch's CPU allocator holds while the block runs, from the profiler's memory
+    events (allocations and frees, in order, with their addresses). `with allocation_peak(True) as p:` -> p[0].
+
+    Why by address: the profiler records only the threads it runs on, so a tensor freed on one of
+    gloo's threads (an async collective's buffer released there) has no free event; summing the
+    events counted it live for the rest of the run, and the peak varied ~15% between runs of the same
+    file with thread timing. Each free is matched to its allocation, and an allocation at an address
+    still held proves the block there was freed unseen (the allocator reused it)."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled
@@ -136,11 +142,21 @@ class allocation_peak:
         if not self.enabled:
             return
         self.prof.__exit__(*exc)
-        events = sorted((e.start_ns(), e.nbytes()) for e in self.prof.profiler.kineto_results.events()
-                        if e.name() == "[memory]")
+        import tempfile
+
+        with tempfile.NamedTemporaryFile(suffix=".json") as f:
+            self.prof.export_chrome_trace(f.name)
+            trace = json.loads(Path(f.name).read_text())
+        events = sorted((e["ts"], e["args"]["Bytes"], e["args"]["Addr"]) for e in trace["traceEvents"]
+                        if e.get("name") == "[memory]")
+        live: dict[int, int] = {}       # address -> bytes of the block allocated there
         cur = peak = 0
-        for _, nbytes in events:
-            cur += nbytes
+        for _, nbytes, addr in events:
+            if nbytes > 0:
+                cur += nbytes - live.pop(addr, 0)
+                live[addr] = nbytes
+            elif addr in live:
+                cur -= live.pop(addr)
             peak = max(peak, cur)
         self.result[0] = peak
 
