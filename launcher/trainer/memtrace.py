@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import time
 from dataclasses import dataclass, field
 from unittest import mock
 
@@ -69,6 +68,7 @@ class StepTrace:
     peak: int
     categories: dict[str, int]
     detail: dict[str, int]          # the tracker's own categories at the peak
+    per_micro_batch: dict[str, int] = field(default_factory=dict)   # see step_long_bytes
 
 
 @dataclass
@@ -96,6 +96,7 @@ def fake_world(rank: int, world: int):
     try:
         yield
     finally:
+        _MESHES.clear()
         dist.destroy_process_group()
 
 
@@ -129,6 +130,11 @@ class MetaBuiltTransformer(Transformer):
     def keep_only(self, *args, **kwargs) -> None:
         with unset_fake_temporarily():
             super().keep_only(*args, **kwargs)
+
+    def init_weights(self, seed: int) -> None:
+        """Only the RoPE tables: fake tensors hold no values. (The seeded init draws every full
+        matrix and shards it: seconds per rank at 405B, and nothing of it is alive at step time.)"""
+        self.set_positions(self.positions)
 
 
 # --- the tracker -----------------------------------------------------------------------------
@@ -234,6 +240,61 @@ class RankMemTracker(FSDPMemTracker):
 
 # --- building and stepping -------------------------------------------------------------------
 
+_MESHES: dict[tuple, object] = {}
+
+
+def mesh_for(cfg: TrainerConfig):
+    """This rank's MeshInfo, built once per fake world (its thousands of fake process groups cost
+    seconds at 16,384 ranks; the layer and micro-batch variants of a plan share the same mesh)."""
+    p = cfg.parallel
+    key = (dist.get_rank(), dist.get_world_size(), p.tp, p.cp, p.pp, p.dp, p.ep, tuple(p.mesh_order))
+    if key not in _MESHES:
+        _MESHES[key] = build_mesh(cfg, torch.device("cpu"))      # real tensors: a mesh is metadata
+    return _MESHES[key]
+
+
+#: what `launch verify` assumes of MoE routing, which FakeTensorMode cannot know (no router values)
+ROUTING_ASSUMPTION = ("MoE routing assumed balanced: each expert gets tokens·top_k/experts rows, on every "
+                      "EP rank (no capacity factor, no dropped tokens, as the trainer routes)")
+
+
+@contextlib.contextmanager
+def assumed_routing():
+    """MoE layers take their per-expert row counts from shapes (moe.balanced_counts) while tracing."""
+    from launcher.trainer import moe
+
+    moe.MoE.assumed_counts = moe.balanced_counts
+    try:
+        yield
+    finally:
+        moe.MoE.assumed_counts = None
+
+
+@contextlib.contextmanager
+def untracked_sharding_propagation():
+    """DTensor's sharding propagation derives an output's metadata by running the op on fake
+    tensors of every operand's GLOBAL shape, in whatever fake mode is active: under ours the tracker
+    would count them (a 405B output head's whole fp32 gradient, GBs, whenever DTensor's cache is cold,
+    so the first trace in a process peaked there). Give it a fake mode of its own, which torch's
+    tracker skips by design (it counts ops of the mode it was entered in)."""
+    from torch.distributed.tensor import _sharding_prop
+
+    own = FakeTensorMode()
+    with mock.patch.object(_sharding_prop, "detect_fake_mode", lambda *a, **k: own):
+        yield
+
+
+def run_fewer_micro_batches(eng: Engine, m: int) -> None:
+    """Let a 1F1B schedule built for pp micro-batches run `m` < pp of them. The torch schedule refuses
+    fewer than pp at construction because the other stages would starve; this rank's own order of
+    operations (min(m, pp - stage) forwards in flight, then one backward / one forward) does not
+    depend on them, and under the fake group nobody waits."""
+    from torch.distributed.pipelining import Schedule1F1B
+
+    if not isinstance(eng.schedule, Schedule1F1B):
+        raise RuntimeError(f"only a 1F1B schedule runs fewer micro-batches than pp, not {type(eng.schedule)}")
+    eng.schedule._n_microbatches = m
+
 def with_micro_batches(cfg: TrainerConfig, m: int) -> TrainerConfig:
     """The same plan with `m` micro-batches per step (global batch follows)."""
     plan = cfg.plan
@@ -323,53 +384,74 @@ def computed_state(eng: Engine) -> dict[str, int]:
 
 
 def trace_step(cfg: TrainerConfig, bf16: bool, micro_batches: int) -> tuple[StepTrace, RoleTrace]:
-    """Build the rank's Engine and trace one optimizer step with `micro_batches` micro-batches;
-    also the rank's state from its local shard shapes. Call inside fake_world() and real_device_meshes()."""
-    cfg_m = with_micro_batches(cfg, micro_batches)
-    mesh = build_mesh(cfg_m, torch.device("cpu"))        # real tensors: a mesh is metadata
+    """Build the rank's Engine and trace one optimizer step with `micro_batches` micro-batches
+    (under 1F1B possibly fewer than pp: run_fewer_micro_batches); also the rank's state from its
+    local shard shapes. Call inside fake_world() and real_device_meshes()."""
+    pp = cfg.parallel.pp
+    fewer = pp > 1 and micro_batches < pp and cfg.parallel.schedule == "1f1b"
+    cfg_m = with_micro_batches(cfg, pp if fewer else micro_batches)
+    mesh = mesh_for(cfg_m)
     # engine.timed_sync times the wait for peers with a host sync on a one-element tensor: no peers,
     # no data and no memory here
     with FakeTensorMode(allow_non_fake_inputs=True), mock.patch.object(engine_mod, "timed_sync", lambda device: 0.0), \
-            mock.patch.object(engine_mod, "Transformer", MetaBuiltTransformer):
+            mock.patch.object(engine_mod, "Transformer", MetaBuiltTransformer), assumed_routing(), \
+            untracked_sharding_propagation():
         eng = Engine(cfg_m, mesh, bf16=bf16)
         if eng.schedule is not None:
             make_pipeline_static(eng, cfg_m)
             check_stage_output(eng, cfg_m)
+            if fewer:
+                run_fewer_micro_batches(eng, micro_batches)
         init_optimizer_state(eng)
         p = cfg_m.parallel
-        batch = torch.randint(0, cfg.model.vocab, (p.micro_batch * p.grad_accum, cfg.train.seq_len + 1))
+        batch = torch.randint(0, cfg.model.vocab, (p.micro_batch * micro_batches, cfg.train.seq_len + 1))
         tracker = RankMemTracker(eng.parts, eng.optimizer)
         tracker.track_inputs((batch,))
         with tracker:
             eng.step(batch, lambda *a, **k: None)
         total, cats, detail = tracker.peak()
+        per_mb = step_long_bytes(tracker, eng, batch, micro_batches)
         role = RoleTrace(rank=dist.get_rank(), stage_ids=list(eng.stage_ids), state=computed_state(eng),
                          dp_mode=eng.dp_mode)
-    return StepTrace(micro_batches=micro_batches, peak=total, categories=cats, detail=detail), role
+    return StepTrace(micro_batches=micro_batches, peak=total, categories=cats, detail=detail,
+                     per_micro_batch=per_mb), role
+
+
+def step_long_bytes(tracker: RankMemTracker, eng: Engine, batch: torch.Tensor, m: int) -> dict[str, int]:
+    """Bytes per micro-batch, by category, that live through the whole step: the token ids, and
+    under a pipeline the receive buffers every stage allocates up front for each micro-batch
+    (activations from the previous stage, gradients from the next). A step with more micro-batches
+    holds exactly this much more at its peak, whatever the schedule keeps in flight."""
+    out: dict[str, int] = {}
+
+    def add(t: torch.Tensor | None, share: float = 1.0) -> None:
+        if t is None:
+            return
+        for st in get_untyped_storages(t):
+            winfo = tracker._WINFO.get(st, (None, None))[0]
+            cat = next((c for c, keys in CATEGORIES.items() if winfo is not None and winfo.reftype in keys), None)
+            if cat is not None:          # one the tracker did not see is not in the traced peak either
+                out[cat] = out.get(cat, 0) + int(st.nbytes() * share)
+
+    add(batch, 1 / m)
+    stages = list(getattr(eng.schedule, "_stages", None) or [getattr(eng.schedule, "_stage", None)])
+    for st in stages:
+        if st is None:
+            continue
+        for info in (*st.args_recv_info.get(0, ()), *st.grad_recv_info.get(0, ())):
+            add(info.buffer)
+    return out
 
 
 def build_state(cfg: TrainerConfig, bf16: bool) -> dict[str, int]:
     """Build this (fake) rank's Engine (mesh, TP plan, stage split, FSDP wrapping, CP, optimizer)
     without stepping; its state from local shard shapes. Call inside fake_world() and
     real_device_meshes()."""
-    mesh = build_mesh(cfg, torch.device("cpu"))
+    mesh = mesh_for(cfg)
     with FakeTensorMode(allow_non_fake_inputs=True), mock.patch.object(engine_mod, "Transformer",
-                                                                       MetaBuiltTransformer):
+                                                                       MetaBuiltTransformer), assumed_routing():
         eng = Engine(cfg, mesh, bf16=bf16)
         if eng.schedule is not None:
             make_pipeline_static(eng, cfg)
         init_optimizer_state(eng)
         return computed_state(eng)
-
-
-def trace_rank(cfg: TrainerConfig, rank: int, bf16: bool, micro_batch_counts: list[int]) -> RoleTrace:
-    """Trace `rank` once per micro-batch count (one Engine each, one fake world)."""
-    t0 = time.perf_counter()
-    out = None
-    with fake_world(rank, cfg.parallel.world_size), real_device_meshes():
-        for m in micro_batch_counts:
-            step, role = trace_step(cfg, bf16, m)
-            out = out or role
-            out.steps.append(step)
-    out.seconds = time.perf_counter() - t0
-    return out

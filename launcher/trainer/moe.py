@@ -19,6 +19,7 @@ state are sharded dp·cp/ep ways. No auxiliary load-balancing loss is added.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -70,8 +71,18 @@ def route(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]
     return w, idx
 
 
+def balanced_counts(pairs: int, experts: int) -> list[int]:
+    """`pairs` (token, expert) pairs spread evenly over `experts` (the first get one more)."""
+    return [pairs // experts + (e < pairs % experts) for e in range(experts)]
+
+
 class MoE(nn.Module):
     """Drop-in replacement for FeedForward: x [b, s, h] -> [b, s, h]."""
+
+    #: None in a real run. `launch verify` (FakeTensorMode: shapes, no values) sets a function
+    #: (pairs, experts) -> rows per expert, the routing assumed from shapes (e.g. balanced_counts);
+    #: every source rank of an EP group is then assumed to route the same way.
+    assumed_counts: Callable[[int, int], list[int]] | None = None
 
     def __init__(self, a):
         super().__init__()
@@ -98,7 +109,8 @@ class MoE(nn.Module):
         flat = idx.reshape(-1)                                     # [T·k] expert of each pair
         order = torch.argsort(flat, stable=True)                   # pairs grouped by expert
         token = order // self.top_k
-        per_expert = torch.bincount(flat, minlength=self.num_experts)
+        per_expert = (torch.bincount(flat, minlength=self.num_experts) if MoE.assumed_counts is None
+                      else MoE.assumed_counts(flat.numel(), self.num_experts))
         xs = x.index_select(0, token)
         ys = self._experts(xs, per_expert)
         ys = ys * weights.reshape(-1)[order, None].to(ys.dtype)
@@ -106,24 +118,31 @@ class MoE(nn.Module):
         out = ys.new_zeros(x.shape).index_add(0, token, ys)
         return out.reshape(shape)
 
-    def _experts(self, xs: torch.Tensor, per_expert: torch.Tensor) -> torch.Tensor:
+    def _experts(self, xs: torch.Tensor, per_expert: torch.Tensor | list[int]) -> torch.Tensor:
         """Rows of xs grouped by expert (counts per_expert [E]) through their experts, same order."""
         ep = self.ep
         if ep.ep == 1:
-            return self._run_local(xs, per_expert.tolist(), list(range(self.num_experts)))
+            counts = per_expert if isinstance(per_expert, list) else per_expert.tolist()
+            return self._run_local(xs, counts, list(range(self.num_experts)))
         per_rank = self.num_experts // ep.ep
-        # counts[j] = how many rows this rank sends to each of EP rank j's experts
-        recv_counts = torch.empty_like(per_expert)
-        dist.all_to_all_single(recv_counts, per_expert, group=ep.ep_group)
-        recv = recv_counts.view(ep.ep, per_rank)                  # [source, local expert]
-        in_splits = per_expert.view(ep.ep, per_rank).sum(1).tolist()
-        out_splits = recv.sum(1).tolist()
+        if isinstance(per_expert, list):       # assumed from shapes: every source routes like this rank
+            mine = per_expert[ep.ep_rank * per_rank:(ep.ep_rank + 1) * per_rank]
+            recv = [mine] * ep.ep
+            in_splits = [sum(per_expert[j * per_rank:(j + 1) * per_rank]) for j in range(ep.ep)]
+        else:
+            # counts[j] = how many rows this rank sends to each of EP rank j's experts
+            recv_counts = torch.empty_like(per_expert)
+            dist.all_to_all_single(recv_counts, per_expert, group=ep.ep_group)
+            recv = recv_counts.view(ep.ep, per_rank).tolist()             # [source][local expert]
+            in_splits = per_expert.view(ep.ep, per_rank).sum(1).tolist()
+        out_splits = [sum(r) for r in recv]
         got = _AllToAll.apply(xs, out_splits, in_splits, ep.ep_group)
         # `got` is ordered by source rank, then expert: regroup by expert, compute, restore order
         local_ids = torch.arange(per_rank, device=xs.device).repeat(ep.ep)
-        row_expert = torch.repeat_interleave(local_ids, recv.reshape(-1))
+        row_expert = torch.repeat_interleave(local_ids, torch.tensor([c for r in recv for c in r], device=xs.device),
+                                             output_size=sum(out_splits))
         by_expert = torch.argsort(row_expert, stable=True)
-        ys = self._run_local(got.index_select(0, by_expert), recv.sum(0).tolist(),
+        ys = self._run_local(got.index_select(0, by_expert), [sum(c) for c in zip(*recv)],
                              owned_experts(self.num_experts, ep.ep, ep.ep_rank))
         ys = torch.empty_like(ys).index_copy(0, by_expert, ys) if ys.shape[0] else ys
         return _AllToAll.apply(ys, in_splits, out_splits, ep.ep_group)

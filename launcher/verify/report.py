@@ -1,8 +1,9 @@
 """What `launch verify` found, per role, beside the ledger (torch-free: dataclasses and text).
 
 Every figure says where it came from: "traced" (measured by torch's memory tracker on the real
-trainer under the fake world), "extended" (traced at two micro-batch counts and carried to the
-plan's, see roles.py), "computed" (from the local shard shapes of the built model, when the step
+trainer under the fake world), "extended" (traced at fewer micro-batches, layers or in-flight
+micro-batches and carried to the plan's, see roles.py), "shares the trace of" (a pipeline rank
+whose shard equals traced ones'), "computed" (from the local shard shapes of the built model, when the step
 could not be traced) or "not traced".
 """
 
@@ -33,6 +34,8 @@ class RoleResult:
     limit_gb: float = 0.0                         # what a plan may use: capacity less the headroom
     error: str | None = None
     seconds: float = 0.0
+    cpu_seconds: float = 0.0                      # its worker's user + sys time
+    trace_of: list[int] = field(default_factory=list)   # pp ranks whose traces give these figures (shared)
 
     @property
     def needed_gb(self) -> float | None:
@@ -72,6 +75,7 @@ class VerifyReport:
     roles: list[RoleResult]
     build_checks: list[dict]                      # {"rank", "ok", "error"} for ranks built but not stepped
     seconds: float = 0.0
+    cpu_seconds: float = 0.0                      # this process and its role workers (user + sys)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -85,6 +89,7 @@ class VerifyReport:
     def to_dict(self) -> dict:
         return _round({"plan": self.plan, "world_size": self.world_size, "capacity_gb": self.capacity_gb,
                        "builds": self.builds, "fits": self.fits, "seconds": self.seconds,
+                       "cpu_seconds": self.cpu_seconds,
                        "roles": [r.to_dict() for r in self.roles], "build_checks": self.build_checks,
                        "notes": self.notes})
 
@@ -107,7 +112,8 @@ def render(rep: VerifyReport) -> str:
     def _f(x: float | None, width: int = 7) -> str:
         return f"{'-':>{width}}" if x is None else f"{x * scale:>{width}.2f}"
 
-    out = [f"{rep.plan}: {rep.world_size} ranks, {len(rep.roles)} role(s) traced on this CPU under a fake "
+    own = sum(1 for r in rep.roles if not r.trace_of)
+    out = [f"{rep.plan}: {rep.world_size} ranks, {len(rep.roles)} role(s), {own} traced on this CPU under a fake "
            f"process group ({unit} = 1e{9 if unit == 'GB' else 6} bytes, GPU {rep.capacity_gb:.0f} GB)"]
     for r in rep.roles:
         out.append("")
@@ -119,7 +125,8 @@ def render(rep: VerifyReport) -> str:
         needed = "-" if r.needed_gb is None else f"{r.needed_gb:.2f}"
         out.append(f"{head}: peak {_f(r.peak_gb, 0)} {unit} + runtime {r.allowance_gb:.2f} GB = {needed} GB of "
                    f"{r.limit_gb or r.capacity_gb:.1f} GB usable ({r.capacity_gb:.0f} GB less headroom)  {verdict}  "
-                   f"[{r.status}, {r.seconds:.1f} s]")
+                   + (f"[{r.status}, {r.seconds:.1f} s]" if not r.trace_of else
+                      f"[{r.status}: shares the trace of {' and '.join(f'pp {q}' for q in r.trace_of)}]"))
         out.append(f"  {'category':<14} {'traced':>8} {'ledger':>8} {'diff':>8}  source")
         for c in CATEGORIES:
             led = None if r.ledger_gb is None else r.ledger_gb.get(c)
@@ -142,5 +149,5 @@ def render(rep: VerifyReport) -> str:
         out.append(f"note: {n}")
     out.append("")
     out.append(f"{'fits' if rep.fits else ('DOES NOT BUILD' if not rep.builds else 'DOES NOT FIT')} "
-               f"({rep.seconds:.1f} s)")
+               f"({rep.seconds:.1f} s, {rep.cpu_seconds:.1f} s CPU)")
     return "\n".join(out)

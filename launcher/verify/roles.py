@@ -1,4 +1,4 @@
-"""The distinct rank roles of a plan, and which micro-batch counts to trace for each (torch-free).
+"""The distinct rank roles of a plan, which of them are traced, and with how many micro-batches (torch-free).
 
 Why roles: 16,384 ranks are not 16,384 different memory profiles. What a rank holds depends on
 its pipeline rank (which stages, how many layers, embedding and/or output head, and how many
@@ -7,12 +7,19 @@ equal size (the trainer requires even splits, and FSDP2 pads every dim-0 shard t
 size), so one rank per pipeline rank — the one at dp = cp = tp = 0 — stands for all of them.
 The last rank of the world is built too (not stepped): the largest coordinates on every axis.
 
-Why only some micro-batch counts: identical micro-batches repeat the same memory pattern, so a
-step's peak is either reached after a bounded number of them (no pipeline: the second one, when
-gradients already exist; 1F1B: p in flight; interleaved 1F1B: one round of p) or grows linearly
-with their count (GPipe keeps every micro-batch's activations). verify traces two counts m1 < m2:
-equal peaks mean the steady state (the plan's peak is the same); different peaks are extended
-linearly to the plan's count. A plan with few micro-batches is traced with exactly its count.
+Why not every pipeline rank is traced: the middle stages of a pipeline hold identical shards
+(same layers, no embedding, no head) and differ only in how many micro-batches the schedule
+keeps in flight there (1F1B: pp - r; GPipe: all). Under GPipe they share one trace; under 1F1B
+the two middle ranks with the fewest in flight are traced and the others extended linearly in
+their in-flight count (identical micro-batches; shared_traces). Interleaved 1F1B traces each.
+
+Why few micro-batches: identical micro-batches repeat the same memory pattern. With 1F1B (or no
+pipeline) a step's peak is reached once the schedule is in its steady state — from the second
+backward with f micro-batches in flight, i.e. after f + 2 of them — and from then on each more
+micro-batch adds only what lives through the whole step: its receive buffers and token ids,
+which the trace measures (memtrace.step_long_bytes) and adds for the micro-batches not traced.
+GPipe keeps every micro-batch's activations, so its peak grows linearly: two counts m1 < m2 are
+traced and extended linearly to the plan's count; interleaved 1F1B likewise (whole rounds).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ class Role:
     layers: tuple[int, ...]     # layers per stage
     embedding: bool
     head: bool
+    in_flight: int | None = None  # micro-batches whose activations the schedule holds here at most
 
     @property
     def name(self) -> str:
@@ -43,7 +51,13 @@ class Role:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "pp_rank": self.pp_rank, "rank": self.rank, "stages": list(self.stages),
-                "layers": list(self.layers), "embedding": self.embedding, "head": self.head}
+                "layers": list(self.layers), "embedding": self.embedding, "head": self.head,
+                "in_flight": self.in_flight}
+
+    @property
+    def shard(self) -> tuple:
+        """What this rank holds, whatever its pipeline position: equal for identical shards."""
+        return self.layers, self.embedding, self.head
 
 
 def plan_roles(plan: Plan) -> list[Role]:
@@ -57,22 +71,71 @@ def plan_roles(plan: Plan) -> list[Role]:
         stages = tuple(r + k * pp for k in range(v))
         out.append(Role(pp_rank=r, rank=r * stride, stages=stages,
                         layers=tuple(int(plan.stage_layers[s]) for s in stages) if plan.stage_layers else (),
-                        embedding=0 in stages, head=n_stages - 1 in stages))
+                        embedding=0 in stages, head=n_stages - 1 in stages,
+                        in_flight=in_flight(plan.schedule, pp, plan.grad_accum, r)))
     return out
 
 
-def micro_batch_counts(schedule: str, pp: int, m: int, pp_rank: int = 0) -> tuple[list[int], str]:
-    """The micro-batch counts to trace for pipeline rank `pp_rank` of a plan with `m` per step, and
-    why those. Two counts of the same residue as `m` (mod the schedule's period: 1F1B alternates
-    which operation peaks with the parity of the count), past the rank's warm-up."""
+def in_flight(schedule: str, pp: int, m: int, pp_rank: int) -> int | None:
+    """Micro-batches whose activations pipeline rank `pp_rank` holds at once (None: not modelled).
+    torch's Schedule1F1B runs min(m, pp - r) forwards before the first backward."""
     if pp == 1:
-        base, step, why = 2, 1, "no pipeline: micro-batches run one after another"
-    elif schedule == "gpipe":
+        return 1
+    if schedule == "gpipe":
+        return m
+    if schedule == "1f1b":
+        return min(m, pp - pp_rank)
+    return None
+
+
+def shared_traces(roles: list[Role], schedule: str) -> dict[int, tuple[int, ...]]:
+    """{pp rank: the pp ranks whose traces give its figures}: (itself,) when traced. Ranks with
+    identical shards share: GPipe one trace (the same in flight everywhere), 1F1B the two with the
+    fewest in flight, extended linearly to the others' counts (extend_in_flight)."""
+    out = {r.pp_rank: (r.pp_rank,) for r in roles}
+    if schedule not in ("gpipe", "1f1b"):
+        return out
+    groups: dict[tuple, list[Role]] = {}
+    for r in roles:
+        groups.setdefault(r.shard, []).append(r)
+    for group in groups.values():
+        keep = 1 if schedule == "gpipe" else 2
+        if len(group) <= keep:
+            continue
+        traced = tuple(sorted(r.pp_rank for r in sorted(group, key=lambda r: r.in_flight)[:keep]))
+        for r in group:
+            out[r.pp_rank] = (r.pp_rank,) if r.pp_rank in traced else traced
+    return out
+
+
+def extend_in_flight(points: list[tuple[int, dict[str, float]]], f: int) -> tuple[dict[str, float], bool]:
+    """Figures at `f` micro-batches in flight from those of identical shards traced at other counts
+    [(f_a, figures_a), (f_b, figures_b)]; (figures, linear) where linear is False when a figure fell
+    as more were in flight (the peak moved between phases: then the larger trace is returned)."""
+    if len(points) == 1:
+        return dict(points[0][1]), True
+    (fa, a), (fb, b) = sorted(points, key=lambda p: p[0])
+    if any(b[k] < a[k] - 1e-3 * max(1.0, abs(a[k])) for k in b):
+        return dict(b), False
+    return {k: a[k] + (b[k] - a[k]) * (f - fa) / (fb - fa) for k in b}, True
+
+
+def micro_batch_counts(schedule: str, pp: int, m: int, pp_rank: int = 0) -> tuple[list[int], str]:
+    """The micro-batch counts to trace for pipeline rank `pp_rank` of a plan with `m` per step, and why.
+    One count where the peak is reached in a steady state (no pipeline, 1F1B), two where it grows with
+    the count (GPipe; interleaved 1F1B: whole rounds of pp, the same residue as m)."""
+    if pp == 1 or schedule == "1f1b":
+        f = 1 if pp == 1 else min(m, pp - pp_rank)
+        n = min(m, f + 2)
+        why = ("no pipeline: one micro-batch in flight" if pp == 1 else
+               f"1F1B: pp - {pp_rank} = {f} micro-batch{'es' if f > 1 else ''} in flight here")
+        if n == m:
+            return [m], f"{why}; all {m} micro-batches traced"
+        return [n], f"{why}; from the 2nd backward on every micro-batch repeats the same steady state"
+    if schedule == "gpipe":
         base, step, why = 3, 2, "GPipe keeps every micro-batch's activations until its backward"
-    elif schedule == "interleaved-1f1b":
-        base, step, why = 2 * pp, pp, "interleaved 1F1B: in flight bounded by the rounds of pp"
     else:
-        base, step, why = max(pp, pp - pp_rank + 2), 2, f"1F1B: pp - {pp_rank} = {pp - pp_rank} micro-batches in flight here"
+        base, step, why = 2 * pp, pp, "interleaved 1F1B: in flight bounded by the rounds of pp"
     first = base + (m - base) % step
     if m <= 2 * first + step:          # tracing two counts would cost more than tracing m
         return [m], f"all {m} micro-batches traced"
@@ -105,10 +168,19 @@ def extend_layers(ks: list[int], figures: list[dict[str, float]], layers: int) -
     return {c: a[c] + (b[c] - a[c]) * (layers - k1) / (k2 - k1) for c in b}
 
 
-def extend(counts: list[int], peaks: list[dict[str, float]], m: int) -> tuple[dict[str, float], str]:
-    """The figures at `m` micro-batches from those traced at `counts` (see module docstring)."""
+def extend(counts: list[int], peaks: list[dict[str, float]], m: int,
+           per_micro_batch: dict[str, float] | None = None) -> tuple[dict[str, float], str]:
+    """The figures at `m` micro-batches from those traced at `counts` (see module docstring). One count
+    below m: the steady-state peak plus what each further micro-batch keeps for the whole step."""
     if len(counts) == 1:
-        return dict(peaks[0]), f"all {counts[0]} micro-batches traced"
+        (n,), (a,) = counts, peaks
+        if n == m or not per_micro_batch:
+            return dict(a), f"all {n} micro-batches traced" if n == m else f"traced at {n} micro-batches"
+        extra = {k: v * (m - n) for k, v in per_micro_batch.items()}
+        out = {k: a[k] + extra.get(k, 0.0) for k in a}
+        out["total"] = a["total"] + sum(extra.values())
+        return out, (f"traced at {n} micro-batches, the other {m - n} added as their step-long buffers "
+                     f"(receive buffers, token ids)")
     (m1, m2), (a, b) = counts, peaks
     if all(abs(b[k] - a[k]) <= 1e-3 * max(1.0, abs(b[k])) for k in b):
         return dict(b), f"traced at {m1} and {m2} micro-batches: same peak (steady state), so also at {m}"
