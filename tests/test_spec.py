@@ -141,3 +141,15 @@ def test_real_subprocess_error_has_no_traceback(tmp_path):
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
 def test_examples_load(path):
     assert load_spec(path).name
+
+
+def test_virtual_stages_llama3_split_accepted_others_named():
+    """Llama 3 405B's layout is expressible: 126 layers on pp 16 × v 8 (ends empty), v 4 (ends one layer);
+    v 3 (48 chunks) leaves 18 short and is refused on the field."""
+    base = dict(BASE, model="llama3-405b", cluster={"nodes": 256, "gpus_per_node": 8, "gpu": "h100-sxm"})
+    for v in (4, 8):
+        par = {"tp": 8, "pp": 16, "dp": 16, "schedule": "interleaved-1f1b", "virtual_stages": v}
+        assert spec_from_dict(dict(base, parallel=par)).parallel.virtual_stages == v
+    msg = error_of(dict(base, parallel={"tp": 8, "pp": 16, "dp": 16, "schedule": "interleaved-1f1b",
+                                        "virtual_stages": 3}))
+    assert "parallel.virtual_stages" in msg and "126" in msg and "48" in msg

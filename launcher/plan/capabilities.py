@@ -103,6 +103,16 @@ def ep_problem(m: ModelSpec, ep: int, dp: int, cp: int) -> str | None:
     return None
 
 
+def interleave_problem(layers: int, pp: int, v: int) -> str | None:
+    """Layers split over pp·v model chunks evenly, or with the first and last chunk (which also hold the
+    embedding and the head) one layer short, down to none (Llama 3's 126 layers on pp 16 × v 8:
+    launcher.plan.layout.stage_layers; the trainer runs such chunks, tests/test_trainer_uneven.py)."""
+    if v > 1 and -layers % (pp * v) > 2:
+        return (f"layers={layers} do not split over pp·virtual_stages={pp * v} chunks evenly or with only the "
+                "first and last chunk one layer short")
+    return None
+
+
 def schedule_problem(schedule: str, n_micro: int, pp: int) -> str | None:
     """Where the pipeline schedule cannot run with this many micro-batches (grad_accum)."""
     if pp == 1:

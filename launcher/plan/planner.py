@@ -236,17 +236,14 @@ class Search:
             if sched != "interleaved-1f1b":
                 out.append((sched, 1))
                 continue
-            if self.par.virtual_stages is not None:
-                vs = [self.par.virtual_stages]
-            else:
-                # an even split, or Llama 3's uneven one: the first and last chunk, which also hold
-                # the embedding and the head, one layer fewer, down to none (126 layers on pp 16 × v 8:
-                # one layer a chunk, the ends embedding-only and head-only): stage_layers, charged in
-                # costs.py, run by the trainer (tests/test_trainer_uneven.py)
-                layers = self.model.layers
-                vs = [v for v in range(2, MAX_VIRTUAL_STAGES + 1) if -layers % (pp * v) <= 2]
-                if not vs:
-                    self.reject("layers do not split evenly over pp·virtual_stages (ends one fewer)")
+            # an even split, or Llama 3's uneven one: the first and last chunk, which also hold the
+            # embedding and the head, one layer fewer, down to none (126 layers on pp 16 × v 8: one
+            # layer a chunk, the ends embedding-only and head-only): stage_layers, charged in costs.py
+            given = self.par.virtual_stages
+            vs = [v for v in ([given] if given is not None else range(2, MAX_VIRTUAL_STAGES + 1))
+                  if v == 1 or not capabilities.interleave_problem(self.model.layers, pp, v)]
+            if not vs:
+                self.reject("layers do not split evenly over pp·virtual_stages (ends one fewer)")
             out.extend((sched, v) for v in vs if v > 1 or self.par.virtual_stages is not None)
         return out
 

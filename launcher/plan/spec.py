@@ -210,9 +210,9 @@ def _check_parallel(p: ParallelSpec, m: ModelSpec, t: TrainSpec, c: ClusterSpec)
     if p.virtual_stages is not None and p.virtual_stages > 1:
         if p.schedule not in (None, "interleaved-1f1b"):
             raise SpecError("parallel.virtual_stages", "virtual_stages > 1 needs schedule: interleaved-1f1b")
-        if p.pp is not None and m.layers % (p.pp * p.virtual_stages):
-            raise SpecError("parallel.virtual_stages",
-                            f"layers={m.layers} is not divisible by pp·virtual_stages={p.pp * p.virtual_stages}")
+        why = capabilities.interleave_problem(m.layers, p.pp, p.virtual_stages) if p.pp is not None else None
+        if why:
+            raise SpecError("parallel.virtual_stages", why)
     if p.micro_batch is not None and t.global_batch % p.micro_batch:
         raise SpecError("parallel.micro_batch", f"{p.micro_batch} does not divide train.global_batch={t.global_batch}")
 
