@@ -1,8 +1,9 @@
 """The planning ledger states what the bundled trainer allocates.
 
-- Activations: the trainer's real Block (model.py), run forward with autograd's saved-tensor hooks,
-  keeps exactly the bytes trainer_layer_activation_bytes says (fp32, FSDP's bf16 parameters, bf16
-  autocast; dense GQA/MHA, SwiGLU/GELU, MoE; each recompute mode). SDPA never keeps the s×s scores.
+- Activations: the trainer's real Block (model.py), run forward under a dispatch mode that records
+  every storage it creates, keeps alive exactly the bytes trainer_layer_activation_bytes says (fp32,
+  FSDP's bf16 parameters, bf16 autocast; dense GQA/MHA, SwiGLU/GELU, MoE; each recompute mode).
+  SDPA never keeps the s×s scores; selective recompute keeps about half of what none keeps.
 - Published layouts that ran on 80 GB GPUs at 4k-8k tokens plan as fitting with their degrees.
 - Under pipeline parallelism ZeRO 2/3 keep whole fp32 gradients (torch's pipelining disables
   gradient sync and reshard-after-backward until the last micro-batch).
@@ -34,32 +35,46 @@ SHAPES = {
 
 
 def saved_activation_bytes(shape: dict, layers: int, mode: str, numerics: str, s: int = 256, b: int = 2) -> int:
-    """Bytes of the distinct storages autograd keeps for backward in a forward of the trainer's model
-    (parameters, and under autocast the cached bf16 weight casts, excluded)."""
+    """Bytes of the distinct storages created in a forward of the trainer's model that are still
+    alive after it: what autograd saved, what checkpoint keeps (its inputs, and the outputs selective
+    recompute caches), less the parameters and the forward's output (under autocast, and only without
+    recompute, the cached bf16 weight casts too: they are charged as parameters)."""
+    import gc
+
     import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+    from torch.utils.weak import WeakIdKeyDictionary
 
     from launcher.plan.spec import ModelSpec
     from launcher.trainer.model import Transformer
     from launcher.trainer.recompute import apply_recompute
+
+    class Created(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.storages = WeakIdKeyDictionary()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    self.storages[t.untyped_storage()] = t.untyped_storage().nbytes()
+            return out
 
     m = Transformer(ModelSpec(layers=layers, **shape), seq_len=s)
     m.init_weights(0)
     apply_recompute(m, mode)
     if numerics == "fsdp-bf16":          # what MixedPrecisionPolicy(param_dtype=bf16) hands the forward
         m = m.to(torch.bfloat16)
-    storages: dict[int, int] = {}
-
-    def pack(t):
-        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
     x = torch.randint(0, shape["vocab"], (b, s))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=numerics == "autocast"):
-            m(x)
-    params = {p.untyped_storage().data_ptr() for p in m.parameters()}
-    kept = sum(n for ptr, n in storages.items() if ptr not in params)
-    if numerics == "autocast" and mode != "full":   # the autocast cache is charged as parameters
+    created = Created()
+    with created, torch.autocast("cpu", dtype=torch.bfloat16, enabled=numerics == "autocast"):
+        out = m(x)
+    gc.collect()
+    not_acts = {p.untyped_storage().data_ptr() for p in m.parameters()} | {out.untyped_storage().data_ptr()}
+    kept = sum(n for st, n in created.storages.items() if st.data_ptr() not in not_acts)
+    if numerics == "autocast" and mode == "none":   # the autocast cache is charged as parameters
         kept -= sum(2 * p.numel() for name, p in m.named_parameters() if p.dim() == 2 and "tok_emb" not in name)
     return kept
 

@@ -6,7 +6,9 @@ FLOP conventions (Korthikanti et al., Narayanan et al.): a layer's forward pass 
 parameter-token in its matmuls plus 4·b·s²·h for the attention scores and their product with V
 (causal masking not discounted, as in the papers); the logits add 2·b·s·h·V. Model FLOPs (MFU) are
 3× the forward. Hardware FLOPs (HFU) add what recompute repeats: a whole forward of every layer for
-full recompute, the attention core for selective. For a 4h GELU MLP with MHA this is exactly
+full recompute; for selective, the attention core in Megatron's sense (the bundled trainer's op-level
+selective keeps every matmul's and SDPA's output and repeats only elementwise work, which is not
+counted in FLOPs: STACKS[...].selective_attention_recompute). For a 4h GELU MLP with MHA this is exactly
 72·B·L·s·h²·(1 + s/6h + V/12hL).
 
 Collectives: a ring all-gather or reduce-scatter over g ranks takes (g-1)·alpha + N·(g-1)/g / busbw,
@@ -76,6 +78,7 @@ class Stack:
     alpha_s: float               # latency per ring step of a collective
     grad_reduce_bytes: float          # bytes per gradient element reduced
     selective_matmul_recompute: float = 0.0   # share of the matmul forward that selective recompute repeats
+    selective_attention_recompute: float = 1.0   # share of the attention core it repeats (Megatron's: all)
     replicated_param_bytes: float = 2.0       # bytes per parameter ZeRO 1 gathers back (replicated state)
     dp_per_gpu_nic: bool = False      # DP collectives across nodes reach one NIC's bandwidth per GPU, not k·NIC
     ceiling_by_generation: tuple[tuple[str, float], ...] = ()   # efficiency_max per GPU generation, where it differs
@@ -104,7 +107,10 @@ STACKS: dict[str, Stack] = {
                      grad_sync_overlap=0.0, cp_overlap=0.0, cp_attention_factor=2.0,
                      zero2_sync_per_microbatch=True, zero1_allreduce=True, dp_collectives_per_layer=1, alpha_s=8e-6,
                      grad_reduce_bytes=4.0, dp_per_gpu_nic=True, replicated_param_bytes=4.0,
-                     ceiling_by_generation=(("ampere", 0.69),)),
+                     ceiling_by_generation=(("ampere", 0.69),),
+                     # op-level selective recompute (trainer/recompute.py) keeps every matmul's and
+                     # SDPA's output: backward repeats only norms, RoPE and activations (no FLOPs here)
+                     selective_attention_recompute=0.0),
     # Megatron-LM / NeMo: fused kernels, distributed optimizer overlapping grad reduce and param gather
     "megatron": Stack("Megatron-LM / NeMo", efficiency_max=0.68, fsdp_overlap=0.8, grad_sync_overlap=0.8,
                       cp_overlap=0.8, cp_attention_factor=1.0, zero2_sync_per_microbatch=False,
@@ -121,8 +127,8 @@ STACKS: dict[str, Stack] = {
 # (ZeRO 2) and reduce-scatters fp32 gradients
 STACKS["llama3"] = replace(STACKS["megatron"], name="Meta's Llama 3 stack (4D, FSDP ZeRO 2)", cp_overlap=0.0)
 BUNDLED = STACKS["bundled"]
-# torchtitan runs like the bundled trainer, but its "selective" is op-level SAC: every second matmul
-# recomputed (notes/trainers.md §1.4), where ours recomputes the attention core only
+# torchtitan runs like the bundled trainer, but its op-level SAC recomputes every second matmul
+# (notes/trainers.md §1.4), where ours keeps them all
 STACKS["torchtitan"] = replace(BUNDLED, name="torchtitan (eager, op-level selective AC)",
                                selective_matmul_recompute=0.5)
 
@@ -215,12 +221,13 @@ def step_flops(f: dict[str, float], global_batch: int, recompute: str) -> tuple[
 
 
 @lru_cache(maxsize=256)
-def _sequence_flops(model, s: int, recompute: str, selective_matmul: float) -> tuple[dict[str, float], float, float]:
+def _sequence_flops(model, s: int, recompute: str, selective_matmul: float,
+                    selective_attention: float) -> tuple[dict[str, float], float, float]:
     """(forward FLOPs by part, model FLOPs, hardware FLOPs) of one sequence (cached for the search)."""
     fwd = forward_flops_per_sequence(model, s)
     model_fl, hw_fl = step_flops(fwd, 1, recompute)
-    if recompute == "selective":
-        hw_fl += selective_matmul * fwd["matmul"]
+    if recompute == "selective":     # step_flops charges Megatron's selective: the attention core again
+        hw_fl += selective_matmul * fwd["matmul"] - (1 - selective_attention) * fwd["attention"]
     return fwd, model_fl, hw_fl
 
 
@@ -315,12 +322,14 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
     dtype = 4 if train.precision == "fp32" else 2
     peak = gpu.peak_tflops * 1e12
 
-    fwd, model_seq, hw_seq = _sequence_flops(model, s, lay.recompute, stack.selective_matmul_recompute)
+    fwd, model_seq, hw_seq = _sequence_flops(model, s, lay.recompute, stack.selective_matmul_recompute,
+                                             stack.selective_attention_recompute)
     model_fl, hw_fl = model_seq * train.global_batch, hw_seq * train.global_batch
     eff = compute_efficiency(model, lay, s, efficiency_max or stack.ceiling(gpu), stack)
     # Hardware FLOPs of one layer (one sequence); under CP the attention core runs slower (mask).
     layer_fl = (hw_seq - 3 * fwd["logits"]) / model.layers
-    attn_layer = fwd["attention"] * (4 if lay.recompute != "none" else 3) / model.layers
+    attn_again = {"none": 0.0, "selective": stack.selective_attention_recompute, "full": 1.0}[lay.recompute]
+    attn_layer = fwd["attention"] * (3 + attn_again) / model.layers
     if lay.cp > 1:
         layer_fl += attn_layer * (stack.cp_attention_factor - 1)
     # The pipeline runs at the pace of its busiest rank: its layers (uneven splits and interleaving
@@ -337,13 +346,13 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
     tp_bw = group_busbw(bw, lay.tp, st["tp"], gpus_per_node, per_gpu_nic=True)
     tp_colls = 12 if lay.recompute == "full" else 8
     tp_mb = tp_colls * ring(s_local * b * h * dtype, lay.tp, tp_bw, stack.alpha_s) * layers_stage
-    # CP: K and V all-gathered forward (again under full recompute), their gradients reduce-scattered
+    # CP: K and V all-gathered forward (again under recompute), their gradients reduce-scattered
     # backward: 2 collectives per pass per layer, each of the full sequence's K (or V) for this rank's
     # kv heads. The bundled trainer runs them synchronously.
     cp_bw = group_busbw(bw, lay.cp, st["cp"], gpus_per_node, per_gpu_nic=True)
     kv_heads_local = max(1, model.kv_heads // lay.tp)
     k_bytes = s * b * kv_heads_local * model.head_dim * dtype
-    cp_passes = 3 if lay.recompute == "full" else 2
+    cp_passes = 2 if lay.recompute == "none" else 3
     cp_raw = 2 * cp_passes * ring(k_bytes, lay.cp, cp_bw, stack.alpha_s) * layers_stage
     attn_compute = attn_layer * layers_stage * b / (lay.tp * lay.cp) / (peak * eff)
     cp_mb = max(cp_raw * (1 - stack.cp_overlap), cp_raw - attn_compute * stack.cp_overlap)

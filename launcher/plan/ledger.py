@@ -8,7 +8,9 @@ Conventions (the seed's, which are Korthikanti et al.'s and the ZeRO paper's):
   8-bit Adam keeps two 1-byte moments (10 B). fp32 training has no separate master copy.
 - Activations per layer (2-byte activations, 1-byte dropout masks, Korthikanti Table 2):
   sbh(34 + 5as/h) stored, sbh·34 with selective recompute (attention core recomputed), 2sbh with
-  full recompute (layer input only). The 34 is 18 + 4·ffn/h for a GELU MLP of width ffn (Megatron's
+  full recompute (layer input only). The bundled trainer's own terms (trainer_layer_activation_bytes)
+  differ: SDPA keeps no s² scores, and its selective is op-level (matmul and SDPA outputs kept).
+  The 34 is 18 + 4·ffn/h for a GELU MLP of width ffn (Megatron's
   general form); a SwiGLU MLP keeps one more ffn-wide tensor, 18 + 6·ffn/h.
 """
 
@@ -249,6 +251,8 @@ def trainer_layer_activation_bytes(model, s: int, b: int, mode: str, num: Numeri
     if mode == "full":
         # checkpoint(block) keeps the block input only (a sequence shard under TP)
         return r * h * tokens / sp
+    if mode == "selective":
+        return selective_layer_bytes(model, tokens, tp, num)
     # two RMSNorms: the fp32 input (x, or x.float()) and the normalised x before the weight multiply
     norms = 2 * (4 + r) * h * tokens / sp
     # the normed input of the matmuls (all-gathered under TP); autocast casts it to bf16 per Linear
@@ -256,17 +260,34 @@ def trainer_layer_activation_bytes(model, s: int, b: int, mode: str, num: Numeri
     if model.experts > 1 and num.mode == "autocast":
         consumers_mlp = 1                  # the router; the experts get index_select'ed copies (below)
     linear_in = (consumers_attn + consumers_mlp) * e * h * tokens
-    # SDPA keeps q, k (after RoPE; RoPE itself keeps only its cos/sin tables) and v, and its output,
-    # which wo keeps as its input (a view); selective recompute checkpoints SDPA, which then keeps neither
-    # its output's logsumexp nor CP's gathered keys/values
-    attn = (2 * hq + 2 * hkv) / tp * e * tokens
-    if mode == "none":
-        attn += a / tp * 4 * tokens        # SDPA's fp32 logsumexp
-        if cp > 1:
-            attn += 2 * hkv / tp * e * s * b  # K and V all-gathered over CP (context_parallel.py), kept by SDPA
-    elif mode != "selective":
+    # SDPA keeps q, k (after RoPE; RoPE itself keeps only its cos/sin tables) and v, its output (which
+    # wo keeps as its input, a view) and its fp32 logsumexp
+    if mode != "none":
         raise ValueError(f"recompute mode {mode!r}")
+    attn = (2 * hq + 2 * hkv) / tp * e * tokens + a / tp * 4 * tokens
+    if cp > 1:
+        attn += 2 * hkv / tp * e * s * b  # K and V all-gathered over CP (context_parallel.py), kept by SDPA
     return norms + linear_in + attn + mlp_activation_bytes(model, tokens, tp, e)
+
+
+def selective_layer_bytes(model, tokens: float, tp: int, num: Numerics) -> float:
+    """What op-level selective recompute (trainer/recompute.py) keeps per layer: the block input and
+    the outputs of the matmuls, SDPA and the TP collectives; norms, RoPE, activations are recomputed."""
+    h, a, e, r = model.hidden, model.heads, num.act, num.residual
+    hq, hkv = h, model.kv_heads * (h // a)
+    kept = r * h * tokens / tp                               # the block input (a sequence shard under TP)
+    kept += (2 * hq + 2 * hkv) / tp * e * tokens             # wq, wk, wv outputs and SDPA's output
+    kept += a / tp * 4 * tokens                              # SDPA's fp32 logsumexp
+    kept += h * e * tokens                                   # wo's output (a partial sum under TP)
+    if tp > 1:
+        # the sequence-parallel all-gathers of both norms' outputs, the reduce-scatters of wo and w2
+        kept += 2 * r * h * tokens + 2 * h / tp * e * tokens
+    mats = 2 if model.mlp == "swiglu" else 1                 # w1 (and w3) outputs
+    if model.experts == 1:
+        return kept + (mats * model.ffn_hidden / tp + h) * e * tokens    # + w2's output
+    k = model.experts_per_token
+    # the router's logits, and per routed (token, expert) pair its experts' matmul outputs
+    return kept + tokens * (model.experts * e + k * (mats * model.ffn_hidden + h) * e)
 
 
 def mlp_activation_bytes(model, tokens: float, tp: int, e: int) -> float:
@@ -427,9 +448,12 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
                                   rank=pp_rank_of(lay, role))
     acts = per_layer * layers * held
     recomputed = 0.0
-    if lay.recompute == "full":
+    if lay.recompute != "none":
         # backward recomputes one block at a time: that block's whole activations exist meanwhile
+        # (selective: less the outputs it kept, which the recompute reuses)
         recomputed = trainer_layer_activation_bytes(model, s, b, "none", num, tp=lay.tp, cp=lay.cp)
+        if lay.recompute == "selective":
+            recomputed = max(0.0, recomputed - per_layer)
     r = pp_rank_of(lay, role)
     if lay.pp > 1:
         acts += pipeline_buffer_bytes(model, lay, num, tokens, held, r)

@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from launcher.plan.spec import ModelSpec
+from launcher.trainer.recompute import selective_contexts
 
 NORM_EPS = 1e-5
 ROPE_THETA = 10000.0
@@ -64,7 +65,6 @@ class Attention(nn.Module):
         self.wv = nn.Linear(a.hidden, a.kv_heads * a.head_dim, bias=False)
         self.wo = nn.Linear(a.heads * a.head_dim, a.hidden, bias=False)
         self.cp = None                  # a context_parallel.CPAttention once CP is applied
-        self.recompute_core = False     # selective recompute: checkpoint the s² attention core
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s = x.shape[0], x.shape[1]
@@ -73,10 +73,7 @@ class Attention(nn.Module):
         k = self.wk(x).view(b, s, -1, self.head_dim)
         v = self.wv(x).view(b, s, -1, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if self.recompute_core:
-            out = checkpoint(self.core, q, k, v, use_reentrant=False)
-        else:
-            out = self.core(q, k, v)
+        out = self.core(q, k, v)
         return self.wo(out.reshape(b, s, -1))
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -116,11 +113,13 @@ class Block(nn.Module):
             self.feed_forward: nn.Module = MoE(a)
         else:
             self.feed_forward = FeedForward(a)
-        self.recompute_all = False      # full recompute: keep only the block input
+        self.recompute = "none"         # recompute.MODES: full keeps only the block input
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        if self.recompute_all:
+        if self.recompute == "full":
             return checkpoint(self._body, x, cos, sin, use_reentrant=False)
+        if self.recompute == "selective":
+            return checkpoint(self._body, x, cos, sin, use_reentrant=False, context_fn=selective_contexts)
         return self._body(x, cos, sin)
 
     def _body(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
