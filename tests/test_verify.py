@@ -165,3 +165,41 @@ def test_verify_large_example_llama3_8b():
     assert role["state_gb"]["params"] == pytest.approx(4 * n / 8 / 1e9, rel=0.01)
     assert cats["optimizer"] == pytest.approx(8 * n / 8 / 1e9, rel=0.01)
     assert role["ledger_gb"] is not None and role["difference_gb"] is not None
+
+
+def test_moe_step_is_traced_with_routing_assumed_from_shapes():
+    """MoE routing depends on router values FakeTensorMode does not have: under verify the trainer's
+    MoE layer takes balanced per-expert counts from shapes (MoE.assumed_counts, which a real run
+    leaves None), so the step — all-to-all dispatch over ep=2 included — is traced, not computed,
+    and the report says which routing it assumed."""
+    from launcher.trainer.moe import MoE
+    from launcher.verify import trace_plan
+
+    model = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn_hidden": 128, "vocab": 256,
+             "experts": 4, "experts_per_token": 2}
+    reps = {k: trace_plan(make_plan(dp=4, ep=2, zero=2, seq_len=64, global_batch=8,
+                                    model_over={**model, "experts_per_token": k}), build_last_rank=False)
+            for k in (1, 2)}
+    for rep in reps.values():
+        (role,) = rep.roles
+        assert role.status == "traced" and set(role.sources.values()) == {"traced"}, role.error
+        assert any(n.startswith("MoE routing assumed balanced") for n in rep.notes)
+        assert role.categories_gb["optimizer"] == pytest.approx(role.state_gb["optimizer"], rel=1e-3)
+    # twice the (token, expert) pairs through the experts: more activations, same state
+    one, two = (reps[k].roles[0] for k in (1, 2))
+    assert two.categories_gb["activations"] > one.categories_gb["activations"]
+    assert two.state_gb == one.state_gb
+    assert MoE.assumed_counts is None
+
+
+def test_verify_mixtral_example_traces_every_moe_role():
+    """The MoE example at its planned size (64 ranks, 8 experts, top 2): every pipeline rank's step
+    traced (not computed from shard shapes), with the routing assumption stated."""
+    r = launch("verify", str(EXAMPLES / "mixtral-8x7b.yaml"), "--json")
+    assert r.returncode in (0, 1), r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["builds"] and len(rep["roles"]) > 1
+    for role in rep["roles"]:
+        assert role["status"] == "traced", role.get("error")
+        assert all(s.startswith("traced") for s in role["sources"].values()), role["sources"]
+    assert any(n.startswith("MoE routing assumed balanced") for n in rep["notes"])
