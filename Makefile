@@ -23,6 +23,7 @@ demo: install
 test: install
 	bash .ci/setup-services.sh
 	$(VENV)/bin/ruff check launcher checks tests benchmarks
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -rs -p no:cacheprovider
 
 bench: install

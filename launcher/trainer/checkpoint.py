@@ -418,8 +418,8 @@ def _why_load(exc: BaseException, path: Path) -> str:
     if isinstance(exc, CheckpointError):
         return str(exc)
     text = str(exc)
-    if getattr(exc, "filename", None):
-        where = str(exc.filename)
+    if filename := getattr(exc, "filename", None):
+        where = str(filename)
     elif ".metadata" in text:
         where = str(path / ".metadata")
     else:

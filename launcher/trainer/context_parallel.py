@@ -91,4 +91,4 @@ def apply_cp(model: Transformer, group, cp_rank: int, cp: int, seq_len: int) -> 
         return
     core = CPAttention(group, cp_rank, cp, seq_len)
     for block in model.layers.values():
-        block.attention.cp = core
+        block.attention.cp = core  # type: ignore[union-attr]

@@ -133,15 +133,16 @@ class Engine:
         self.scheduler = make_scheduler(cfg, self.optimizer)
         n_stages = p.pp * p.virtual_stages
         last = next((m for m, s in zip(self.parts, self.stage_ids) if s == n_stages - 1), None)
-        self.loss_fn = ChunkedLoss(lambda: last.output_weight(), cfg.train.tokens_per_step,
+        self.loss_fn = ChunkedLoss(lambda: last.output_weight(),  # type: ignore[union-attr]  # last stage only
+                                   cfg.train.tokens_per_step,
                                    cfg.train.loss_chunk, mesh.group("tp") if p.tp > 1 else None)
         # tied embeddings over pipeline stages: two copies, gradients summed over the embedding group
-        self.tied = tied_params(self.parts, self.stage_ids, n_stages) if cfg.model.tied_embeddings else []
+        self.tied = tied_params(self.parts, self.stage_ids, n_stages) if cfg.model.tied_embeddings else []  # type: ignore[arg-type]
         self.tied_group = embedding_group(p, mesh.rank) if cfg.model.tied_embeddings and p.pp > 1 else None
-        self.norm_exclude = {id(m.output.weight) for m in self.parts if m.tied_head_copy}   # counted once
+        self.norm_exclude = {id(m.output.weight) for m in self.parts if m.tied_head_copy}  # type: ignore[union-attr]  # counted once
         self.schedule = None
         if p.pp > 1:
-            self.schedule = build_schedule(p, self.parts, self.stage_ids, mesh.device, mesh.group("pp"),
+            self.schedule = build_schedule(p, self.parts, self.stage_ids, mesh.device, mesh.group("pp"),  # type: ignore[arg-type]
                                            self.loss_fn)
         self.ranks_per_stage = dist.get_world_size() // p.pp
         self.fwd_collective, self.bwd_collective = phase_collectives(p, self.dp_mode)
@@ -179,11 +180,11 @@ class Engine:
         if self.dp_mode == "replicate":
             self.wait_s += timed_sync(mesh.device)   # own compute done; the rest is waiting for peers
             fsdp.all_reduce_grads(self.dense_params, self.mesh.dp_cp_mesh.get_group())
-            if self.expert_params and self.mesh.ep.replica_size > 1:
+            if self.expert_params and self.mesh.ep is not None and self.mesh.ep.replica_size > 1:
                 fsdp.all_reduce_grads(self.expert_params, self.mesh.ep.replica_group)
         if self.tied_group is not None:
             sum_tied_grads(self.tied, self.tied_group)
-        norm = clip_grad_norm(self.params, self.cfg.train.grad_clip, self.ranks_per_stage,
+        norm = clip_grad_norm(self.params, self.cfg.train.grad_clip, self.ranks_per_stage,  # type: ignore[arg-type]
                               exclude=self.norm_exclude)
         self.optimizer.step()
         if self.zero1 is not None:
@@ -224,8 +225,8 @@ def zero1_split(mesh: MeshInfo, dense: list, experts: list) -> zero1.Zero1:
     """Dense parameters partitioned over dp·cp, expert parameters over their dp·cp/ep replicas."""
     splits = [(dense, mesh.dp_cp_mesh.get_group())]
     if experts:
-        splits.append((experts, mesh.ep.replica_group if mesh.ep is not None else mesh.dp_cp_mesh.get_group()))
-    return zero1.Zero1(splits)
+        splits.append((experts, mesh.ep.replica_group if mesh.ep is not None else mesh.dp_cp_mesh.get_group()))  # type: ignore[arg-type]
+    return zero1.Zero1(splits)  # type: ignore[arg-type]
 
 
 def make_optimizer(cfg: TrainerConfig, params: list) -> torch.optim.Optimizer:

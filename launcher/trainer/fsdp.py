@@ -75,8 +75,8 @@ def local_grads(params: list[torch.nn.Parameter]) -> list[tuple[torch.nn.Paramet
         g = p.grad
         if g is None:
             continue
-        if hasattr(g, "placements") and tuple(g.placements) != tuple(p.placements):
-            g = g.redistribute(p.device_mesh, p.placements)
+        if hasattr(g, "placements") and tuple(g.placements) != tuple(p.placements):  # type: ignore[attr-defined]
+            g = g.redistribute(p.device_mesh, p.placements)  # type: ignore[attr-defined]
             p.grad = g
         out.append((p, g._local_tensor if hasattr(g, "_local_tensor") else g))
     return out

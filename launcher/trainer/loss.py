@@ -13,6 +13,8 @@ split yields exactly the gradient of one process on the whole batch (seed failur
 
 from __future__ import annotations
 
+from collections.abc import Set
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -110,20 +112,20 @@ def _replication(p: torch.Tensor, ranks_per_stage: int) -> int:
         return ranks_per_stage // getattr(p, "ep_degree", 1)     # EP experts: ep distinct sets
     mesh = p.device_mesh
     rep = ranks_per_stage // mesh.size()       # copies outside the parameter's own mesh
-    for i, pl in enumerate(p.placements):
+    for i, pl in enumerate(p.placements):  # type: ignore[attr-defined]
         if pl.is_replicate():
             rep *= mesh.size(i)
     return rep // getattr(p, "ep_degree", 1)    # FSDP-sharded EP experts: over dp·cp/ep ranks
 
 
 def grad_norm_and_clip(params: list[torch.Tensor], max_norm: float, ranks_per_stage: int,
-                       exclude: set[int] = frozenset()) -> float:
+                       exclude: Set[int] = frozenset()) -> float:
     """clip_grad_norm as a Python float (one host sync)."""
     return float(clip_grad_norm(params, max_norm, ranks_per_stage, exclude))
 
 
 def clip_grad_norm(params: list[torch.Tensor], max_norm: float, ranks_per_stage: int,
-                   exclude: set[int] = frozenset()) -> torch.Tensor:
+                   exclude: Set[int] = frozenset()) -> torch.Tensor:
     """Global L2 norm of all gradients over the whole mesh (each element counted once), then clip.
 
     `ranks_per_stage` = world / pp: the number of ranks that share one pipeline stage's
@@ -135,7 +137,7 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float, ranks_per_stage:
     device = None
     sq = torch.zeros((), dtype=torch.float64)
     grads = []
-    for p, local in local_grads(params):
+    for p, local in local_grads(params):  # type: ignore[arg-type]
         device = local.device
         sq = sq.to(device)
         if id(p) not in exclude:

@@ -150,7 +150,7 @@ class RankMemTracker(FSDPMemTracker):
 
     def __init__(self, parts: list[nn.Module], optimizer: torch.optim.Optimizer) -> None:
         MemTracker.__init__(self)
-        self._root_mod = nn.ModuleList(parts)
+        self._root_mod = nn.ModuleList(parts)  # type: ignore[assignment]
         self._optm = optimizer
         self._fsdp_mod_to_saved_methods = WeakIdKeyDictionary()
         self._fsdp_state = _FSDPState.PRE_FW
@@ -161,7 +161,7 @@ class RankMemTracker(FSDPMemTracker):
 
     def _register_module_and_optimizer_hooks(self) -> None:
         super()._register_module_and_optimizer_hooks()
-        managed = set()
+        managed: set[int] = set()
         for m in self._root_mod.modules():
             if isinstance(m, FSDPModule) and (group := m._get_fsdp_state()._fsdp_param_group):
                 managed.update(id(fp.sharded_param) for fp in group.fsdp_params)
@@ -321,7 +321,7 @@ def make_pipeline_static(eng: Engine, cfg: TrainerConfig) -> None:
     seq = cfg.train.seq_len // p.cp
     hidden = torch.empty(p.micro_batch, seq // p.tp, cfg.model.hidden, dtype=hidden_dtype(eng),
                          device=eng.mesh.device)
-    stages = list(getattr(sched, "_stages", None) or [sched._stage])
+    stages = list(getattr(sched, "_stages", None) or [sched._stage])  # type: ignore[union-attr]
     for st in stages:
         x = torch.zeros(p.micro_batch, seq, dtype=torch.long, device=eng.mesh.device) if st.is_first else hidden
         y = hidden.detach().requires_grad_(True)
@@ -331,7 +331,7 @@ def make_pipeline_static(eng: Engine, cfg: TrainerConfig) -> None:
         for s in stages:
             s._inference_mode = InferenceMode.STATIC
 
-    sched._warmup_p2p = all_static
+    sched._warmup_p2p = all_static  # type: ignore[union-attr]
 
 
 def check_stage_output(eng: Engine, cfg: TrainerConfig) -> None:
@@ -405,7 +405,7 @@ def trace_step(cfg: TrainerConfig, bf16: bool, micro_batches: int) -> tuple[Step
         init_optimizer_state(eng)
         p = cfg_m.parallel
         batch = torch.randint(0, cfg.model.vocab, (p.micro_batch * micro_batches, cfg.train.seq_len + 1))
-        tracker = RankMemTracker(eng.parts, eng.optimizer)
+        tracker = RankMemTracker(eng.parts, eng.optimizer)  # type: ignore[arg-type]
         tracker.track_inputs((batch,))
         with tracker:
             eng.step(batch, lambda *a, **k: None)

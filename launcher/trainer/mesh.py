@@ -114,11 +114,11 @@ def build_ep_groups(sizes: dict[str, int], order: list[str], ep: int, rank: int,
 
 def all_groups(mesh: MeshInfo) -> list:
     groups = [dist.group.WORLD]
-    for d in mesh.world.mesh_dim_names:
+    for d in mesh.world.mesh_dim_names or ():
         groups.append(mesh.world.get_group(d))
     groups.append(mesh.dp_cp_mesh.get_group())
     if mesh.ep is not None:
-        groups += [mesh.ep.ep_group, mesh.ep.replica_group]
+        groups += [mesh.ep.ep_group, mesh.ep.replica_group]  # type: ignore[list-item]
     return groups
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -61,8 +62,9 @@ class Attention(nn.Module):
         super().__init__()
         self.head_dim = a.head_dim
         self.wq = nn.Linear(a.hidden, a.heads * a.head_dim, bias=False)
-        self.wk = nn.Linear(a.hidden, a.kv_heads * a.head_dim, bias=False)
-        self.wv = nn.Linear(a.hidden, a.kv_heads * a.head_dim, bias=False)
+        kv_heads = a.kv_heads or a.heads  # the job file's default
+        self.wk = nn.Linear(a.hidden, kv_heads * a.head_dim, bias=False)
+        self.wv = nn.Linear(a.hidden, kv_heads * a.head_dim, bias=False)
         self.wo = nn.Linear(a.heads * a.head_dim, a.hidden, bias=False)
         self.cp = None                  # a context_parallel.CPAttention once CP is applied
 
@@ -90,10 +92,11 @@ class FeedForward(nn.Module):
     def __init__(self, a: ModelSpec):
         super().__init__()
         self.gated = a.mlp == "swiglu"
-        self.w1 = nn.Linear(a.hidden, a.ffn_hidden, bias=False)
-        self.w2 = nn.Linear(a.ffn_hidden, a.hidden, bias=False)
+        ffn = a.ffn_hidden or 4 * a.hidden  # the job file's default
+        self.w1 = nn.Linear(a.hidden, ffn, bias=False)
+        self.w2 = nn.Linear(ffn, a.hidden, bias=False)
         if self.gated:
-            self.w3 = nn.Linear(a.hidden, a.ffn_hidden, bias=False)
+            self.w3 = nn.Linear(a.hidden, ffn, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gated:
@@ -159,6 +162,7 @@ class Transformer(nn.Module):
             # Tied weights on different pipeline stages (Megatron): the last stage owns a copy of
             # the embedding as its output head, initialised identically (same seed name, see
             # init_weights); the engine sums the two copies' gradients so they stay identical.
+            assert self.norm is not None  # the head's stage keeps its norm
             self.output = nn.Linear(self.args.hidden, self.args.vocab, bias=False,
                                     device=self.norm.weight.device)
 
@@ -169,7 +173,9 @@ class Transformer(nn.Module):
 
     def output_weight(self) -> torch.Tensor:
         """The [vocab, hidden] projection (the embedding when tied, unless this stage holds a copy)."""
-        return self.output.weight if self.output is not None else self.tok_embeddings.weight
+        head = self.output if self.output is not None else self.tok_embeddings
+        assert head is not None, "a stage holding neither the head nor the embedding has no output weight"
+        return cast(torch.Tensor, head.weight)
 
     @property
     def is_last(self) -> bool:
@@ -178,8 +184,8 @@ class Transformer(nn.Module):
     def set_positions(self, positions: torch.Tensor) -> None:
         self.positions = positions
         cos, sin = rope_tables(positions, self.args.head_dim, ROPE_THETA)
-        self.rope_cos = cos.to(self.rope_cos.device)
-        self.rope_sin = sin.to(self.rope_sin.device)
+        self.rope_cos = cos.to(self.rope_cos.device)  # type: ignore[has-type]
+        self.rope_sin = sin.to(self.rope_sin.device)  # type: ignore[has-type]
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:

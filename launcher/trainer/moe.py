@@ -188,4 +188,4 @@ def tag_expert_params(model: nn.Module) -> None:
     """Mark EP-sharded expert weights (after to_empty made the final Parameter objects) so the
     global grad norm counts each expert once: they are replicated on world/pp/ep ranks, not world/pp."""
     for p in expert_params(model):
-        p.ep_degree = next(m.ep.ep for m in model.modules() if isinstance(m, MoE))
+        p.ep_degree = next(m.ep.ep for m in model.modules() if isinstance(m, MoE))  # type: ignore[attr-defined]

@@ -85,9 +85,9 @@ def _sharded(pl) -> bool:
 def _max_local_numel(p: torch.Tensor) -> int:
     """The largest local shard of a DTensor parameter over its mesh (same number on every rank)."""
     shape = list(p.shape)
-    for i, pl in enumerate(p.placements):
+    for i, pl in enumerate(p.placements):  # type: ignore[attr-defined]
         if _sharded(pl):
-            shape[pl.dim] = math.ceil(shape[pl.dim] / p.device_mesh.size(i))
+            shape[pl.dim] = math.ceil(shape[pl.dim] / p.device_mesh.size(i))  # type: ignore[attr-defined]
     return math.prod(shape)
 
 
@@ -100,9 +100,9 @@ def _state_tensor(p: torch.Tensor, length: int, dtype: torch.dtype) -> torch.Ten
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
     mesh = p.device_mesh
-    placements = [Shard(0) if _sharded(pl) else Replicate() for pl in p.placements]
-    n = math.prod(mesh.size(i) for i, pl in enumerate(p.placements) if _sharded(pl))
-    return DTensor.from_local(local, mesh, placements, run_check=False, shape=(length * n,), stride=(1,))
+    placements = [Shard(0) if _sharded(pl) else Replicate() for pl in p.placements]  # type: ignore[attr-defined]
+    n = math.prod(mesh.size(i) for i, pl in enumerate(p.placements) if _sharded(pl))  # type: ignore[attr-defined]
+    return DTensor.from_local(local, mesh, placements, run_check=False, shape=(length * n,), stride=(1,))  # type: ignore[arg-type]
 
 
 class Adam8bit(torch.optim.Optimizer):

@@ -9,6 +9,8 @@ the schedule must sum micro-batch gradients (scale_grads=False).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
@@ -23,7 +25,7 @@ def local_stage_ids(pp_rank: int, pp: int, virtual_stages: int) -> list[int]:
     return [pp_rank + k * pp for k in range(virtual_stages)]
 
 
-def stage_range(stage_layers: tuple[int, ...], stage_id: int) -> tuple[int, int]:
+def stage_range(stage_layers: Sequence[int], stage_id: int) -> tuple[int, int]:
     """[first, last) global layer indices of one stage."""
     first = sum(stage_layers[:stage_id])
     return first, first + stage_layers[stage_id]
@@ -37,7 +39,7 @@ def build_schedule(p: Plan, modules: list[torch.nn.Module], stage_ids: list[int]
     check_microbatches(p.schedule, n_micro, p.pp)
     stages = [PipelineStage(m, sid, n_stages, device, group=group) for m, sid in zip(modules, stage_ids)]
     if p.schedule == "interleaved-1f1b":
-        return ScheduleInterleaved1F1B(stages, n_microbatches=n_micro, loss_fn=loss_fn, scale_grads=False)
+        return ScheduleInterleaved1F1B(stages, n_microbatches=n_micro, loss_fn=loss_fn, scale_grads=False)  # type: ignore[arg-type]
     cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}.get(p.schedule)
     if cls is None:
         raise ValueError(f"pipeline schedule {p.schedule!r} needs pp > 1 and one of gpipe, 1f1b, interleaved-1f1b")
@@ -68,10 +70,10 @@ def tied_params(parts: list[torch.nn.Module], stage_ids: list[int], n_stages: in
     out = []
     for m, sid in zip(parts, stage_ids):
         if sid == 0 and m.tok_embeddings is not None:
-            out.append(m.tok_embeddings.weight)
+            out.append(m.tok_embeddings.weight)  # type: ignore[union-attr]
         if sid == n_stages - 1 and m.tied_head_copy:
-            out.append(m.output.weight)
-    return out
+            out.append(m.output.weight)  # type: ignore[union-attr]
+    return out  # type: ignore[return-value]
 
 
 def sum_tied_grads(params: list[torch.nn.Parameter], group) -> None:

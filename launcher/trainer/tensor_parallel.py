@@ -58,8 +58,8 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh) -> None:
     if model.output is not None:
         # vocab-sharded [V/tp, h]; used directly by the vocab-parallel loss, never called as a module
         w = model.output.weight
-        model.output.weight = nn.Parameter(distribute_tensor(w.detach(), tp_mesh, [Shard(0)], src_data_rank=None),
-                                           requires_grad=w.requires_grad)
+        model.output.weight = nn.Parameter(distribute_tensor(w.detach(), tp_mesh, [Shard(0)], src_data_rank=None),  # type: ignore[operator]
+                                           requires_grad=w.requires_grad)  # type: ignore[arg-type]
     gated = model.args.mlp == "swiglu"
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, block_plan(gated))

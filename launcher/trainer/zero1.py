@@ -63,9 +63,9 @@ class Zero1:
         for params, group in splits:
             if not params:
                 continue
-            n = dist.get_world_size(group)
+            n = dist.get_world_size(group)  # type: ignore[arg-type]
             self.splits.append(_Split(params, partition([p.numel() for p in params], n), group, n,
-                                      dist.get_rank(group)))
+                                      dist.get_rank(group)))  # type: ignore[arg-type]
 
     @property
     def owned(self) -> list[torch.nn.Parameter]:
@@ -88,7 +88,7 @@ class Zero1:
             flat = torch.cat([t.reshape(-1) for t in bucket])
         else:
             flat = torch.empty(sum(t.numel() for t in bucket), dtype=bucket[0].dtype, device=bucket[0].device)
-        dist.broadcast(flat, group=s.group, group_src=src)
+        dist.broadcast(flat, group=s.group, group_src=src)  # type: ignore[arg-type]
         if src == s.rank:
             return
         offset = 0

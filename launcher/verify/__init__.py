@@ -114,10 +114,11 @@ def trace_plan(plan: Plan, progress: Callable[[str], None] | None = None,
 def _ranges(xs: list[int]) -> str:
     """[1, 2, 3, 5] -> '1-3, 5'."""
     out, start = [], xs[0]
-    for a, b in zip(xs, xs[1:] + [None]):
+    for a, b in zip(xs, [*xs[1:], None]):
         if b != a + 1:
             out.append(f"{start}-{a}" if a > start else f"{a}")
-            start = b
+            if b is not None:
+                start = b
     return ", ".join(out)
 
 
@@ -174,7 +175,7 @@ def _shared_result(plan: Plan, role: Role, traced: list[RoleResult], cap: float)
         res.schedule_note = f"shares {names}'s computed state (identical shard)"
         return res
     points = [(t.role.in_flight, {**t.categories_gb, "total": t.peak_gb}) for t in traced]
-    figs, linear = extend_in_flight(points, role.in_flight)
+    figs, linear = extend_in_flight(points, role.in_flight)  # type: ignore[arg-type]  # set under gpipe/1f1b; peaks checked above
     res.peak_gb = figs.pop("total")
     res.categories_gb = figs
     f = role.in_flight

@@ -92,7 +92,7 @@ def shared_traces(roles: list[Role], schedule: str) -> dict[int, tuple[int, ...]
     """{pp rank: the pp ranks whose traces give its figures}: (itself,) when traced. Ranks with
     identical shards share: GPipe one trace (the same in flight everywhere), 1F1B the two with the
     fewest in flight, extended linearly to the others' counts (extend_in_flight)."""
-    out = {r.pp_rank: (r.pp_rank,) for r in roles}
+    out: dict[int, tuple[int, ...]] = {r.pp_rank: (r.pp_rank,) for r in roles}
     if schedule not in ("gpipe", "1f1b"):
         return out
     groups: dict[tuple, list[Role]] = {}
@@ -102,7 +102,7 @@ def shared_traces(roles: list[Role], schedule: str) -> dict[int, tuple[int, ...]
         keep = 1 if schedule == "gpipe" else 2
         if len(group) <= keep:
             continue
-        traced = tuple(sorted(r.pp_rank for r in sorted(group, key=lambda r: r.in_flight)[:keep]))
+        traced = tuple(sorted(r.pp_rank for r in sorted(group, key=lambda r: r.in_flight or 0)[:keep]))
         for r in group:
             out[r.pp_rank] = (r.pp_rank,) if r.pp_rank in traced else traced
     return out
