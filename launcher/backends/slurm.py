@@ -240,17 +240,28 @@ class SlurmBackend(Backend):
     def submit(self, request: Request) -> JobHandle:
         """Write the request's files into a new run dir (here, or on the login node), then sbatch there;
         on any failure the run dir this call created is removed."""
-        extra = {k: v for k, v in request.extra.items() if k != "site_flags"}
+        extra = {k: v for k, v in request.extra.items() if k not in ("site_flags", "dirs")}
         target = SSHTarget(**extra["ssh"]) if extra.get("ssh") else None
         runner = self.runner(target)
+        dirs = request.extra.get("dirs") or [rundir.remote(request.run_dir, rundir.LOGS)]
         try:
             job_id = self._sbatch(request.extra.get("site_flags") or {}, runner, target, request.run_dir,
-                                  request.files, request.main or "train.sbatch", [request.run_dir])
+                                  request.files, request.main or "train.sbatch", dirs)
         finally:
             runner.close()
-        extra["log_path"] = rundir.slurm_log(request.run_dir, job_id)
+        extra["log_path"] = (f"{extra['log_dir']}/slurm-{job_id}.out" if extra.get("log_dir")
+                             else rundir.slurm_log(request.run_dir, job_id))
         return JobHandle(self.name, job_id, request.name, request.run_dir, log_path=extra["log_path"],
                          request=request.text(), extra=extra)
+
+    def script_request(self, name: str, run_dir: str, script_name: str, script: str, nodes: int) -> Request:
+        """A batch script made elsewhere (preflight's) as a request: submitted, followed and cancelled
+        like any job. It writes its own output into `run_dir` (no logs/ folder there)."""
+        rd = str(Path(run_dir).expanduser().resolve())
+        return Request(self.name, name, rd, f"cd {shlex.quote(rd)} && sbatch --parsable {shlex.quote(script_name)}",
+                       {script_name: script}, main=script_name,
+                       extra={"ssh": None, "remote_dir": None, "host": None, "nodes": nodes, "requeue": False,
+                              "log_dir": rd, "dirs": [rd]})
 
     def submit_array(self, spec: JobSpec, plans: list[Plan], base: str | Path, names: list[str],
                      dry_run: bool = False, templates: str | None = None, exclude: list[str] | None = None,
@@ -275,7 +286,7 @@ class SlurmBackend(Backend):
             request = (f"cd {shlex.quote(rd)} && sbatch --parsable array.sbatch"
                        f"{' (on ' + target.host + ')' if target else ''}\n\n{script}")
             job_id = "dry-run" if dry_run else self._sbatch(flags, runner, target, rd, files, "array.sbatch",
-                                                            [rd, *dirs])
+                                                            [rundir.remote(d, rundir.LOGS) for d in (rd, *dirs)])
             out = []
             for i, (plan, d) in enumerate(zip(plans, dirs)):
                 extra: dict[str, Any] = {"ssh": asdict(target) if target else None, "remote_dir": d if target else None,
@@ -291,18 +302,18 @@ class SlurmBackend(Backend):
 
     def _sbatch(self, site_flags: dict[str, str], runner, target: SSHTarget | None, rd: str,
                 files: dict[str, str], script: str, dirs: list[str]) -> str:
-        """Write `files` under the new run dir `rd` (and its `dirs`, each with logs/), run sbatch on
-        `script` there, and return the job id; on any failure nothing of it is left behind."""
+        """Write `files` under the new run dir `rd` (creating `dirs` first: the logs/ folders), run sbatch
+        on `script` there, and return the job id; on any failure nothing of it is left behind."""
         if not runner.which("sbatch"):
             where = f"on login node {target.host}" if target else "on PATH"
             hint = "" if target else " (install Slurm's client commands, or set backend.slurm.login_host)"
             raise UserError(f"sbatch not found {where}{hint}")
         if runner.exists(rd):
             raise UserError(f"run dir {rd} already exists{' on ' + target.host if target else ''}; "
-                            "pick another --run-dir")
+                            "pick another directory")
         try:
             for d in dirs:
-                runner.makedirs(rundir.remote(d, rundir.LOGS))
+                runner.makedirs(d)
             for name, text in sorted(files.items()):
                 runner.put(f"{rd}/{name}", text, 0o755 if name.endswith(".sbatch") else 0o644)
             rc, out, err = run(runner, ["sbatch", "--parsable", script], cwd=rd)

@@ -327,7 +327,9 @@ def _slurm_job(hosts: list[str], nccl: Any, out_dir: str | None, partition: str 
                time_limit: str, gpus_per_node: int | None, srun_mpi: str, probe_timeout: float,
                nccl_timeout: float, dry_run: bool, as_json: bool, level: str, tool_timeouts: list[str]) -> int:
     from checks.folder import BWMAP_FILE
-    from checks.runners.slurm_job import SlurmJobError, SlurmJobOptions, render, submit
+    from checks.runners.slurm_job import SlurmJobError, SlurmJobOptions, render
+    from launcher.backends.jobstate import JobRecord, check_state, record
+    from launcher.backends.slurm import SlurmBackend
 
     out = Path(out_dir or f"preflight-{datetime.now():%Y%m%d-%H%M%S}").resolve()
     opts = SlurmJobOptions(out_dir=str(out), partition=partition, account=account, time=time_limit,
@@ -338,14 +340,26 @@ def _slurm_job(hosts: list[str], nccl: Any, out_dir: str | None, partition: str 
         script = render(hosts, opts)
     except SlurmJobError as exc:
         raise UserError(f"--backend slurm: {exc}") from None
+    # The job goes through the Slurm backend like a training job: recorded, so `launch status|logs|cancel
+    # <id>` follow it.
+    be = SlurmBackend()
+    req = be.script_request(opts.job_name, str(out), "preflight.sbatch", script, len(hosts))
     if dry_run:
-        emit({"script": script, "out_dir": str(out)}, as_json, lambda: script)
+        emit({"script": script, "out_dir": str(out), "command": req.command}, as_json, lambda: script)
         return 0
+    if out.exists():
+        raise UserError(f"--out-dir: {out} already exists; give a new directory (the job writes its outputs there)")
+    check_state()
+    handle = be.submit(req)
     try:
-        job = submit(script, out)
-    except (OSError, RuntimeError) as exc:
-        raise UserError(f"--backend slurm: {exc}") from None
-    progress(f"submitted preflight job {job}; when it ends: launch preflight import {out}")
+        record(JobRecord(id=handle.id, backend="slurm", name=handle.name, run_dir=handle.run_dir, log_dir=str(out),
+                         submitted_at=datetime.now().astimezone().strftime("%Y-%m-%dT%H:%M:%S%z"),
+                         extra=dict(handle.extra)))
+    except UserError as exc:
+        progress(f"warning: job {handle.id} was submitted but not recorded ({exc})")
+    job = handle.id
+    progress(f"submitted preflight job {job}; follow: launch status {job} --wait; when it ends: "
+             f"launch preflight import {out}")
     emit({"job_id": job, "out_dir": str(out), "script": str(out / "preflight.sbatch"),
           "bwmap": str(out / BWMAP_FILE)}, as_json,
          lambda: f"job {job}: outputs in {out}\nthen: launch preflight import {out} -o bwmap.json")
