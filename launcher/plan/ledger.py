@@ -266,7 +266,9 @@ def trainer_layer_activation_bytes(model, s: int, b: int, mode: str, num: Numeri
         raise ValueError(f"recompute mode {mode!r}")
     attn = (2 * hq + 2 * hkv) / tp * e * tokens + a / tp * 4 * tokens
     if cp > 1:
-        attn += 2 * hkv / tp * e * s * b  # K and V all-gathered over CP (context_parallel.py), kept by SDPA
+        # K and V all-gathered over CP (context_parallel.py), kept by SDPA; its two query chunks' outputs
+        # are kept by SDPA and joined into one more copy that wo keeps
+        attn += 2 * hkv / tp * e * s * b + hq / tp * e * tokens
     return norms + linear_in + attn + mlp_activation_bytes(model, tokens, tp, e)
 
 
@@ -457,8 +459,11 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
     r = pp_rank_of(lay, role)
     if lay.pp > 1:
         acts += pipeline_buffer_bytes(model, lay, num, tokens, held, r)
-    if lay.cp > 1:
-        acts += s / lay.cp * s                       # the causal mask over gathered keys (bool, one per part)
+    if lay.cp > 1 and getattr(gpu, "name", "") == "cpu":
+        # CPU kernels have no bottom-right causal variant: context_parallel.py's two cached boolean masks
+        # (c×(r+1)c and c×(2cp−r)c, c = s/2cp; the largest pair, r > 0). GPUs take none.
+        c = s / (2 * lay.cp)
+        acts += c * c * (2 * lay.cp + 1)
     has_head = r == lay.pp - 1
     # --- the forward/backward peak: the loss's backward (last stage) or the first block's backward
     peaks = ([_loss_peak(model, train, lay, num, tokens, acts, held)] if has_head else []) + \

@@ -5,12 +5,20 @@ and we want one implementation that runs, and is tested, on gloo and NCCL alike.
 
 Load balance: the sequence is cut into 2·cp chunks and cp rank r holds chunks r and
 2·cp−1−r (a head and a tail), so every rank has the same share of the causal triangle.
-Attention all-gathers keys and values over the cp group (as Llama 3 did) with an autograd
-function whose backward sums every rank's gradient back to the owner (reduce-scatter on
-NCCL; all-reduce + slice on gloo, which has no reduce-scatter — torch's own
-`torch.distributed.nn.functional.all_gather` gave wrong key gradients on gloo here), and
-masks by absolute position, so the result is exactly causal attention over the whole
-sequence. Queries never move.
+Attention all-gathers keys and values over the cp group (as Llama 3 did) into sequence order,
+with an autograd function whose backward sums every rank's gradient back to the owner
+(reduce-scatter on NCCL; all-reduce + slice on gloo, which has no reduce-scatter — torch's own
+`torch.distributed.nn.functional.all_gather` gave wrong key gradients on gloo here). Queries
+never move.
+
+No explicit mask on GPUs: each of the rank's two query chunks sees a prefix of the sequence
+(chunk j sees chunks 0..j), causal with the diagonal at the bottom right. One SDPA call per
+chunk with torch's `causal_lower_right` bias, which torch runs as flash attention (is_causal,
+whose diagonal is bottom-right when queries are fewer than keys) or memory-efficient attention
+with a bottom-right causal mask type; the first chunk is square (is_causal=True). A boolean mask
+would rule out flash attention and, with fp32 on some GPUs, fall back to the math kernel that
+materialises the s² scores. CPU kernels have no bottom-right variant: there the two masks are
+built once and shared by every layer.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from launcher.trainer.model import Transformer
 
@@ -41,26 +50,30 @@ def shard_sequence(x: torch.Tensor, cp_rank: int, cp: int, dim: int = 1) -> torc
 
 
 class _GatherKV(torch.autograd.Function):
-    """All-gather along the sequence dim (2) of [b, heads, s, d]; backward sums grads to the owner."""
+    """All-gather [b, heads, s/cp, d] shards along dim 2 into sequence order (every rank's head
+    chunk, then the tails in reverse); backward sums each rank's gradient back to the owner."""
 
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
         parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
         dist.all_gather(parts, x.contiguous(), group=group)
-        return torch.cat(parts, dim=2)
+        c = x.shape[2] // 2
+        return torch.cat([p[:, :, :c] for p in parts] + [p[:, :, c:] for p in reversed(parts)], dim=2)
 
     @staticmethod
     def backward(ctx, g):
         n, r = dist.get_world_size(ctx.group), dist.get_rank(ctx.group)
-        chunks = [c.contiguous() for c in g.chunk(n, dim=2)]
+        chunks = g.chunk(2 * n, dim=2)
         if dist.get_backend(ctx.group) == "nccl":
-            out = torch.empty_like(chunks[r])
-            dist.reduce_scatter(out, chunks, group=ctx.group)
+            per_rank = [torch.cat([chunks[j], chunks[2 * n - 1 - j]], dim=2) for j in range(n)]
+            out = torch.empty_like(per_rank[r])
+            dist.reduce_scatter(out, per_rank, group=ctx.group)
             return out, None
         g = g.contiguous()
         dist.all_reduce(g, group=ctx.group)
-        return g.chunk(n, dim=2)[r].contiguous(), None
+        chunks = g.chunk(2 * n, dim=2)
+        return torch.cat([chunks[r], chunks[2 * n - 1 - r]], dim=2), None
 
 
 class CPAttention:
@@ -68,20 +81,38 @@ class CPAttention:
 
     def __init__(self, group, cp_rank: int, cp: int, seq_len: int):
         self.group = group
-        self.q_pos = positions(seq_len, cp_rank, cp)
-        self.k_pos = torch.cat([positions(seq_len, r, cp) for r in range(cp)])   # gather order
-        self._mask: torch.Tensor | None = None
+        self.cp_rank, self.cp = cp_rank, cp
+        self._masks: dict[tuple[int, int, torch.device], torch.Tensor] = {}
 
-    def mask(self, device: torch.device) -> torch.Tensor:
-        if self._mask is None or self._mask.device != device:
-            self._mask = (self.q_pos[:, None] >= self.k_pos[None, :]).to(device)
-        return self._mask
+    def query_chunks(self) -> tuple[int, int]:
+        """Sequence chunk indices (of 2·cp) of this rank's head and tail queries."""
+        return self.cp_rank, 2 * self.cp - 1 - self.cp_rank
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        ks = _GatherKV.apply(k, self.group)
-        vs = _GatherKV.apply(v, self.group)
-        return F.scaled_dot_product_attention(q, ks, vs, attn_mask=self.mask(q.device),
-                                              enable_gqa=q.shape[1] != ks.shape[1])
+        return self.local(q, _GatherKV.apply(k, self.group), _GatherKV.apply(v, self.group))
+
+    def local(self, q: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor) -> torch.Tensor:
+        """This rank's queries against the whole sequence's keys and values (in sequence order)."""
+        c = q.shape[2] // 2
+        outs = [self._prefix(q[:, :, i * c:(i + 1) * c], ks[:, :, :(j + 1) * c], vs[:, :, :(j + 1) * c])
+                for i, j in enumerate(self.query_chunks())]
+        # joined in the [b, s, heads, d] layout SDPA's outputs have, so wo's reshape is a view
+        return torch.cat([o.transpose(1, 2) for o in outs], dim=1).transpose(1, 2)
+
+    def _prefix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Queries that are the last len(q) positions of keys k (causal, bottom-right diagonal)."""
+        gqa = q.shape[1] != k.shape[1]
+        L, S = q.shape[2], k.shape[2]
+        if L == S:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        mask = causal_lower_right(L, S) if q.device.type != "cpu" else self._cpu_mask(L, S, q.device)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+    def _cpu_mask(self, L: int, S: int, device: torch.device) -> torch.Tensor:
+        key = (L, S, device)
+        if key not in self._masks:
+            self._masks[key] = torch.ones(L, S, dtype=torch.bool, device=device).tril(S - L)
+        return self._masks[key]
 
 
 def apply_cp(model: Transformer, group, cp_rank: int, cp: int, seq_len: int) -> None:
