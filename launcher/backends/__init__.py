@@ -121,15 +121,14 @@ def wait(backend: Backend, handle: JobHandle, timeout: float | None = None, budg
 
 @dataclass
 class JobHandle:
-    """What submit returns and status/logs/cancel take. `request` is the dry-run object: the exact
-    command, script or manifest that was (or would be) sent."""
+    """What submit returns and describe/log_iter/cancel take (rebuilt from the job record in another
+    shell). `request` is the submitted Request's text: the exact command and script or manifest."""
 
     backend: str
     id: str
     name: str
     run_dir: str
     log_path: str | None = None
-    dry_run: bool = False
     request: str | None = None
     submitted_at: float = field(default_factory=time.time)
     extra: dict[str, Any] = field(default_factory=dict)

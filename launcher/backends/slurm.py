@@ -264,7 +264,7 @@ class SlurmBackend(Backend):
                               "log_dir": rd, "dirs": [rd]})
 
     def submit_array(self, spec: JobSpec, plans: list[Plan], base: str | Path, names: list[str],
-                     dry_run: bool = False, templates: str | None = None, exclude: list[str] | None = None,
+                     templates: str | None = None, exclude: list[str] | None = None,
                      node_order: list[str] | None = None, job_text: str | None = None) -> list[JobHandle]:
         """Several plans of one job as one Slurm job array (`--array`): task i runs plan i in its own
         run dir <base>/<names[i]>; its logs are <base>/logs/slurm-<job>_<i>.out. One handle per
@@ -272,7 +272,7 @@ class SlurmBackend(Backend):
         from launcher.render.sbatch import render_slurm_array, site_options
 
         target = ssh_target_from(spec.backend.slurm)
-        runner = self.runner(target) if (target or not dry_run) else None
+        runner = self.runner(target)
         try:
             rd = self._job_dir(spec, base, target, runner)
             dirs = [f"{rd}/{n}" for n in names]
@@ -285,8 +285,8 @@ class SlurmBackend(Backend):
                     files[f"{name}/{rundir.JOB}"] = job_text
             request = (f"cd {shlex.quote(rd)} && sbatch --parsable array.sbatch"
                        f"{' (on ' + target.host + ')' if target else ''}\n\n{script}")
-            job_id = "dry-run" if dry_run else self._sbatch(flags, runner, target, rd, files, "array.sbatch",
-                                                            [rundir.remote(d, rundir.LOGS) for d in (rd, *dirs)])
+            job_id = self._sbatch(flags, runner, target, rd, files, "array.sbatch",
+                                  [rundir.remote(d, rundir.LOGS) for d in (rd, *dirs)])
             out = []
             for i, (plan, d) in enumerate(zip(plans, dirs)):
                 extra: dict[str, Any] = {"ssh": asdict(target) if target else None, "remote_dir": d if target else None,
@@ -294,11 +294,10 @@ class SlurmBackend(Backend):
                          "nodes": plan.nodes, "requeue": spec.backend.slurm.requeue, "log_dir": rundir.remote(rd, rundir.LOGS),
                          "array_job": job_id, "array_task": i, "log_path": rundir.slurm_log(rd, job_id, i)}
                 out.append(JobHandle(self.name, f"{job_id}_{i}", f"{spec.name}[{i}]", d, log_path=extra["log_path"],
-                                     dry_run=dry_run, request=request, extra=extra))
+                                     request=request, extra=extra))
             return out
         finally:
-            if runner is not None:
-                runner.close()
+            runner.close()
 
     def _sbatch(self, site_flags: dict[str, str], runner, target: SSHTarget | None, rd: str,
                 files: dict[str, str], script: str, dirs: list[str]) -> str:
