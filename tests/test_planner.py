@@ -263,3 +263,25 @@ def test_llama3_405b_interleaves_as_meta_did():
     assert best.virtual_stages == 8
     assert best.stage_layers == [0] + [1] * 126 + [0]
     assert best.estimate["bubble_fraction"] == pytest.approx(15 / 128, abs=1e-5)
+
+
+def test_interleaved_micro_batches_follow_torchs_rounds_rule():
+    """torch's Interleaved1F1B runs m micro-batches when m is a multiple of max(1, m // pp) (10 on pp 4),
+    not only multiples of pp; 256 on pp 9 (28 rounds) it refuses, and so does the planner."""
+    def best(pp, gb, nodes):
+        spec = spec_from_dict({"model": "llama3-8b", "train": {"seq_len": 2048, "global_batch": gb},
+                               "cluster": {"nodes": nodes, "gpus_per_node": 8, "gpu": "h100-sxm"},
+                               "parallel": {"tp": 8 // pp if pp < 8 else 1, "pp": pp, "cp": 1, "virtual_stages": 2,
+                                            "schedule": "interleaved-1f1b", "micro_batch": 1}})
+        return plan_job(spec, top=0)
+
+    ok = best(4, 10, 1).best
+    assert ok is not None and ok.degrees["pp"] == 4 and ok.degrees["dp"] == 1
+    nine = plan_job(spec_from_dict({"model": {"layers": 36, "hidden": 1024, "heads": 8, "ffn_hidden": 4096,
+                                              "vocab": 32000},
+                                    "train": {"seq_len": 2048, "global_batch": 256},
+                                    "cluster": {"nodes": 9, "gpus_per_node": 1, "gpu": "h100-sxm"},
+                                    "parallel": {"tp": 1, "pp": 9, "cp": 1, "virtual_stages": 2,
+                                                 "schedule": "interleaved-1f1b", "micro_batch": 1}}), top=0)
+    assert nine.best is None
+    assert any("max(1, m // pp)" in k for k in nine.rejected)

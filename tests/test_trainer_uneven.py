@@ -47,3 +47,19 @@ def test_interleaved_end_chunks_without_layers_match_one_process(tmp_path):
         assert "losses" in res[name], f"{name}: {res[name].get('error')}\n{res[name].get('trace', '')}"
     assert res["pp2_v4_ends_empty"]["losses"] == pytest.approx(res["ref6"]["losses"], rel=RTOL)
     assert res["pp2_v4_ends_empty"]["grad_norms"] == pytest.approx(res["ref6"]["grad_norms"], rel=RTOL)
+
+
+@pytest.mark.slow
+def test_interleaved_micro_batches_not_a_multiple_of_pp_match_one_process(tmp_path):
+    """torch's Interleaved1F1B runs m micro-batches when m is a multiple of max(1, m // pp): 3 on pp 2
+    (the planner's and the trainer's rule, capabilities.schedule_problem), with uneven chunks."""
+    split = stage_layers(6, 4)
+    jobs = [dict(name="ref3", plan=make_plan(steps=3, global_batch=3, model_over=SIX).to_dict()),
+            dict(name="pp2_v2_m3", plan=make_plan(pp=2, schedule="interleaved-1f1b", virtual_stages=2,
+                                                  stage_layers=split, zero=1, steps=3, global_batch=3,
+                                                  model_over=SIX).to_dict())]
+    res = spawn_layouts(jobs, tmp_path)
+    for name in ("ref3", "pp2_v2_m3"):
+        assert "losses" in res[name], f"{name}: {res[name].get('error')}\n{res[name].get('trace', '')}"
+    assert res["pp2_v2_m3"]["losses"] == pytest.approx(res["ref3"]["losses"], rel=RTOL)
+    assert res["pp2_v2_m3"]["grad_norms"] == pytest.approx(res["ref3"]["grad_norms"], rel=RTOL)

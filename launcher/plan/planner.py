@@ -305,8 +305,9 @@ class Search:
                     # the same bubble and traffic as 1F1B, holding all m micro-batches instead of p
                     self.reject("gpipe dominated by 1f1b (same time, more memory)", per_mb)
                     continue
-                if sched == "interleaved-1f1b" and ga % pp:
-                    self.reject("interleaved 1F1B needs micro-batches divisible by stages", per_mb)
+                if sched == "interleaved-1f1b" and capabilities.schedule_problem(sched, ga, pp):
+                    # torch's Interleaved1F1B: micro-batches a multiple of its rounds, max(1, m // pp)
+                    self.reject("interleaved 1F1B needs micro-batches a multiple of max(1, m // pp)", per_mb)
                     continue
                 if len(too_big) == len(recomputes):
                     self.reject("does not fit in GPU memory", per_mb * (len(mbs) - i))
