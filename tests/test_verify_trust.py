@@ -26,11 +26,19 @@ LAYOUTS = {
     "pp2-dp2-zero2-1f1b": dict(pp=2, dp=2, zero=2, micro_batch=1, global_batch=8, schedule="1f1b"),
     # context parallelism with ZeRO 1 (replicated parameters, sharded optimizer state)
     "cp2-dp2-zero1": dict(cp=2, dp=2, zero=1, micro_batch=2, global_batch=8, recompute="selective"),
+    # mixture of experts (4, top 2) over ep=2: verify assumes balanced routing, the real run routes
+    "ep2-dp4-zero2-moe": dict(dp=4, ep=2, zero=2, micro_batch=2, global_batch=16,
+                              model={"experts": 4, "experts_per_token": 2}),
 }
 
 
 def plans():
-    return {name: make_plan(**kw, seq_len=512, model_over=MODEL, loss_chunk=256) for name, kw in LAYOUTS.items()}
+    out = {}
+    for name, kw in LAYOUTS.items():
+        kw = dict(kw)
+        over = {**MODEL, **kw.pop("model", {})}
+        out[name] = make_plan(**kw, seq_len=512, model_over=over, loss_chunk=256)
+    return out
 
 
 @pytest.fixture(scope="module")
