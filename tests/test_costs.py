@@ -95,13 +95,14 @@ def test_torchtitan_405b_interleaved_beats_1f1b_with_an_uneven_split():
 
 def test_cp_exchange_charged_per_layer_both_ways_and_unhidden():
     """CP: K and V gathered forward and reduce-scattered backward in every layer, with latency, and
-    the masked attention of every rank costs more than causal flash attention (context_parallel.py)."""
+    attention per rank is causal per chunk (1/cp of the work, no mask), so compute grows only by the
+    shorter per-rank GEMMs (context_parallel.py)."""
     model = resolve_model("llama3-70b")
     base = dict(tp=8, pp=1, zero=3, mb=1, gbs=64)
     no_cp = candidate(model, "h100-sxm", 8192, 64, lay(dp=8, **base)).estimate
     cp2 = candidate(model, "h100-sxm", 8192, 64, lay(cp=2, dp=4, **base)).estimate
     assert cp2.cp_comm_s > 0 and no_cp.cp_comm_s == 0
-    assert cp2.compute_s > no_cp.compute_s * 1.03      # masked attention + shorter per-rank GEMMs
+    assert no_cp.compute_s < cp2.compute_s < no_cp.compute_s * 1.03   # shorter per-rank GEMMs only
     full = candidate(model, "h100-sxm", 8192, 64, lay(cp=2, dp=4, **dict(base, recompute="full"))).estimate
     none = candidate(model, "h100-sxm", 8192, 64, lay(cp=2, dp=4, **dict(base, recompute="none"))).estimate
     # the forward gather repeats under recompute (selective recomputes the gathered K/V too)

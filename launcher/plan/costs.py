@@ -31,8 +31,10 @@ What the bundled trainer communicates, and where it overlaps (launcher/trainer, 
   follows a forward, and one reduce-scatter per step.
 - CP (context_parallel.py): per layer, K and V all-gathered in forward and their gradients
   reduce-scattered in backward (again in forward under full recompute), synchronously: nothing
-  hides it. Attention then runs with an explicit mask over all gathered keys, so the kernel cannot
-  skip the causal upper triangle the way `is_causal` flash attention does (cp_attention_factor).
+  hides it. Each rank's two query chunks (head/tail balanced) then attend to the keys up to
+  themselves with `is_causal` / `causal_lower_right` SDPA, no mask tensor, so on GPUs the kernel
+  skips the causal upper triangle and a rank does exactly 1/cp of the causal work
+  (cp_attention_factor 1; CPU kernels take a mask, but plans are for GPUs).
 - TP (sequence parallel): per layer 2 all-gathers + 2 reduce-scatters forward, as many backward.
 """
 
@@ -103,8 +105,8 @@ STACKS: dict[str, Stack] = {
     # DP collectives across nodes are charged at one NIC per GPU: the only ZeRO-3 runs measured at scale
     # (Narayanan et al. Table 2) ran at that rate, and torchtitan's FSDP128 row fits it (+6%) as well
     # as the k-NIC node aggregate (-3%); the aggregate would make ZeRO-3 at 1,000+ GPUs look free.
-    "bundled": Stack("bundled trainer (eager PyTorch, FSDP2)", efficiency_max=0.45, fsdp_overlap=0.8,
-                     grad_sync_overlap=0.0, cp_overlap=0.0, cp_attention_factor=2.0,
+    "bundled": Stack("bundled trainer (eager PyTorch, FSDP2)", efficiency_max=0.42, fsdp_overlap=0.8,
+                     grad_sync_overlap=0.0, cp_overlap=0.0, cp_attention_factor=1.0,
                      zero2_sync_per_microbatch=True, zero1_allreduce=True, dp_collectives_per_layer=1, alpha_s=8e-6,
                      grad_reduce_bytes=4.0, dp_per_gpu_nic=True, replicated_param_bytes=4.0,
                      ceiling_by_generation=(("ampere", 0.69),),
@@ -326,7 +328,7 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
                                              stack.selective_attention_recompute)
     model_fl, hw_fl = model_seq * train.global_batch, hw_seq * train.global_batch
     eff = compute_efficiency(model, lay, s, efficiency_max or stack.ceiling(gpu), stack)
-    # Hardware FLOPs of one layer (one sequence); under CP the attention core runs slower (mask).
+    # Hardware FLOPs of one layer (one sequence); under CP a stack's attention may run slower (mask).
     layer_fl = (hw_seq - 3 * fwd["logits"]) / model.layers
     attn_again = {"none": 0.0, "selective": stack.selective_attention_recompute, "full": 1.0}[lay.recompute]
     attn_layer = fwd["attention"] * (3 + attn_again) / model.layers

@@ -29,7 +29,7 @@ from launcher.plan.spec import JobSpec
 RECOMPUTE_ORDER = ("none", "selective", "full")
 #: Plans whose estimated step time is within this fraction of the fastest count as equal, and the
 #: simplest of them wins: the time model's own error (benchmarks/calibrate_costs.py, held-out median
-#: step-time error: Megatron-class 4.8%, rounded up; torchtitan-class 8.0%, 7.2% on its H100 rows, so
+#: step-time error: Megatron-class 4.8%, rounded up; torchtitan-class 9.0%, so
 #: for the bundled trainer plans a little outside the band are not told apart either: `launch plan
 #: --benchmark` measures them).
 TIE_BAND = 0.05
