@@ -75,13 +75,20 @@ class LazyGroup(click.Group):
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="launch4d")
-def cli() -> None:
-    """launch4d: preflight, plan and launch 4D-parallel LLM training on Slurm and Kubernetes."""
+@click.option("-v", "--verbose", count=True, help="More detail on stderr (-v: every command run, ...).")
+@click.option("-q", "--quiet", count=True, help="Less on stderr (-q: warnings and errors only; -qq: errors).")
+def cli(verbose: int, quiet: int) -> None:
+    """launch4d: preflight, plan and launch 4D-parallel LLM training on Slurm and Kubernetes.
+
+    Shell completion (bash, zsh or fish): eval "$(_LAUNCH_COMPLETE=bash_source launch)"."""
+    from launcher.commands import set_verbosity
+
+    set_verbosity(verbose, quiet)
 
 
 def main() -> None:
     try:
-        rv = cli.main(standalone_mode=False)
+        rv = cli.main(standalone_mode=False, prog_name="launch")  # also under python -m launcher
         if isinstance(rv, int):
             sys.exit(rv)
     except click.exceptions.Abort:

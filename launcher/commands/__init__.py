@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,46 @@ def emit(payload: Any, as_json: bool, human: Callable[[], str] | None = None) ->
         click.echo(human())
 
 
+class StderrHandler(logging.Handler):
+    """Writes to whatever sys.stderr is when a record comes (click's test runner swaps it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(self.format(record), file=sys.stderr, flush=True)
+        except Exception:  # noqa: BLE001 - logging must never raise
+            self.handleError(record)
+
+
+#: What a command tells the person running it: progress lines on stderr (so --json stdout stays clean),
+#: silenced by `launch -q`; `launch -v` adds launch4d's debug records (every command run, ...).
+PROGRESS = logging.getLogger("launch")
+if not PROGRESS.handlers:
+    PROGRESS.addHandler(StderrHandler())
+    PROGRESS.setLevel(logging.INFO)
+    PROGRESS.propagate = False
+
+
+def set_verbosity(verbose: int, quiet: int) -> None:
+    """-v: debug records of launch4d's modules too; -q: warnings only; -qq: errors only."""
+    level = logging.DEBUG if verbose > quiet else {0: logging.INFO, 1: logging.WARNING}.get(quiet - verbose,
+                                                                                          logging.ERROR)
+    PROGRESS.setLevel(level)
+    lib = logging.getLogger("launcher")
+    for h in [h for h in lib.handlers if isinstance(h, StderrHandler)]:
+        lib.removeHandler(h)  # one process may run several commands (tests): each sets its own
+    lib.setLevel(logging.NOTSET)
+    if verbose > quiet:
+        handler = StderrHandler()
+        handler.setFormatter(logging.Formatter("debug: %(name)s: %(message)s"))
+        lib.addHandler(handler)
+        lib.setLevel(logging.DEBUG)
+
+
 def progress(message: str) -> None:
-    """Progress goes to stderr so --json stdout stays clean."""
-    print(message, file=sys.stderr, flush=True)
+    """One line for the person at the terminal (stderr; -q hides it)."""
+    PROGRESS.info(message)
+
+
+def warn(message: str) -> None:
+    """A line that matters more than progress (still shown with -q)."""
+    PROGRESS.warning(message)

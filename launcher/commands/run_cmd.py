@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from launcher.commands import emit, json_option, progress
+from launcher.commands import emit, json_option, progress, warn
 from launcher.errors import UserError
 from launcher.formats.rundir import LATEST, RunDir, read_metrics
 
@@ -182,7 +182,7 @@ class StallWatch:
                     if asked:
                         self.stop.wait(3.0)  # faulthandler/py-spy write within milliseconds; allow a loaded box
                         where = f"; stacks in {RunDir(self.run_dir).stacks}"
-                progress(f"launch: no output from rank 0 for {quiet:.0f} s; "
+                warn(f"launch: no output from rank 0 for {quiet:.0f} s; "
                          f"{stall_report(self.run_dir, self.world)}{where}; more: launch diagnose {self.run_dir}")
                 self.last = time.time()
 
@@ -224,7 +224,7 @@ def follow(backend, handle, as_json: bool, quiet_s: float = 120.0,
                         watch.stepping = True
                         ranks, said = straggler_report(Path(handle.run_dir))
                         if ranks and ranks != slow["said"]:  # said once per new set of slow ranks
-                            progress(f"launch: straggler: {said}")
+                            warn(f"launch: straggler: {said}")
                         slow["said"] = ranks
             elif LOG_LEVEL_LINE.match(line):
                 tails[-1].append(line)
@@ -289,7 +289,7 @@ def run(job: str, run_dir: str | None, nproc: int | None, resume: str, dry_run: 
     status = backend.wait(handle)
     left = backend.sweep(handle)
     if left:
-        progress(f"launch: {len(left)} process(es) of the job outlived torchrun; killed them "
+        warn(f"launch: {len(left)} process(es) of the job outlived torchrun; killed them "
                  f"(pid {', '.join(map(str, left))})")
     steps = read_metrics(handle.run_dir)
     code = status.exit_code if status.exit_code is not None else 1
@@ -325,7 +325,7 @@ def _start(backend, spec, plan, rd: Path, resume: str, text: str | None):
                 raise UserError(f"--run-dir: {rd} already has checkpoints; pass --resume auto to continue it, "
                                 "or give a new run directory")
             for w in plan.warnings:
-                progress(f"launch: plan warning: {w}")
+                warn(f"launch: plan warning: {w}")
             handle = backend.submit(backend.dryrun(spec, plan, rd, resume=resume, job_text=text,
                                                    keep_fds=(lock.fd,)))
         except BaseException:
@@ -351,7 +351,7 @@ def _record(handle) -> None:
                          submitted_at=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(handle.submitted_at)),
                          extra=handle.extra))
     except UserError as exc:  # started all the same: say so, and go on following it
-        progress(f"launch: warning: job {handle.id} is running but was not recorded ({exc})")
+        warn(f"launch: warning: job {handle.id} is running but was not recorded ({exc})")
 
 
 def _explain(handle, status, tails) -> None:
@@ -365,7 +365,7 @@ def _explain(handle, status, tails) -> None:
     m = ROOT_CAUSE_RANK.findall(text)
     rank = int(m[-1]) if m else None
     if rank is not None and rank != 0 and tails.get(rank):
-        progress(f"launch: last lines of rank {rank} (first to fail):")
+        warn(f"launch: last lines of rank {rank} (first to fail):")
         for line in tails[rank]:
-            progress(f"  {line}")
-    progress(f"launch: full log: {handle.log_path}")
+            warn(f"  {line}")
+    warn(f"launch: full log: {handle.log_path}")

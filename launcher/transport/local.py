@@ -3,6 +3,7 @@ it, children included), files through launcher.formats.files (atomic, never thro
 
 from __future__ import annotations
 
+import logging
 import os
 import selectors
 import shutil
@@ -16,6 +17,8 @@ from pathlib import Path
 from launcher.formats.files import atomic_write, make_dirs
 from launcher.transport import CHUNK_LIMIT, OUTPUT_LIMIT, Command, Completed, Transport
 from launcher.transport.lines import LineSplitter
+
+log = logging.getLogger(__name__)  # `launch -v` shows every command run
 
 
 def _argv(command: Command) -> list[str]:
@@ -33,6 +36,7 @@ def run_process(command: Command, timeout: float, *, cwd: str | None = None, std
                 env: dict[str, str] | None = None, limit: int = OUTPUT_LIMIT) -> Completed:
     """Run here in a new session, keeping at most `limit` bytes of stdout and of stderr; on timeout
     or flood the whole session is killed. A program that is not there is rc 127, like a shell's."""
+    log.debug("run here: %s", command)
     start = time.monotonic()
     argv = _argv(command)
     try:

@@ -13,6 +13,7 @@ disable the SFTP subsystem).
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import socket
@@ -324,6 +325,7 @@ class SSHTransport(Transport):
 
     def run(self, command: Command, *, timeout: float = 60, cwd: str | None = None,
             stdin: bytes | None = None, limit: int = OUTPUT_LIMIT) -> Completed:
+        logging.getLogger(__name__).debug("run on %s: %s", self.host, command)
         rc, out, err, timed_out, flooded, secs = self.exec(remote_command(command, cwd, timeout), timeout,
                                                            stdin, limit)
         if rc == 124:  # the node-side `timeout` fired
