@@ -23,6 +23,7 @@ from checks.assemble import assemble
 from checks.folder import load_dir, save_dir
 from checks.orchestrate import PreflightOptions, run_preflight
 from checks.runners.k8s import K8sRunner
+from launcher.backends.kubernetes import KubernetesBackend
 from tests.conftest import REPO, fixtures_dir, shared_file
 from tests.replay import install, install_dispatch
 from tests.replay.constructed import gpu_query_csv, ibstat_text, nvlink_status
@@ -144,7 +145,7 @@ K8S_NODES = ["gpu-a", "gpu-b", "gpu-c"]
 
 def k8s_preflight(tmp_path: Path, level: str, bad: str, **settings: str | Path | None):
     api = NodeKubelet(replay_cluster(tmp_path / "nodes", K8S_NODES, bad, **settings))
-    res = run_preflight(K8sRunner(api=api, poll_s=0), K8S_NODES,
+    res = run_preflight(K8sRunner(KubernetesBackend(core_api=api), poll_s=0), K8S_NODES,
                         PreflightOptions(probe_timeout=10, nccl_timeout=20, level=level))
     bw = assemble(res)
     return res, bw, api

@@ -26,6 +26,7 @@ from checks.runners.k8s import K8sRunner, render_pod
 from checks.runners.local import LocalRunner
 from checks.runners.slurm_job import SlurmJobError, SlurmJobOptions, render
 from checks.runners.srun import SrunRunner
+from launcher.backends.kubernetes import KubernetesBackend
 from tests.conftest import REPO, fixtures_dir, shared_file
 from tests.replay import install
 from tests.replay.constructed import gpu_query_csv, ibstat_text, nvlink_status
@@ -266,14 +267,23 @@ def test_k8s_pod_manifest():
 
 def test_k8s_runner_splits_stderr_and_runs_probes(tmp_path):
     api = LocalKubelet()
-    r = K8sRunner(namespace="ml", api=api, poll_s=0).run("gpu01", "echo out; echo err >&2; exit 4", 10)
+    be, submitted = KubernetesBackend(core_api=api), []
+    r = K8sRunner(be, namespace="ml", poll_s=0, on_submit=submitted.append).run(
+        "gpu01", "echo out; echo err >&2; exit 4", 10)
     assert (r.stdout, r.stderr, r.rc) == ("out\n", "err", 4)
     assert api.deleted == [api.created[0]["metadata"]["name"]]
+    # each pod is a submission through the Kubernetes backend: status, logs and cancel follow it
+    (h,) = submitted
+    assert (h.backend, h.id, h.extra["kind"], h.extra["namespace"]) == ("k8s", api.created[0]["metadata"]["name"],
+                                                                         "Pod", "ml")
+    st = be.describe(h)
+    assert st is not None and (st.state, st.exit_code) == ("FAILED", 4)
+    assert list(be.log_iter(h))[0] == "out"
     bin_dir = replay_node(tmp_path)
     api = LocalKubelet(env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
     from checks.assemble import assemble
 
-    res = run_preflight(K8sRunner(api=api, poll_s=0), ["gpu01"], PreflightOptions())
+    res = run_preflight(K8sRunner(KubernetesBackend(core_api=api), poll_s=0), ["gpu01"], PreflightOptions())
     bw = assemble(res)
     assert {c.check for c in bw.checks if c.status == "fail"} == set()
     assert bw.nodes["gpu01"].intra_busbw_gbs == 482.27 and bw.nodes["gpu01"].gpus == 8

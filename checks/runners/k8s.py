@@ -1,8 +1,9 @@
 """Kubernetes: each command runs in a pod pinned to the node (`nodeName`), read back from its log.
 
-The pod manifest comes from templates/k8s/preflight-pod.yaml.j2; the kubernetes client is
-imported only here, when this backend is used. Pod logs merge stdout and stderr, so the command is
-wrapped to print stderr after a marker line and the two are split again. Multi-node nccl-tests need
+The pod manifest comes from templates/k8s/preflight-pod.yaml.j2; each pod is submitted through
+launcher's KubernetesBackend, handed in by the command layer (checks may not import backends). Pod
+logs merge stdout and stderr, so the command is wrapped to print stderr after a marker line and the
+two are split again. Multi-node nccl-tests need
 an MPI job (MPIJob/PyTorchJob), which this runner does not start: `launcher` is None and the
 orchestrator skips the pair and all-node phases, saying so.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import re
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from checks.results import CommandResult
@@ -38,25 +39,26 @@ def render_pod(*, name: str, namespace: str, node: str, image: str, command: str
 
 
 class K8sRunner(Runner):
+    """Each command is a pod submitted through `backend`, launcher's KubernetesBackend (passed in by
+    the command layer, which checks may not import): pod_request -> submit, describe until it ends,
+    log_iter, then cancel (the pod is deleted). `on_submit(handle)` is told of each pod (the CLI
+    records it, so `launch status|logs|cancel <pod>` follow it while it runs)."""
+
     name = "k8s"
     launcher = None  # pods have no multi-host launcher
 
-    def __init__(self, *, namespace: str = "default", image: str = "nvcr.io/nvidia/pytorch:24.05-py3",
-                 gpus: int | None = None, kubeconfig: str | None = None, context: str | None = None,
-                 api: Any = None, poll_s: float = 1.0, service_account: str | None = None):
+    def __init__(self, backend: Any, *, namespace: str = "default", image: str = "nvcr.io/nvidia/pytorch:24.05-py3",
+                 gpus: int | None = None, poll_s: float = 1.0, service_account: str | None = None,
+                 on_submit: Callable[[Any], None] | None = None):
+        self.backend = backend
         self.namespace = namespace
         self.image = image
         self.gpus = gpus
         self.poll_s = poll_s
         self.service_account = service_account
+        self.on_submit = on_submit
         self.run_id = secrets.token_hex(4)
         self._n = 0
-        if api is None:
-            from kubernetes import client, config  # lazy: only this backend needs it
-
-            config.load_kube_config(config_file=kubeconfig, context=context)
-            api = client.CoreV1Api()
-        self.api = api
 
     def run(self, host: str, command: str, timeout: float) -> CommandResult:
         start = time.monotonic()
@@ -70,46 +72,37 @@ class K8sRunner(Runner):
             pod = render_pod(name=name, namespace=self.namespace, node=host, image=self.image, command=wrapped,
                              run_id=self.run_id, gpus=self.gpus, deadline=int(timeout) + 60,
                              service_account=self.service_account)
-            self.api.create_namespaced_pod(namespace=self.namespace, body=pod)
+            handle = self.backend.submit(self.backend.pod_request(pod))
         except Exception as exc:  # noqa: BLE001 - API errors become the host's reason
-            return CommandResult(host, command, error=f"cannot create pod on {host}: {_api_reason(exc)}",
+            return CommandResult(host, command, error=f"cannot create pod on {host}: {exc}",
                                  seconds=time.monotonic() - start)
         try:
-            phase, rc = None, None
+            if self.on_submit is not None:
+                self.on_submit(handle)
+            st = None
             while time.monotonic() - start < timeout:
-                st = self.api.read_namespaced_pod(name=name, namespace=self.namespace).status
-                phase = st.phase
-                if phase in ("Succeeded", "Failed"):
-                    for cs in st.container_statuses or []:
-                        term = cs.state.terminated if cs.state else None
-                        if term is not None:
-                            rc = term.exit_code
+                st = self.backend.describe(handle)
+                if st is None or st.done:
                     break
                 time.sleep(self.poll_s)
-            if phase not in ("Succeeded", "Failed"):
+            if st is None:
+                return CommandResult(host, command, error=f"pod {name} disappeared before it ended",
+                                     seconds=time.monotonic() - start)
+            if not st.done:
                 return CommandResult(host, command, rc=None, timed_out=True, seconds=time.monotonic() - start,
-                                     stderr=f"pod {name} still {phase} after {timeout:.0f}s")
-            log = self.api.read_namespaced_pod_log(name=name, namespace=self.namespace)
+                                     stderr=f"pod {name} still {st.state} after {timeout:.0f}s")
+            log = "".join(f"{line}\n" for line in self.backend.log_iter(handle))
             out, _, err = log.partition(f"\n{marker}\n")
-            return CommandResult(host, command, out, err.strip("\n"), rc if rc is not None else (0 if phase ==
-                                 "Succeeded" else 1), seconds=time.monotonic() - start)
-        except Exception as exc:  # noqa: BLE001
-            return CommandResult(host, command, error=f"pod {name}: {_api_reason(exc)}",
+            return CommandResult(host, command, out, err.strip("\n"), st.exit_code,
                                  seconds=time.monotonic() - start)
+        except Exception as exc:  # noqa: BLE001
+            return CommandResult(host, command, error=f"pod {name}: {exc}", seconds=time.monotonic() - start)
         finally:
             try:
-                self.api.delete_namespaced_pod(name=name, namespace=self.namespace)
+                self.backend.cancel(handle)
             except Exception:  # noqa: BLE001 - best effort; pods carry a deadline anyway
                 pass
 
     def run_multi(self, hosts: Sequence[str], command: str, timeout: float) -> CommandResult:
         return CommandResult(hosts[0], command, error="multi-node nccl-tests need an MPI job on Kubernetes; "
                                                       "not run by the k8s backend")
-
-
-def _api_reason(exc: Exception) -> str:
-    status = getattr(exc, "status", None)
-    reason = getattr(exc, "reason", None)
-    if status is not None:
-        return f"HTTP {status} {reason or ''}".strip()
-    return f"{type(exc).__name__}: {exc}"

@@ -50,6 +50,7 @@ INDEX_LABEL = "batch.kubernetes.io/job-completion-index"  # an Indexed Job pod's
 JOBSET = ("jobset.x-k8s.io", "v1alpha2")
 CONDITION_STATE = {"Created": PENDING, "Running": RUNNING, "Restarting": RUNNING,
                    "Suspended": PENDING, "Succeeded": SUCCEEDED, "Failed": FAILED}
+POD_STATE = {"Pending": PENDING, "Running": RUNNING, "Succeeded": SUCCEEDED, "Failed": FAILED}
 TRAINJOB_STATE = {"Created": PENDING, "Running": RUNNING, "Suspended": PENDING, "Complete": SUCCEEDED,
                   "Failed": FAILED}
 
@@ -114,9 +115,12 @@ def _api_error(exc: Exception, what: str) -> UserError:
 class KubernetesBackend(Backend):
     name = "k8s"
 
-    def __init__(self, api_client=None, kubeconfig: str | None = None, context: str | None = None):
+    def __init__(self, api_client=None, kubeconfig: str | None = None, context: str | None = None,
+                 core_api: Any = None):
+        """`core_api`: a CoreV1Api to use as it is (a preflight test's recorded stand-in)."""
         self._api = api_client
         self._kubeconfig, self._context = kubeconfig, context
+        self._core_api = core_api
 
     def _use(self, extra: dict) -> None:
         """Later commands reach the cluster the job was submitted to (its kubeconfig/context)."""
@@ -130,6 +134,8 @@ class KubernetesBackend(Backend):
         return self._api
 
     def _core(self):
+        if self._core_api is not None:
+            return self._core_api
         from kubernetes import client
 
         return client.CoreV1Api(self.api)
@@ -160,16 +166,43 @@ class KubernetesBackend(Backend):
         return Request(self.name, job.name, str(run_dir or rendered.run_dir), command,
                        dict(rendered.files), main="manifest.yaml", warnings=rendered.warnings, extra=extra)
 
+    def pod_request(self, pod: dict[str, Any], run_dir: str = "") -> Request:
+        """A pod manifest made elsewhere (preflight's node checks) as a request: submitted, followed
+        and cancelled like any job (status: the pod's phase and exit code; logs: its log)."""
+        import yaml
+
+        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        ctx = f" (context {self._context})" if self._context else ""
+        return Request(self.name, name, run_dir, f"create in namespace {ns}{ctx}: Pod {name}",
+                       {"pod.yaml": yaml.safe_dump(pod, sort_keys=False)}, main="pod.yaml",
+                       extra={"namespace": ns, "kind": "Pod", "kubeconfig": self._kubeconfig,
+                              "context": self._context})
+
     def submit(self, request: Request) -> JobHandle:
         """Create the manifest's objects in order (undone on any failure)."""
         from launcher.render.k8s import parse_manifests
 
+        if request.extra.get("kind") == "Pod":
+            return self._submit_pod(request)
         configmap, *objects = parse_manifests(request.files["manifest.yaml"])
         extra = dict(request.extra)
         self._use(extra)
         extra["uid"] = self.create(configmap, *objects)
         return JobHandle(self.name, objects[-1]["metadata"]["name"], request.name, request.run_dir,
                          request=request.text(), extra=extra)
+
+    def _submit_pod(self, request: Request) -> JobHandle:
+        import yaml
+
+        pod = yaml.safe_load(request.files["pod.yaml"])
+        ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+        self._use(request.extra)
+        try:
+            self._core().create_namespaced_pod(namespace=ns, body=pod)
+        except Exception as exc:
+            raise _api_error(exc, f"Pod {ns}/{name}") from None
+        return JobHandle(self.name, name, request.name, request.run_dir, request=request.text(),
+                         extra=dict(request.extra))
 
     def create(self, configmap: dict, *objects: dict) -> str | None:
         """The ConfigMap, then each custom object in order (a TrainingRuntime before the TrainJob
@@ -258,6 +291,8 @@ class KubernetesBackend(Backend):
         self._use(handle.extra)
         ns = handle.extra.get("namespace") or "default"
         kind = handle.extra.get("kind") or "PyTorchJob"
+        if kind == "Pod":
+            return self._describe_pod(handle.id, ns)
         job = self.get_job(handle.id, ns, kind)
         if job is None:
             return None
@@ -281,6 +316,24 @@ class KubernetesBackend(Backend):
         return K8sJobStatus(TRAINJOB_STATE.get(cond, PENDING), None, (last or {}).get("message") or "",
                             condition=cond, pods=pods, restarts=restarts,
                             replica_statuses={j["name"]: j for j in st.get("jobsStatus") or [] if "name" in j})
+
+    def _describe_pod(self, name: str, ns: str) -> K8sJobStatus | None:
+        """A lone pod's phase, and its container's exit code once it has ended; None when it is gone."""
+        try:
+            st = self._core().read_namespaced_pod(name=name, namespace=ns).status
+        except Exception as exc:
+            if getattr(exc, "status", None) == 404:
+                return None
+            raise _api_error(exc, f"Pod {ns}/{name}") from None
+        rc = None
+        for cs in st.container_statuses or []:
+            term = cs.state.terminated if cs.state else None
+            if term is not None:
+                rc = term.exit_code
+        state = POD_STATE.get(st.phase or "Pending", PENDING)
+        if rc is None and state in (SUCCEEDED, FAILED):
+            rc = 0 if state == SUCCEEDED else 1
+        return K8sJobStatus(state, rc, f"pod {st.phase}", condition=st.phase or "Pending", pods={name: st.phase})
 
     # logs -------------------------------------------------------------------------------------
     def _targets(self, handle: JobHandle, ns: str, nodes: int, node: int | None) -> list[str]:
@@ -313,6 +366,9 @@ class KubernetesBackend(Backend):
     def _logs(self, handle: JobHandle, follow: bool, rank: int | None) -> Iterator[str]:
         self._use(handle.extra)
         ns = handle.extra.get("namespace") or "default"
+        if handle.extra.get("kind") == "Pod":
+            yield from self._pod_log(handle.id, ns, follow)
+            return
         gpus = int(handle.extra.get("gpus_per_node", 1))
         nodes = int(handle.extra.get("nodes", 1))
         container = "node" if handle.extra.get("kind") == "TrainJob" else "pytorch"
@@ -338,6 +394,18 @@ class KubernetesBackend(Backend):
                     if text is not None:
                         yield text
 
+    def _pod_log(self, name: str, ns: str, follow: bool) -> Iterator[str]:
+        """A lone pod's log (stdout and stderr together), whole or followed until the pod ends."""
+        core = self._core()
+        try:
+            if not follow:
+                yield from core.read_namespaced_pod_log(name=name, namespace=ns).splitlines()
+                return
+            resp = core.read_namespaced_pod_log(name=name, namespace=ns, follow=True, _preload_content=False)
+        except Exception as exc:
+            raise _api_error(exc, f"logs of pod {ns}/{name}") from None
+        yield from _stream_lines(resp)
+
     # cancel -----------------------------------------------------------------------------------
     def cancel(self, handle: JobHandle) -> bool:
         """Delete the job (its pods go with it), then what was created with it. Idempotent: a job
@@ -346,6 +414,8 @@ class KubernetesBackend(Backend):
         self._use(handle.extra)
         ns = handle.extra.get("namespace") or "default"
         kind = handle.extra.get("kind") or "PyTorchJob"
+        if kind == "Pod":
+            return self._delete_pod(handle.id, ns)
         group, version, plural = KINDS[kind]
         stopped = True
         try:
@@ -361,6 +431,18 @@ class KubernetesBackend(Backend):
             self._delete_object(owned_kind, ns, owned_name)
         self._delete_configmap(ns, handle.extra.get("configmap", f"{handle.id}-plan"))
         return stopped
+
+
+    def _delete_pod(self, name: str, ns: str) -> bool:
+        """Delete a lone pod; False when it had already ended or is gone (404)."""
+        try:
+            gone = self._core().delete_namespaced_pod(name=name, namespace=ns)
+        except Exception as exc:
+            if getattr(exc, "status", None) == 404:
+                return False
+            raise _api_error(exc, f"Pod {ns}/{name}") from None
+        phase = getattr(getattr(gone, "status", None), "phase", None)
+        return phase not in ("Succeeded", "Failed")
 
 
 def finished(obj: Any) -> bool:

@@ -246,7 +246,8 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
                                       accept_new_hosts=accept_new_hosts, jump=jump, ssh_config=ssh_config,
                                       connect_timeout=connect_timeout)
     elif backend == "k8s":
-        kwargs = dict(namespace=namespace, image=image, gpus=gpus_per_node, context=kube_context)
+        kwargs = dict(backend=_k8s_backend(kube_context), namespace=namespace, image=image, gpus=gpus_per_node,
+                      on_submit=_record_pod)
     else:
         kwargs = {}
     try:
@@ -267,6 +268,31 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
             raise UserError(f"--save-raw {save_raw}: cannot write ({exc.strerror})") from None
     bw = assemble(results, cfg)
     return _finish(bw, output, as_json, exclude_failed, drain_to, do_apply)
+
+
+def _k8s_backend(context: str | None) -> Any:
+    """The Kubernetes backend preflight's pods are submitted through (credentials checked now)."""
+    from launcher.backends.jobstate import check_state
+    from launcher.backends.kubernetes import KubernetesBackend, load_api_client
+
+    try:
+        api = load_api_client(None, context)
+    except UserError as exc:
+        raise UserError(f"--backend k8s: {exc}") from None
+    check_state()
+    return KubernetesBackend(api, context=context)
+
+
+def _record_pod(handle: Any) -> None:
+    """Record a preflight pod like a training job, so `launch status|logs|cancel <pod>` follow it."""
+    from launcher.backends.jobstate import JobRecord, record
+
+    try:
+        record(JobRecord(id=handle.id, backend="k8s", name=handle.name, run_dir=handle.run_dir, log_dir="",
+                         submitted_at=datetime.now().astimezone().strftime("%Y-%m-%dT%H:%M:%S%z"),
+                         namespace=handle.extra.get("namespace"), extra=dict(handle.extra)))
+    except UserError as exc:
+        progress(f"warning: pod {handle.id} was submitted but not recorded ({exc})")
 
 
 def _dry_run(backend: str, hosts: list[str], probe_timeout: float, level: str, nccl: Any, as_json: bool,
