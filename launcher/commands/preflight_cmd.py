@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from launcher.commands import emit, json_option, progress
+from launcher.commands import emit, json_option, progress, warn
 from launcher.errors import UserError
 
 BACKENDS = ["ssh", "local", "srun", "slurm", "k8s"]
@@ -292,7 +292,7 @@ def _record_pod(handle: Any) -> None:
                          submitted_at=datetime.now().astimezone().strftime("%Y-%m-%dT%H:%M:%S%z"),
                          namespace=handle.extra.get("namespace"), extra=dict(handle.extra)))
     except UserError as exc:
-        progress(f"warning: pod {handle.id} was submitted but not recorded ({exc})")
+        warn(f"warning: pod {handle.id} was submitted but not recorded ({exc})")
 
 
 def _dry_run(backend: str, hosts: list[str], probe_timeout: float, level: str, nccl: Any, as_json: bool,
@@ -382,7 +382,7 @@ def _slurm_job(hosts: list[str], nccl: Any, out_dir: str | None, partition: str 
                          submitted_at=datetime.now().astimezone().strftime("%Y-%m-%dT%H:%M:%S%z"),
                          extra=dict(handle.extra)))
     except UserError as exc:
-        progress(f"warning: job {handle.id} was submitted but not recorded ({exc})")
+        warn(f"warning: job {handle.id} was submitted but not recorded ({exc})")
     job = handle.id
     progress(f"submitted preflight job {job}; follow: launch status {job} --wait; when it ends: "
              f"launch preflight import {out}")
