@@ -18,7 +18,7 @@ import pytest
 from launcher.backends import procs
 from launcher.diagnose import diagnose
 from launcher.diagnose.collect import read_sources
-from tests.test_local_procs import wait_until
+from tests.job_helpers import wait_until
 
 pytestmark = pytest.mark.unit
 

@@ -23,7 +23,7 @@ from launcher.diagnose.heartbeat import Beat
 from launcher.diagnose.stacks import Stacks
 from launcher.diagnose.stragglers import stragglers
 from tests.conftest import EXAMPLES, REPO
-from tests.test_local_procs import _tiny_plan, wait_until
+from tests.job_helpers import assert_nothing_left, reaped, recorded_marker, tiny_plan, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -165,7 +165,7 @@ def test_stalled_trainer_dumps_its_stacks_and_diagnose_names_the_frame(tmp_path)
     """torchrun + the trainer: rank 1 stops before step 3; after 2 s without progress every rank's
     watchdog writes its stacks; diagnose says rank 1 on its host is stuck in _stall_forever."""
     rd = tmp_path / "run"
-    plan = _tiny_plan(rd)
+    plan = tiny_plan(rd)
     token = "stall-dumps"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=0",
            "-m", "launcher.trainer", "--plan", str(plan), "--run-dir", str(rd), "--inject-stall", "1:3",
@@ -200,7 +200,7 @@ def test_stalled_trainer_dumps_its_stacks_and_diagnose_names_the_frame(tmp_path)
         agent.kill()
         agent.wait()
         log.close()
-        assert wait_until(lambda: not procs.marked((procs.MARKER, token)), 20)
+        assert_nothing_left((procs.MARKER, token))
 
 
 @pytest.mark.slow
@@ -219,15 +219,13 @@ def test_launch_run_names_a_straggler_then_the_stalled_rank(tmp_path):
     run = subprocess.Popen([LAUNCH, "run", str(job), "--nproc", "2", "--run-dir", str(rd)],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     err_lines: list[str] = []
-    marker = None
-    try:
+    with reaped(run) as markers:
         import threading
 
         reader = threading.Thread(target=lambda: err_lines.extend(run.stderr), daemon=True)
         reader.start()
         assert wait_until(lambda: any("stuck in _stall_forever" in ln for ln in err_lines), 240), "".join(err_lines)
-        rec = json.loads((tmp_path / "state" / "jobs.json").read_text())["jobs"][-1]
-        marker = (procs.MARKER, rec["extra"]["marker"])
+        markers.append(marker := recorded_marker(tmp_path / "state"))
         run.send_signal(signal.SIGINT)
         time.sleep(0.5)
         run.send_signal(signal.SIGINT)
@@ -238,13 +236,7 @@ def test_launch_run_names_a_straggler_then_the_stalled_rank(tmp_path):
         assert slow, err
         stuck = next(ln for ln in err_lines if "stuck in _stall_forever" in ln)
         assert "rank 1 on host" in stuck and "launch diagnose" in stuck
-        assert wait_until(lambda: not procs.marked(marker), 20)
+        assert_nothing_left(marker)
         report = diagnose(rd)
         assert report.verdict.startswith("rank 1 on host") and " stuck in _stall_forever" in report.verdict
         assert any(f.kind == "straggler" and f.ranks == [1] for f in report.findings), report.to_dict()
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()
-        if marker:
-            procs.kill_marked(marker)

@@ -19,19 +19,11 @@ from launcher.backends import JobHandle, procs
 from launcher.backends.jobstate import JobRecord, record
 from launcher.backends.local import LocalBackend
 from tests.conftest import REPO
+from tests.job_helpers import assert_nothing_left, reaped, recorded_marker, tiny_plan, wait_until
 
 pytestmark = pytest.mark.integration
 
 LAUNCH = str(Path(sys.executable).with_name("launch"))
-
-
-def wait_until(pred, limit_s: float = 60.0, poll_s: float = 0.1) -> bool:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < limit_s:
-        if pred():
-            return True
-        time.sleep(poll_s)
-    return pred()
 
 
 def handle_for(pid: int, run_dir: Path, marker: str, ticks: int | None) -> JobHandle:
@@ -87,7 +79,7 @@ def test_cancel_cli_is_idempotent(tmp_path, monkeypatch):
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["cancelled"] is True
         job.wait(timeout=30)  # no trainer yet: the wrapper's process group got SIGTERM
-        assert wait_until(lambda: not procs.marked((procs.MARKER, "tok")), 10)
+        assert_nothing_left((procs.MARKER, "tok"), 10)
         for jid in (f"local-{job.pid}", f"local-{stranger.pid}"):
             r = subprocess.run([LAUNCH, "cancel", jid], capture_output=True, text=True, env=env, timeout=60)
             assert r.returncode == 0 and "had already ended; nothing to cancel" in r.stdout, r.stdout + r.stderr
@@ -100,36 +92,21 @@ def test_cancel_cli_is_idempotent(tmp_path, monkeypatch):
         procs.kill_marked((procs.MARKER, "tok"))
 
 
-def _tiny_plan(run_dir: Path) -> Path:
-    from launcher.plan.planner import plan_job
-    from launcher.plan.spec import spec_from_dict
-
-    spec = spec_from_dict({
-        "name": "orphans", "model": "tiny",
-        "train": {"seq_len": 32, "global_batch": 4, "steps": 50, "lr": 3.0e-3, "warmup_steps": 1,
-                  "precision": "fp32", "seed": 1, "data": "synthetic", "checkpoint_every": 0},
-        "cluster": {"nodes": 1, "gpus_per_node": 2, "gpu": "cpu"},
-        "parallel": {"tp": 1, "cp": 1, "pp": 1, "zero": 1, "recompute": "none", "micro_batch": 2},
-        "diagnostics": {"init_timeout_s": 120, "collective_timeout_s": 120}})
-    plan = plan_job(spec, top=0).best
-    run_dir.mkdir(parents=True, exist_ok=True)
-    plan.save(run_dir / "plan.json")
-    return run_dir / "plan.json"
-
-
 @pytest.mark.slow
 def test_killed_torchrun_agent_takes_its_trainers_along(tmp_path):
     """torchrun + the bundled trainer (gloo); rank 1 stalls so both ranks sit in step 2; SIGKILL the
     agent: the trainers, each in its own session, die with it instead of training on as orphans."""
     rd = tmp_path / "run"
-    plan = _tiny_plan(rd)
+    plan = tiny_plan(rd)
     token = "agent-test"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=0",
            "-m", "launcher.trainer", "--plan", str(plan), "--run-dir", str(rd), "--inject-stall", "1:2"]
     agent = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              env={**os.environ, "OMP_NUM_THREADS": "1", procs.MARKER: token})
     marker = (procs.MARKER, token)
-    try:
+    with reaped(agent) as markers:
+        markers.append(marker)
+
         def both_in_step_2() -> bool:
             beats = [rd / "heartbeat" / f"rank{r}.json" for r in (0, 1)]
             return all(b.exists() and json.loads(b.read_text())["step"] == 2 for b in beats)
@@ -140,12 +117,7 @@ def test_killed_torchrun_agent_takes_its_trainers_along(tmp_path):
         assert all(os.getsid(p) != os.getsid(agent.pid) for p in trainers)  # out of a group kill's reach
         agent.kill()
         agent.wait()
-        assert wait_until(lambda: not procs.marked(marker), 20), procs.marked(marker)
-    finally:
-        if agent.poll() is None:
-            agent.kill()
-            agent.wait()
-        procs.kill_marked(marker)
+        assert_nothing_left(marker)
 
 
 @pytest.mark.slow
@@ -157,12 +129,10 @@ def test_ctrl_c_twice_leaves_nothing_running(tmp_path):
     rd = tmp_path / "rd"
     run = subprocess.Popen([LAUNCH, "run", str(job), "--nproc", "2", "--run-dir", str(rd)],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    marker = None
-    try:
+    with reaped(run) as markers:
         state = tmp_path / "state" / "jobs.json"
         assert wait_until(lambda: state.exists() and (rd / "heartbeat" / "rank1.json").exists(), 180)
-        rec = json.loads(state.read_text())["jobs"][-1]
-        marker = (procs.MARKER, rec["extra"]["marker"])
+        markers.append(marker := recorded_marker(tmp_path / "state"))
         assert len(procs.marked(marker)) >= 4  # wrapper, torchrun, two trainers
         run.send_signal(signal.SIGINT)
         time.sleep(0.3)
@@ -170,13 +140,7 @@ def test_ctrl_c_twice_leaves_nothing_running(tmp_path):
         out, err = run.communicate(timeout=120)
         assert "killing the job" in err, err
         assert run.returncode != 0
-        assert wait_until(lambda: not procs.marked(marker), 20), procs.marked(marker)
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.communicate()
-        if marker:
-            procs.kill_marked(marker)
+        assert_nothing_left(marker)
 
 
 def test_status_wait_timeout_exits_124_while_the_job_runs(tmp_path, monkeypatch):

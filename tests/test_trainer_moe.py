@@ -107,56 +107,19 @@ def test_config_accepts_moe_and_refuses_what_it_cannot_run():
             config_from_plan(make_plan(**kw))
 
 
-def _resume_worker(rank: int, world: int, jobs: list, workdir: str, port: int) -> None:
-    """Run each (name, plan dict, resume-from) job on ranks < its world size; rank 0 writes the losses."""
-    import json
-    from datetime import timedelta
-    from pathlib import Path
-
-    import torch.distributed as dist
-
-    from launcher.plan.model import Plan
-    from launcher.trainer.engine import train
-    from tests.trainer_helpers import clear_dtensor_caches
-
-    torch.set_num_threads(1)
-    base = dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0, timeout=timedelta(seconds=300))
-    for name, plan_dict, resume in jobs:
-        plan = Plan.from_dict(plan_dict)
-        if rank >= plan.world_size:
-            continue
-        dist.init_process_group("gloo", store=dist.PrefixStore(name, base), rank=rank, world_size=plan.world_size)
-        try:
-            losses = train(config_from_plan(plan), Path(workdir) / name, device=torch.device("cpu"),
-                           handle_signals=False, resume=str(Path(workdir) / resume) if resume else "never")
-            out = {"losses": losses}
-        except Exception as exc:  # noqa: BLE001 - reported to the test through the file
-            out = {"error": f"{type(exc).__name__}: {exc}"}
-        dist.destroy_process_group()
-        clear_dtensor_caches()
-        if rank == 0:
-            (Path(workdir) / f"{name}.json").write_text(json.dumps(out))
-
-
 @pytest.mark.slow
 def test_expert_parallel_checkpoint_resumes_in_same_and_other_layout(tmp_path):
     """An ep=2 ZeRO-3 run checkpointed at step 3 resumes to the uninterrupted run's losses, in
     the same layout and re-sharded to ep=4 ZeRO 0 (experts move between ranks by name)."""
-    import json
-
-    import torch.multiprocessing as mp
-
-    from tests.trainer_helpers import free_port
+    from tests.trainer_helpers import spawn_layouts
 
     def plan(**kw):
         return make_plan(steps=5, model_over=MOE, **kw).to_dict()
 
     ckpt = "full/checkpoints/step-3"
-    jobs = [("full", plan(dp=4, ep=2, zero=3, checkpoint_every=3), None),
-            ("same_layout", plan(dp=4, ep=2, zero=3), ckpt),
-            ("ep4_zero0", plan(dp=4, ep=4, zero=0), ckpt)]
-    mp.spawn(_resume_worker, args=(4, jobs, str(tmp_path), free_port()), nprocs=4, join=True)
-    res = {n: json.loads((tmp_path / f"{n}.json").read_text()) for n, _, _ in jobs}
+    res = spawn_layouts([dict(name="full", plan=plan(dp=4, ep=2, zero=3, checkpoint_every=3)),
+                         dict(name="same_layout", plan=plan(dp=4, ep=2, zero=3), resume=ckpt),
+                         dict(name="ep4_zero0", plan=plan(dp=4, ep=4, zero=0), resume=ckpt)], tmp_path)
     full = res["full"]["losses"]
     assert len(full) == 5, res["full"]
     for name in ("same_layout", "ep4_zero0"):

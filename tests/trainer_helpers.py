@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import traceback
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -51,6 +52,28 @@ def make_plan(tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, *, ep: int = 1
                 diagnostics=DiagnosticsSpec(init_timeout_s=120, collective_timeout_s=120), forced=forced)
 
 
+def job_groups(rank: int, nprocs: int, jobs: list[dict], port: int) -> Iterator[tuple[dict, Plan]]:
+    """The spawned worker's prologue, one place for every real-process test: one CPU thread, one TCP
+    store for the whole run (FileStore is slow with the many keys mesh creation writes), and for each
+    job {name, plan} this rank takes part in (rank < its world size) a gloo group of the job's own size
+    under the job's own key prefix; yields (job, plan) inside the group and destroys it after."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    base = dist.TCPStore("127.0.0.1", port, nprocs, is_master=rank == 0, timeout=timedelta(seconds=300))
+    for job in jobs:
+        plan = Plan.from_dict(job["plan"])
+        if rank >= plan.world_size:
+            continue
+        dist.init_process_group("gloo", store=dist.PrefixStore(job["name"], base), rank=rank,
+                                world_size=plan.world_size, timeout=timedelta(seconds=300))
+        try:
+            yield job, plan
+        finally:
+            dist.destroy_process_group()
+
+
 def run_layouts(rank: int, nprocs: int, jobs: list[dict], workdir: str, port: int) -> None:
     """torch.multiprocessing.spawn target: run each job {name, plan(dict), env?, resume?, tied_check?,
     optim_bytes?, memory?} on ranks < its world size. `resume` is a checkpoint path relative to workdir
@@ -69,21 +92,11 @@ def run_layouts(rank: int, nprocs: int, jobs: list[dict], workdir: str, port: in
     from launcher.trainer.engine import train
 
     logging.basicConfig(level=logging.WARNING)
-    torch.set_num_threads(1)
-    # One TCP store for the whole run (FileStore is slow with the many keys mesh creation writes);
-    # each layout uses its own key prefix.
-    base = dist.TCPStore("127.0.0.1", port, nprocs, is_master=rank == 0, timeout=timedelta(seconds=300))
-    for job in jobs:
-        plan = Plan.from_dict(job["plan"])
-        if rank >= plan.world_size:
-            continue
+    for job, plan in job_groups(rank, nprocs, jobs, port):
         name = job["name"]
         os.environ["RANK"] = str(rank)
         for k, v in job.get("env", {}).items():
             os.environ[k] = v
-        store = dist.PrefixStore(name, base)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=plan.world_size,
-                                timeout=timedelta(seconds=300))
         out: dict
         try:
             cfg = config_from_plan(plan)
@@ -110,7 +123,6 @@ def run_layouts(rank: int, nprocs: int, jobs: list[dict], workdir: str, port: in
         finally:
             for k in job.get("env", {}):
                 os.environ.pop(k, None)
-        dist.destroy_process_group()
         clear_dtensor_caches()
         if rank == 0:
             (Path(workdir) / f"{name}.json").write_text(json.dumps(out))

@@ -17,10 +17,9 @@ import ctypes
 import gc
 import json
 import traceback
-from datetime import timedelta
 from pathlib import Path
 
-from launcher.plan.model import Plan
+from tests.trainer_helpers import job_groups
 
 
 class _MallInfo2(ctypes.Structure):
@@ -71,14 +70,7 @@ def measure_rank(rank: int, nprocs: int, jobs: list[dict], workdir: str, port: i
             self.peak = max(self.peak, malloc_in_use())
             return out
 
-    torch.set_num_threads(1)
-    base = dist.TCPStore("127.0.0.1", port, nprocs, is_master=rank == 0, timeout=timedelta(seconds=300))
-    for job in jobs:
-        plan = Plan.from_dict(job["plan"])
-        if rank >= plan.world_size:
-            continue
-        dist.init_process_group("gloo", store=dist.PrefixStore(job["name"], base), rank=rank,
-                                world_size=plan.world_size, timeout=timedelta(seconds=300))
+    for job, plan in job_groups(rank, nprocs, jobs, port):
         try:
             cfg = config_from_plan(plan)
             mesh = build_mesh(cfg, torch.device("cpu"))
@@ -97,7 +89,6 @@ def measure_rank(rank: int, nprocs: int, jobs: list[dict], workdir: str, port: i
         except Exception as exc:  # noqa: BLE001 - reported to the test through the file
             out = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()}
         dist.barrier()
-        dist.destroy_process_group()
         Path(workdir, f"{job['name']}.rank{rank}.json").write_text(json.dumps(out))
         eng = None
         gc.collect()
