@@ -285,3 +285,36 @@ def test_kubeconfig_and_context_are_honoured(tmp_path):
     assert load_api_client(str(path), "b").configuration.host == "https://b.example:6443"
     with pytest.raises(UserError, match="context nope"):
         load_api_client(str(path), "nope")
+
+
+def pod_done(body: object = None, exit_code: int = 0) -> dict:
+    """A lone pod as the API reads it back once its container has exited."""
+    return {"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "p", "namespace": NS},
+            "status": {"phase": "Succeeded" if exit_code == 0 else "Failed", "containerStatuses": [
+                {"name": "check", "ready": False, "restartCount": 0, "image": "i", "imageID": "i",
+                 "state": {"terminated": {"exitCode": exit_code, "reason": "Completed"}}}]}}
+
+
+def test_preflight_pods_are_submissions_through_the_backend(k8s):
+    """`preflight --backend k8s`: each node-check pod is created, read and deleted through the
+    Kubernetes backend and recorded, so `launch status|logs|cancel <pod>` reach it."""
+    api = k8s([("POST", PODS, 201, echo_created), ("GET", f"{PODS}/[^/]+", 200, pod_done),
+               ("GET", f"{PODS}/[^/]+/log", 200, b"no tools here\n"),
+               ("DELETE", f"{PODS}/[^/]+", 200, pod_done)])
+    res = run("preflight", "--hosts", "gpu01", "--backend", "k8s", "--namespace", NS, "--json")
+    created = [c[3] for c in api.calls if c[0] == "POST"]
+    assert created and all(p["kind"] == "Pod" and p["spec"]["nodeName"] == "gpu01" for p in created), res.output
+    names = [p["metadata"]["name"] for p in created]
+    assert [c[1] for c in api.calls if c[0] == "DELETE"] == [f"{PODS}/{n}" for n in names]   # each read, then deleted
+    listed = json.loads(run("jobs", "--json").output)
+    rows = listed if isinstance(listed, list) else listed["jobs"]
+    assert {r["id"] for r in rows if r["backend"] == "k8s"} == set(names)
+    pod_name = names[0]
+    res = run("status", pod_name, "--json")
+    assert res.exit_code == 0 and json.loads(res.output)["state"] == "SUCCEEDED", res.output
+    res = run("logs", pod_name)
+    assert res.exit_code == 0 and "no tools here" in res.output, res.output
+    api = k8s([])   # gone: cancel is no error, status says so
+    res = run("cancel", pod_name, "--json")
+    assert res.exit_code == 0 and not json.loads(res.output)["cancelled"], res.output
+    assert api.methods() == [("DELETE", f"{PODS}/{pod_name}")]

@@ -39,7 +39,7 @@ def render_pod(*, name: str, namespace: str, node: str, image: str, command: str
 
 
 class K8sRunner(Runner):
-    """Each command is a pod submitted through `backend`, launcher's KubernetesBackend (passed in by
+    """Each command is a pod submitted through `kube`, launcher's KubernetesBackend (passed in by
     the command layer, which checks may not import): pod_request -> submit, describe until it ends,
     log_iter, then cancel (the pod is deleted). `on_submit(handle)` is told of each pod (the CLI
     records it, so `launch status|logs|cancel <pod>` follow it while it runs)."""
@@ -47,10 +47,10 @@ class K8sRunner(Runner):
     name = "k8s"
     launcher = None  # pods have no multi-host launcher
 
-    def __init__(self, backend: Any, *, namespace: str = "default", image: str = "nvcr.io/nvidia/pytorch:24.05-py3",
+    def __init__(self, kube: Any, *, namespace: str = "default", image: str = "nvcr.io/nvidia/pytorch:24.05-py3",
                  gpus: int | None = None, poll_s: float = 1.0, service_account: str | None = None,
                  on_submit: Callable[[Any], None] | None = None):
-        self.backend = backend
+        self.kube = kube
         self.namespace = namespace
         self.image = image
         self.gpus = gpus
@@ -72,7 +72,7 @@ class K8sRunner(Runner):
             pod = render_pod(name=name, namespace=self.namespace, node=host, image=self.image, command=wrapped,
                              run_id=self.run_id, gpus=self.gpus, deadline=int(timeout) + 60,
                              service_account=self.service_account)
-            handle = self.backend.submit(self.backend.pod_request(pod))
+            handle = self.kube.submit(self.kube.pod_request(pod))
         except Exception as exc:  # noqa: BLE001 - API errors become the host's reason
             return CommandResult(host, command, error=f"cannot create pod on {host}: {exc}",
                                  seconds=time.monotonic() - start)
@@ -81,7 +81,7 @@ class K8sRunner(Runner):
                 self.on_submit(handle)
             st = None
             while time.monotonic() - start < timeout:
-                st = self.backend.describe(handle)
+                st = self.kube.describe(handle)
                 if st is None or st.done:
                     break
                 time.sleep(self.poll_s)
@@ -91,7 +91,7 @@ class K8sRunner(Runner):
             if not st.done:
                 return CommandResult(host, command, rc=None, timed_out=True, seconds=time.monotonic() - start,
                                      stderr=f"pod {name} still {st.state} after {timeout:.0f}s")
-            log = "".join(f"{line}\n" for line in self.backend.log_iter(handle))
+            log = "".join(f"{line}\n" for line in self.kube.log_iter(handle))
             out, _, err = log.partition(f"\n{marker}\n")
             return CommandResult(host, command, out, err.strip("\n"), st.exit_code,
                                  seconds=time.monotonic() - start)
@@ -99,7 +99,7 @@ class K8sRunner(Runner):
             return CommandResult(host, command, error=f"pod {name}: {exc}", seconds=time.monotonic() - start)
         finally:
             try:
-                self.backend.cancel(handle)
+                self.kube.cancel(handle)
             except Exception:  # noqa: BLE001 - best effort; pods carry a deadline anyway
                 pass
 

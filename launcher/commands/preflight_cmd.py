@@ -246,7 +246,7 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
                                       accept_new_hosts=accept_new_hosts, jump=jump, ssh_config=ssh_config,
                                       connect_timeout=connect_timeout)
     elif backend == "k8s":
-        kwargs = dict(backend=_k8s_backend(kube_context), namespace=namespace, image=image, gpus=gpus_per_node,
+        kwargs = dict(kube=_k8s_backend(kube_context), namespace=namespace, image=image, gpus=gpus_per_node,
                       on_submit=_record_pod)
     else:
         kwargs = {}
