@@ -26,20 +26,20 @@ def wait_until(pred: Callable[[], object], limit_s: float = 60.0, poll_s: float 
     return bool(pred())
 
 
-def tiny_plan(run_dir: Path) -> Path:
-    """plan.json of a 2-process tiny CPU job of 50 steps, written into run_dir."""
+def tiny_plan(run_dir: Path, name: str = "orphans", steps: int = 50, timeout_s: int = 120) -> Path:
+    """plan.json of a 2-process (dp 2) tiny CPU job, written into run_dir."""
     from launcher.plan.planner import plan_job
     from launcher.plan.spec import spec_from_dict
 
     spec = spec_from_dict({
-        "name": "orphans", "model": "tiny",
-        "train": {"seq_len": 32, "global_batch": 4, "steps": 50, "lr": 3.0e-3, "warmup_steps": 1,
+        "name": name, "model": "tiny",
+        "train": {"seq_len": 32, "global_batch": 4, "steps": steps, "lr": 3.0e-3, "warmup_steps": 1,
                   "precision": "fp32", "seed": 1, "data": "synthetic", "checkpoint_every": 0},
         "cluster": {"nodes": 1, "gpus_per_node": 2, "gpu": "cpu"},
         "parallel": {"tp": 1, "cp": 1, "pp": 1, "zero": 1, "recompute": "none", "micro_batch": 2},
-        "diagnostics": {"init_timeout_s": 120, "collective_timeout_s": 120}})
+        "diagnostics": {"init_timeout_s": timeout_s, "collective_timeout_s": timeout_s}})
     plan = plan_job(spec, top=0).best
-    assert plan is not None
+    assert plan is not None and plan.world_size == 2 and plan.degrees["dp"] == 2
     run_dir.mkdir(parents=True, exist_ok=True)
     plan.save(run_dir / "plan.json")
     return run_dir / "plan.json"

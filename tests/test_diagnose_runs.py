@@ -17,6 +17,7 @@ import pytest
 from launcher.diagnose import diagnose
 from launcher.diagnose.heartbeat import Heartbeats, parse_beat
 from tests.conftest import REPO
+from tests.job_helpers import tiny_plan
 
 pytestmark = pytest.mark.e2e
 
@@ -154,19 +155,7 @@ def test_trainer_stalled_rank_is_named_with_its_host(tmp_path):
     pytest.importorskip("torch")
     run_dir = tmp_path / "run"
     (run_dir / "logs").mkdir(parents=True)
-    from launcher.plan.planner import plan_job
-    from launcher.plan.spec import spec_from_dict
-
-    spec = spec_from_dict({
-        "name": "stall", "model": "tiny",
-        "train": {"seq_len": 32, "global_batch": 4, "steps": 5, "lr": 3.0e-3, "warmup_steps": 1,
-                  "precision": "fp32", "seed": 1, "data": "synthetic", "checkpoint_every": 0},
-        "cluster": {"nodes": 1, "gpus_per_node": 2, "gpu": "cpu"},
-        "parallel": {"tp": 1, "cp": 1, "pp": 1, "zero": 1, "recompute": "none", "micro_batch": 2},
-        "diagnostics": {"init_timeout_s": 60, "collective_timeout_s": 60}})
-    plan = plan_job(spec, top=0).best
-    assert plan is not None and plan.world_size == 2 and plan.degrees["dp"] == 2
-    plan.save(run_dir / "plan.json")
+    tiny_plan(run_dir, name="stall", steps=5, timeout_s=60)
     torchrun = Path(PY).with_name("torchrun")
     cmd = [str(torchrun), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
            str(_free_port()), "-m", "launcher.trainer", "--plan", str(run_dir / "plan.json"),
