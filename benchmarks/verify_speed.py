@@ -58,8 +58,9 @@ def main() -> None:
     own = [x for x in rep["roles"] if not x.get("trace_of")]
     shared = [x for x in rep["roles"] if x.get("trace_of")]
     for x in rep["roles"]:
-        print(f"{x['role']['name']:<28} peak {x['peak_gb'] or 0:7.2f} GB  ledger {x['ledger_total_gb'] or 0:7.2f} GB  "
-              f"{'fits' if x['fits'] else 'DOES NOT FIT'}  "
+        peak = "      -" if x["peak_gb"] is None else f"{x['peak_gb']:7.2f}"
+        print(f"{x['role']['name']:<28} peak {peak} GB  ledger {x['ledger_total_gb'] or 0:7.2f} GB  "
+              f"{ {True: 'fits', False: 'DOES NOT FIT', None: x['status'] + ' (not traced)'}[x['fits']]}  "
               + (f"traced in {x['seconds']:.1f} s" if not x.get("trace_of") else
                  "shares the trace of " + " and ".join(f"pp {q}" for q in x.get("trace_of"))))
     for n in rep["notes"]:
