@@ -216,7 +216,9 @@ class RankMemTracker(FSDPMemTracker):
 
         def pre_forward(*args, **kwargs):
             if fsdp_mod in self.memory_tracking and not self._mod_tracker.is_bw:
-                self.reset_mod_stats()      # the next micro-batch's forward
+                # the next micro-batch's forward: fresh stats for this module only; other modules'
+                # backwards may still be pending (interleaved 1F1B), and look their stats up
+                del self.memory_tracking[fsdp_mod]
             return inner(*args, **kwargs)
 
         return pre_forward
