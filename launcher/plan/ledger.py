@@ -64,6 +64,7 @@ def mlp_params(hidden: int, ffn: int, mlp: str) -> int:
     return (3 if mlp == "swiglu" else 2) * hidden * ffn
 
 
+@lru_cache(maxsize=256)  # the search asks again for every layout of one model
 def param_counts(model) -> ParamCounts:
     h, hd = model.hidden, model.hidden // model.heads
     attn = h * (model.heads * hd) + 2 * h * (model.kv_heads * hd) + (model.heads * hd) * h
@@ -239,6 +240,7 @@ def trainer_numerics(train, gpu, lay: Layout) -> Numerics:
     return Numerics("fsdp-bf16" if fsdp else "autocast")
 
 
+@lru_cache(maxsize=4096)  # the same (model, shape, degrees) recurs across ZeRO stages and pp
 def trainer_layer_activation_bytes(model, s: int, b: int, mode: str, num: Numerics, *, tp: int = 1,
                                    cp: int = 1) -> float:
     """Bytes one rank keeps for backward for one transformer layer and one micro-batch, as the

@@ -191,7 +191,8 @@ class Plan:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name == "ranks":
-                out[f.name] = dataclasses.asdict(RankColumns.of(value))
+                cols = RankColumns.of(value)   # flat lists of ints: asdict's per-element recursion is slow
+                out[f.name] = {c.name: getattr(cols, c.name) for c in dataclasses.fields(cols)}
             elif dataclasses.is_dataclass(value) and not isinstance(value, type):
                 out[f.name] = dataclasses.asdict(value)
             else:
