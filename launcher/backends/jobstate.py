@@ -7,8 +7,10 @@ import dataclasses
 import fcntl
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from launcher.errors import UserError
 from launcher.formats.files import MiB, atomic_write, check_writable_target, make_dirs, read_text
@@ -87,6 +89,18 @@ def record(job: JobRecord) -> None:
         jobs = [j for j in _read(path) if not (j["id"] == job.id and j["backend"] == job.backend)]
         jobs.append(dataclasses.asdict(job))
         atomic_write(path, json.dumps({"jobs": jobs}, indent=2) + "\n", "job state file")
+
+
+def record_handle(handle: Any, log_dir: str) -> None:
+    """Record a submitted launcher.backends.JobHandle (the inverse of handle_from_record): where it
+    runs (host, remote dir, namespace) comes from its extra, its log path rides along there."""
+    extra = dict(handle.extra)
+    if handle.log_path is not None:
+        extra["log_path"] = handle.log_path
+    record(JobRecord(id=handle.id, backend=handle.backend, name=handle.name, run_dir=handle.run_dir,
+                     log_dir=log_dir, submitted_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                     host=extra.get("host"), remote_dir=extra.get("remote_dir"),
+                     namespace=extra.get("namespace"), extra=extra))
 
 
 def all_jobs() -> list[JobRecord]:

@@ -119,7 +119,7 @@ def run_benchmark_slurm(spec, plans: list, base: Path, job_text: str | None,
     task i in <base>/<i>-<layout>, then measured as above. The tasks are recorded, so
     `launch status|logs <job>_<i>` follow each one."""
     from launcher.backends import wait
-    from launcher.backends.jobstate import JobRecord, record
+    from launcher.backends.jobstate import record_handle
     from launcher.backends.slurm import SlurmBackend
     from launcher.commands import progress
 
@@ -129,10 +129,8 @@ def run_benchmark_slurm(spec, plans: list, base: Path, job_text: str | None,
     backend = SlurmBackend()
     names = [f"{i}-{describe(p)}" for i, p in enumerate(plans)]
     handles = backend.submit_array(spec, plans, base, names, job_text=job_text)
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     for h in handles:
-        record(JobRecord(id=h.id, backend="slurm", name=h.name, run_dir=h.run_dir, log_dir=h.extra["log_dir"],
-                         submitted_at=stamp, extra=dict(h.extra)))
+        record_handle(h, h.extra["log_dir"])
     progress(f"launch: benchmark: Slurm job array {handles[0].extra['array_job']}, {len(plans)} tasks "
              f"({', '.join(h.id for h in handles)}), run dirs under {base}")
     out = []

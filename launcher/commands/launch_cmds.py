@@ -109,7 +109,7 @@ def render(job_file: str, backend: str | None, out_dir: str | None, bwmap: str |
 def submit(job_file: str, backend: str | None, bwmap: str | None, run_dir: str | None, templates: str | None,
            dry_run: bool, verify_: bool, as_json: bool) -> None:
     """Submit a job to Slurm (sbatch, here or over SSH) or Kubernetes (PyTorchJob)."""
-    from launcher.backends.jobstate import JobRecord, check_state, record
+    from launcher.backends.jobstate import check_state, record_handle
     from launcher.formats import rundir
     from launcher.formats.files import child_path
 
@@ -140,14 +140,8 @@ def submit(job_file: str, backend: str | None, bwmap: str | None, run_dir: str |
     payload = {"id": handle.id, "backend": kind, "name": handle.name, "run_dir": handle.run_dir,
                "dry_run": False, "host": handle.extra.get("host"),
                "namespace": handle.extra.get("namespace"), "request": handle.request}
-    extra = dict(handle.extra)
-    extra["log_path"] = handle.log_path
     try:
-        record(JobRecord(id=handle.id, backend=kind, name=handle.name, run_dir=handle.run_dir,
-                         log_dir=rundir.remote(handle.run_dir, rundir.LOGS),
-                         submitted_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                         host=handle.extra.get("host"), remote_dir=handle.extra.get("remote_dir"),
-                         namespace=handle.extra.get("namespace"), extra=extra))
+        record_handle(handle, rundir.remote(handle.run_dir, rundir.LOGS))
     except UserError as exc:  # submitted all the same: say so, with the id
         progress(f"warning: job {handle.id} was submitted but not recorded ({exc}); "
                  "status/logs/cancel by name will not find it")

@@ -285,12 +285,10 @@ def _k8s_backend(context: str | None) -> Any:
 
 def _record_pod(handle: Any) -> None:
     """Record a preflight pod like a training job, so `launch status|logs|cancel <pod>` follow it."""
-    from launcher.backends.jobstate import JobRecord, record
+    from launcher.backends.jobstate import record_handle
 
     try:
-        record(JobRecord(id=handle.id, backend="k8s", name=handle.name, run_dir=handle.run_dir, log_dir="",
-                         submitted_at=datetime.now().astimezone().strftime("%Y-%m-%dT%H:%M:%S%z"),
-                         namespace=handle.extra.get("namespace"), extra=dict(handle.extra)))
+        record_handle(handle, "")
     except UserError as exc:
         warn(f"warning: pod {handle.id} was submitted but not recorded ({exc})")
 
@@ -354,7 +352,7 @@ def _slurm_job(hosts: list[str], nccl: Any, out_dir: str | None, partition: str 
                nccl_timeout: float, dry_run: bool, as_json: bool, level: str, tool_timeouts: list[str]) -> int:
     from checks.folder import BWMAP_FILE
     from checks.runners.slurm_job import SlurmJobError, SlurmJobOptions, render
-    from launcher.backends.jobstate import JobRecord, check_state, record
+    from launcher.backends.jobstate import check_state, record_handle
     from launcher.backends.slurm import SlurmBackend
 
     out = Path(out_dir or f"preflight-{datetime.now():%Y%m%d-%H%M%S}").resolve()
@@ -378,9 +376,7 @@ def _slurm_job(hosts: list[str], nccl: Any, out_dir: str | None, partition: str 
     check_state()
     handle = be.submit(req)
     try:
-        record(JobRecord(id=handle.id, backend="slurm", name=handle.name, run_dir=handle.run_dir, log_dir=str(out),
-                         submitted_at=datetime.now().astimezone().strftime("%Y-%m-%dT%H:%M:%S%z"),
-                         extra=dict(handle.extra)))
+        record_handle(handle, str(out))
     except UserError as exc:
         warn(f"warning: job {handle.id} was submitted but not recorded ({exc})")
     job = handle.id
