@@ -96,21 +96,23 @@ def wait_for(predicate, timeout: float, what: str, run_dir: str | None = None, j
 
 
 def release(cluster, jid: str, run_dir: str | None = None) -> None:
-    """Slurm holds a requeued job ~2 minutes (BeginTime); once it is pending again, let it start now."""
+    """Slurm holds a requeued job ~2 minutes (BeginTime); once it is pending again, let it start now.
+    A restart that ends at once (FAILED) stops the wait with its logs instead of timing out."""
     seen: list[str | None] = []
 
     def started() -> bool:
-        state = cluster.job_state(jid)
+        state = cluster.start_requeued_now(jid)
         seen.append(state)
-        if state == "PENDING":
-            cluster.run("scontrol", "update", f"jobid={jid}", "StartTime=now", check=False)
+        if state in ("FAILED", "CANCELLED", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY", "TIMEOUT"):
+            raise AssertionError(f"requeued job {jid} ended {state} instead of starting again")
         return state in ("RUNNING", "COMPLETED")
     try:
         wait_for(started, 300, f"requeued job {jid} to start again", run_dir, jid)
     except AssertionError as exc:
         job = cluster.run("scontrol", "show", "job", jid, check=False).stdout
         nodes = cluster.run("sinfo", "-N", "-h", "-o", "%N %T %E", check=False).stdout
-        raise AssertionError(f"{exc}\nstates seen: {seen[-5:]}\n{job}\n{nodes}") from None
+        err = "\n".join(log_text(run_dir, jid, "err").splitlines()[-15:]) if run_dir else ""
+        raise AssertionError(f"{exc}\nstates seen: {seen[-5:]}\n{job}\n{nodes}\n--- stderr tail ---\n{err}") from None
 
 
 def test_submit_runs_to_completion_with_the_plans_rank_placement(slurm_cluster, tmp_path):  # noqa: F811
@@ -326,8 +328,8 @@ def test_a_node_failing_its_self_check_is_left_out_and_the_job_requeues_without_
     assert "n2 left out" in (Path(run_dir) / "logs" / "nodecheck.log").read_text()
     shown = slurm_cluster.run("scontrol", "show", "job", jid).stdout
     assert "ExcNodeList=n2" in shown and "Restarts=1" in shown
-    slurm_cluster.run("scontrol", "update", f"jobid={jid}", "StartTime=now", check=False)
-    st = wait_for(lambda: (s := status(jid))["state"] == "PENDING" and "n2" in s["detail"] and s, 180,
+    st = wait_for(lambda: slurm_cluster.start_requeued_now(jid) and (s := status(jid))["state"] == "PENDING"
+                  and "n2" in s["detail"] and s, 180,
                   "status to name n2", run_dir, jid)
     assert "left out n2" in st["detail"] and "nvidia-smi: Unable to determine" in st["detail"]
     assert not st["done"]
