@@ -1,36 +1,73 @@
 """The ledger against `launch verify`'s trace of the real trainer at full world size (fake process
 group, FakeTensorMode, torch's memory tracker), per pipeline rank: the total AND each category
 (parameters, gradients, optimizer state, activations, temporaries, communication buffers) within
-10 %, over a matrix that traces in a few minutes here: ZeRO 0/1/2/3, recompute none/selective/full,
-TP with sequence parallelism, CP, pipelines (1F1B at pp 2 and 4, GPipe), GQA and a GELU MHA model.
-benchmarks/ledger_vs_trace.py prints the whole matrix, large models included.
+10 %, or within 3 % of the rank's traced total where a category is that small (a few hundred bytes
+of a tiny model's gradient that exist at the peak are not a wrong term, and no relative bound means
+anything near zero): benchmarks/ledger_vs_trace.py's `misses`.
 
-A category is compared within 10 % of its traced value, or within 3 % of the rank's traced total
-where it is that small (a few hundred bytes of a tiny model's gradient that exist at the peak are
-not a wrong term, and no relative bound means anything near zero).
+The layouts come from benchmarks/ledger_vs_trace.py: MATRIX covers every feasible pair of values
+of (model shape, ZeRO, recompute, pp, schedule, cp, tp) in 24 layouts, the large shapes (Llama 3
+8B / 70B / 405B, Mixtral 8x7B) at their real widths, heads, vocabulary and sequence length with 2
+layers per pipeline chunk: tracing under FakeTensorMode costs per op, not per byte, and the ledger
+is priced for the same reduced-depth model, so every per-layer and per-rank term is checked at full
+size in seconds. EXTRA holds cheap layouts the matrix does not (dp 8, fp32, ...).
+
+TESTED is the layouts the ledger meets today; the others are not run here (never xfail: a test
+that cannot fail checks nothing) — `python benchmarks/ledger_vs_trace.py` prints every layout and
+what each one still misses. Add a layout here once the ledger meets it.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
+
 import pytest
 
-from benchmarks.ledger_vs_trace import CATEGORIES, QUICK, compare
+from benchmarks.ledger_vs_trace import CATEGORIES, EXTRA, LAYOUTS, MATRIX, compare, misses, uncovered_pairs
 
 pytestmark = pytest.mark.integration
 
-MATRIX = ["tiny dp8 z0 none", "tiny dp8 z1 selective", "tiny dp8 z3 full", "tiny tp2 dp4 z3", "tiny cp2 dp4 z1",
-          "tiny pp2 1f1b z2", "tiny pp2 gpipe z0", "tiny pp4 1f1b z1", "mha-gelu tp2 pp2 z3"]
-REL, FLOOR = 0.10, 0.03
+TESTED = [
+    # the pairwise matrix: the layouts the ledger meets today
+    "tiny tp2 cp1 pp1 z0 full", "tiny tp1 cp1 pp2 1f1b z1 none", "mha-gelu tp2 cp1 pp4 gpipe z1 none",
+    # beside it
+    "tiny dp8 z0 none", "tiny dp8 z1 selective", "tiny dp8 z2 none", "tiny dp8 z3 full", "tiny tp2 dp4 z3",
+    "tiny cp2 dp4 z1", "tiny pp2 1f1b z2", "tiny pp2 gpipe z0", "tiny pp4 1f1b z1", "mha-gelu tp2 pp2 z3",
+    "moe ep2 dp8 z2",
+]
 
 
-@pytest.mark.parametrize("name", MATRIX)
-def test_ledger_within_ten_percent_of_the_trace_per_category(name):
+@pytest.fixture(scope="module")
+def traced(request) -> dict[str, Future]:
+    """Every layout this session runs, traced two at a time (a one-role layout keeps one CPU busy)."""
     pytest.importorskip("torch")
-    rows = compare(name, dict(QUICK)[name])
-    assert rows
-    for row in rows:
-        assert "traced_gb" in row, row
-        assert row["ledger_gb"] == pytest.approx(row["traced_gb"], rel=REL), row
-        for c in CATEGORIES:
-            traced, ledger = row["traced"][c], row["ledger"][c]
-            assert abs(ledger - traced) <= max(REL * traced, FLOOR * row["traced_gb"]), (row["role"], c, row)
+    params = [getattr(getattr(item, "callspec", None), "params", {}) for item in request.session.items
+              if getattr(item, "module", None) is request.module]
+    names = [p["name"] for p in params if "name" in p]
+    with ThreadPoolExecutor(2) as pool:
+        yield {n: pool.submit(compare, n, LAYOUTS[n]) for n in dict.fromkeys(names)}
+
+
+@pytest.mark.parametrize("name", TESTED)
+def test_ledger_within_ten_percent_of_the_trace_per_category(name, traced):
+    rows = traced[name].result()
+    assert rows and all(set(r.get("traced", {})) == set(CATEGORIES) for r in rows), rows
+    bad = {r["role"]: r["misses"] for r in rows if r["misses"]}
+    assert not bad, (name, bad, rows)
+
+
+def test_the_matrix_covers_every_pair_of_axis_values():
+    """Pairwise over shape x ZeRO x recompute x pp x schedule x cp x tp, and every name unique."""
+    assert uncovered_pairs([n for n, _ in MATRIX]) == []
+    names = [n for n, _ in MATRIX + EXTRA]
+    assert len(set(names)) == len(names) and set(TESTED) <= set(names)
+
+
+def test_misses_applies_the_bound_to_the_total_and_each_category():
+    row = {"traced_gb": 2.0, "ledger_gb": 2.1, "traced": {**dict.fromkeys(CATEGORIES, 0.5), "temporaries": 0.01},
+           "ledger": {**dict.fromkeys(CATEGORIES, 0.5), "temporaries": 0.01}}
+    assert misses(row) == []
+    row["ledger"] = {**row["ledger"], "grads": 0.6, "temporaries": 0.05}   # 0.04 GB: under 3 % of 2 GB
+    assert misses(row) == ["grads +0.1 GB (+20%)"]
+    assert misses({**row, "ledger_gb": 2.3}) == ["total +15.0%", "grads +0.1 GB (+20%)"]
+    assert misses({"error": "boom"}) == ["not traced: boom"]
