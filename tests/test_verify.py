@@ -71,13 +71,14 @@ def test_extend_in_flight_is_linear_and_says_when_it_cannot_be():
 
 
 def test_shortcuts_equal_the_exact_trace():
-    """Layers extended linearly (ZeRO 3 over tp x dp), and a 5-stage 1F1B pipeline traced at f + 2
-    micro-batches with the other micro-batches' step-long buffers added and a middle rank extended
-    in flight from two others: per role and category, what tracing every rank with all its layers
-    and micro-batches gives."""
+    """Layers extended linearly (ZeRO 3 over tp x dp; ZeRO 3 with full recompute, whose buffers first
+    peak at 3 layers), and a 5-stage 1F1B pipeline traced at f + 2 micro-batches with the other
+    micro-batches' step-long buffers added and a middle rank extended in flight from two others: per
+    role and category, what tracing every rank with all its layers and micro-batches gives."""
     from launcher.verify import trace_plan
 
     cases = [({"layers": 8}, dict(tp=2, dp=2, zero=3, global_batch=8)),
+             ({"layers": 8}, dict(dp=4, zero=3, recompute="full", global_batch=8)),
              ({"layers": 20}, dict(pp=5, dp=2, zero=2, schedule="1f1b", global_batch=24))]
     for over, kw in cases:
         model = {"hidden": 64, "heads": 4, "kv_heads": 2, "ffn_hidden": 128, "vocab": 256, **over}
