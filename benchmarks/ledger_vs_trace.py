@@ -56,8 +56,18 @@ SEQ = {"tiny": 256, "mha-gelu": 512, "tiny-moe": 256, "mixtral-8x7b": 4096}
 SHORT = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved-1f1b": "interleaved"}
 
 
-def case(model, nodes: int, gpn: int, seq: int, gb: int, precision: str = "bf16", **parallel) -> dict:
-    return {"model": model, "train": {"seq_len": seq, "global_batch": gb, "precision": precision},
+#: a reduced llama3-8b (GQA, SwiGLU, ffn 3.5h): its terms at a few layers and a small vocabulary
+DENSE = {"layers": 4, "hidden": 1536, "heads": 12, "kv_heads": 4, "ffn_hidden": 5376, "vocab": 4096}
+#: a GELU MHA model whose 6 layers split unevenly over pp 4 (1, 2, 2, 1): under 1F1B rank 1 is the busiest
+UNEVEN = {**MHA, "layers": 6}
+
+
+def case(model, nodes: int, gpn: int, seq: int, gb: int, precision: str = "bf16", loss_chunk: int | None = None,
+         **parallel) -> dict:
+    train = {"seq_len": seq, "global_batch": gb, "precision": precision}
+    if loss_chunk is not None:
+        train["loss_chunk"] = loss_chunk
+    return {"model": model, "train": train,
             "cluster": {"nodes": nodes, "gpus_per_node": gpn, "gpu": "h100-sxm"}, "parallel": parallel}
 
 
@@ -139,6 +149,14 @@ EXTRA = [
                               micro_batch=2)),
     ("mha-gelu tp2 pp2 z3", case(MHA, 1, 8, 512, 16, tp=2, cp=1, pp=2, zero=3, recompute="selective",
                                  micro_batch=1, schedule="1f1b")),
+    # autocast with several micro-batches: the stage's bf16 weight gradients wait for the end of backward
+    ("dense cp2 z1 full", case(DENSE, 1, 8, 512, 32, tp=1, cp=2, pp=1, zero=1, recompute="full", micro_batch=1)),
+    # several loss chunks (head-gradient accumulation), TP's whole-vocabulary embedding gradient,
+    # selective recompute's backward under TP
+    ("dense tp2 pp2 z2 chunks", case({**DENSE, "vocab": 65536}, 1, 8, 1024, 16, loss_chunk=256, tp=2, cp=1, pp=2,
+                                     zero=2, recompute="selective", micro_batch=1, schedule="1f1b")),
+    ("uneven pp4 1f1b z2", case(UNEVEN, 1, 8, 512, 16, tp=1, cp=1, pp=4, zero=2, recompute="none", micro_batch=1,
+                                schedule="1f1b")),
     ("moe ep2 dp8 z2", case(TINY_MOE, 1, 8, 256, 16, tp=1, cp=1, pp=1, ep=2, zero=2, recompute="none",
                             micro_batch=2)),
     ("moe ep4 dp8 z0", case(TINY_MOE, 1, 8, 256, 16, tp=1, cp=1, pp=1, ep=4, zero=0, recompute="full",

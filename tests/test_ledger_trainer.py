@@ -14,10 +14,12 @@ from __future__ import annotations
 import pytest
 
 from launcher.plan.ledger import (
+    GB,
     Layout,
     Numerics,
     act_gb,
     memory_ledger,
+    rank_layers,
     rank_memory,
     rank_params,
     trainer_layer_activation_bytes,
@@ -160,3 +162,37 @@ def test_categories_sum_to_the_total_and_runtime_is_outside():
                            "cluster": {"nodes": 8}})
     led = memory_ledger(spec.model, spec.train, resolve_gpu("h100-sxm"), _lay(3, 4, 16, tp=1, grad_accum=4))
     assert sum(led.categories().values()) + led.runtime_gb == pytest.approx(led.per_gpu_gb)
+
+
+def test_the_busiest_pipeline_rank_is_priced():
+    """Stage splits from layout.stage_layers (uneven: the end stages get the smaller share) and in-flight
+    counts that fall with the rank: the ledger prices the most loaded of all pipeline ranks."""
+    mha = {"layers": 6, "hidden": 256, "heads": 8, "kv_heads": 8, "ffn_hidden": 1024, "vocab": 1024, "mlp": "gelu"}
+    uneven = spec_from_dict({"model": mha, "train": {"seq_len": 512, "global_batch": 16}})
+    big = spec_from_dict({"model": "llama3-405b", "train": {"seq_len": 8192, "global_batch": 1024}})
+    cases = [(uneven, _lay(2, 4, 2, recompute="none", grad_accum=8), "pp 1")] + [
+        (big, _lay(z, 16, 16, tp=8, grad_accum=64, schedule=s, virtual_stages=v), None)
+        for z in (1, 3) for s, v in (("1f1b", 1), ("interleaved-1f1b", 2))]
+    g = resolve_gpu("h100-sxm")
+    for spec, lay, worst in cases:
+        m, t = spec.model, spec.train
+        layers = [rank_layers(m, lay, r) for r in range(lay.pp)]
+        assert sum(layers) == m.layers and layers[0] <= layers[1]
+        totals = [rank_memory(m, t, g, lay, r).total for r in range(lay.pp)]
+        led = memory_ledger(m, t, g, lay)
+        assert led.per_gpu_gb - led.runtime_gb == pytest.approx(max(totals) / GB)
+        if worst:
+            assert led.worst_stage == worst and max(totals) > max(totals[0], totals[-1])
+    assert [rank_layers(big.model, cases[1][1], r) for r in (0, 1, 15)] == [7, 8, 7]     # Llama 3: 126 on pp 16
+
+
+def test_autocast_weight_gradients_wait_for_the_end_of_the_backward():
+    """Without FSDP, bf16 is autocast, whose weight casts are cached from the first micro-batch: in
+    later micro-batches their backward nodes run last, so the stage's bf16 weight gradients all exist
+    at the end of its backward (traced: tests/test_ledger_vs_trace.py 'dense cp2 z1 full')."""
+    spec = spec_from_dict({"model": "llama3-8b", "train": {"seq_len": 8192, "global_batch": 64}})
+    m, t, g = spec.model, spec.train, resolve_gpu("h100-sxm")
+    lay = _lay(1, 1, 4, cp=2, grad_accum=16)
+    mem, rp = rank_memory(m, t, g, lay, "first"), rank_params(m, lay, "first")
+    assert mem.phase == "end of backward" and mem.temporaries >= 2 * (rp.matmul - rp.head)
+    assert rank_memory(m, t, g, _lay(1, 1, 4, cp=2, grad_accum=1), "first").phase != "end of backward"

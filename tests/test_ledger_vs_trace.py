@@ -34,7 +34,12 @@ TESTED = [
     "tiny dp8 z0 none", "tiny dp8 z1 selective", "tiny dp8 z2 none", "tiny dp8 z3 full", "tiny tp2 dp4 z3",
     "tiny cp2 dp4 z1", "tiny pp2 1f1b z2", "tiny pp2 gpipe z0", "tiny pp4 1f1b z1", "mha-gelu tp2 pp2 z3",
     "moe ep2 dp8 z2",
+    # reduced llama3-8b shapes: autocast over several micro-batches, several loss chunks, TP's embedding
+    # gradient; an uneven stage split
+    "dense cp2 z1 full", "dense tp2 pp2 z2 chunks", "uneven pp4 1f1b z2",
 ]
+#: layouts whose busiest pipeline rank is a middle one (uneven split): the trace's busiest is the ledger's
+BUSIEST = {"uneven pp4 1f1b z2": 1}
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +59,15 @@ def test_ledger_within_ten_percent_of_the_trace_per_category(name, traced):
     assert rows and all(set(r.get("traced", {})) == set(CATEGORIES) for r in rows), rows
     bad = {r["role"]: r["misses"] for r in rows if r["misses"]}
     assert not bad, (name, bad, rows)
+
+
+@pytest.mark.parametrize("name", list(BUSIEST))
+def test_the_ledgers_busiest_pipeline_rank_is_the_traced_one(name, traced):
+    """launcher.plan.ledger.busiest_rank (the planner's fit) finds the rank the trace finds busiest."""
+    rows = traced[name].result()
+    busiest = max(rows, key=lambda r: r["traced_gb"])
+    assert busiest["role"].startswith(f"pp {BUSIEST[name]} "), busiest
+    assert max(rows, key=lambda r: r["ledger_gb"])["role"] == busiest["role"]
 
 
 def test_the_matrix_covers_every_pair_of_axis_values():

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
+from launcher.plan.layout import stage_layers
 from launcher.plan.model import Layout
 
 GB = 1e9
@@ -315,6 +316,7 @@ class RankParams:
     blocks_expert: float    # its experts (÷tp·ep), an FSDP unit of their own with ep > 1
     root: float             # embedding / output head / final norm: the FSDP root unit (÷tp)
     matmul: float           # weights a Linear or the loss multiplies with (autocast caches their bf16 casts)
+    head: float             # the weight the loss multiplies with on this rank (0 without the head)
     largest: float          # the largest single local parameter (per-parameter optimizer temporaries)
     block: float            # one block's dense + expert parameters (one FSDP all-gather)
 
@@ -328,11 +330,23 @@ def pp_rank_of(lay: Layout, role: str | int) -> int:
     return 0 if role == "first" else lay.pp - 1 if role == "last" else int(role)
 
 
+def rank_layers(model, lay: Layout, role: str | int) -> int:
+    """Layers pipeline rank `role` holds: its stages r, r + pp, ... of the plan's split
+    (layout.stage_layers: uneven splits give the first and last stage the smaller share)."""
+    split = _stage_split(model.layers, lay.pp * max(1, lay.virtual_stages))
+    return sum(split[pp_rank_of(lay, role)::lay.pp])
+
+
+@lru_cache(maxsize=1024)
+def _stage_split(layers: int, stages: int) -> tuple[int, ...]:
+    return tuple(stage_layers(layers, stages))
+
+
 def rank_params(model, lay: Layout, role: str | int) -> RankParams:
     """Parameters of pipeline rank `role` ('first', 'last' or a rank): rank 0 holds the embedding
     (and, with pp = 1, the head), rank pp-1 the output head and final norm (model.keep_only)."""
     c = param_counts(model)
-    t, layers = lay.tp, model.layers / lay.pp
+    t, layers = lay.tp, rank_layers(model, lay, role)
     norms = 2 * model.hidden
     dense, expert = c.layer_dense * layers / t, c.layer_expert * layers / (t * lay.ep)
     vh = model.vocab * model.hidden / t
@@ -347,7 +361,7 @@ def rank_params(model, lay: Layout, role: str | int) -> RankParams:
     matmul = dense + expert - norms * layers / t + head_w
     largest = max(vh if root else 0.0, model.ffn_hidden * model.hidden / t, model.hidden * model.hidden / t)
     block = (c.layer_dense / t + c.layer_expert / (t * lay.ep))
-    return RankParams(dense, expert, root, matmul, largest, block)
+    return RankParams(dense, expert, root, matmul, head_w, largest, block)
 
 
 def optimizer_temp_bytes(train, gpu, local_params: float, largest: float) -> float:
@@ -375,6 +389,46 @@ def mlp_backward_bytes(model, tokens: float, tp: int, e: int) -> float:
     """The MLP's backward working set (autograd temporaries, traced): w2's input gradient and, for
     SwiGLU, the gradients of silu(w1 x) and w3 x, each [tokens, ffn/tp] in the matmul dtype."""
     return (3 if model.mlp == "swiglu" else 2) * tokens * model.ffn_hidden / tp * e
+
+
+def selective_recomputed_bytes(model, tokens: float, seq_tokens: float, tp: int, num: Numerics) -> float:
+    """What op-level selective recompute (recompute.py) makes again in a dense block's backward and holds
+    while the MLP's backward runs (torch's checkpoint replays the whole block at its first unpack): the
+    norms' fp32 input and normalised output, the matmuls' inputs where they are not a kept collective's
+    output (autocast's bf16 casts per Linear; without TP the normed input itself), q and k after RoPE, and
+    SwiGLU's silu(w1 x) (the gate's backward needs it). The gate product (GELU: the activation), w2's
+    input, is counted in dense_mlp_backward_bytes: it is freed once w2's backward has run."""
+    h, a, e, r = model.hidden, model.heads, num.act, num.residual
+    hq, hkv = h, model.kv_heads * (h // a)
+    out = 2 * (4 + r) * h * tokens / tp                      # both RMSNorms (sequence-parallel under TP)
+    if num.mode == "autocast":
+        out += (3 + (2 if model.mlp == "swiglu" else 1)) * e * h * tokens     # autocast's casts, per Linear
+    elif tp == 1:
+        out += 2 * e * h * tokens                            # the normed input (norm weight's product)
+    out += (hq + hkv) / tp * e * tokens                      # apply_rope's q and k
+    if seq_tokens > tokens:
+        # CP: _GatherKV's all_gather is not a kept op: the gathered keys and values are made again
+        out += 2 * hkv / tp * e * seq_tokens
+    if model.mlp == "swiglu":
+        out += model.ffn_hidden / tp * e * tokens            # silu(w1 x)
+    return out
+
+
+def dense_mlp_backward_bytes(model, tokens: float, lay: Layout, num: Numerics, fsdp: bool) -> float:
+    """A dense MLP's backward working set at its larger moment (traced): w2's backward (its input
+    gradient [tokens, ffn/tp], its weight gradient [hidden, ffn/tp] as the mm makes it, under TP the
+    block output's gradient all-gathered for it, and under selective recompute w2's recomputed input)
+    or the activation's backward (w2's input gradient and the gradients of silu(w1 x) and w3 x; GELU:
+    of w1 x), while FSDP keeps w2's unsharded weight gradient until the block's post-backward. By the
+    activation's backward w2's stored (or recomputed) input is freed: the stored activations (or the
+    recomputed block) count it, so it is taken off here."""
+    e, h, f = num.act, model.hidden, model.ffn_hidden / lay.tp
+    row = f * e * tokens
+    wgrad = h * f * e
+    selective = lay.recompute == "selective"
+    at_w2 = row + wgrad + (h * e * tokens if lay.tp > 1 else 0.0) + (row if selective else 0.0)
+    at_act = (3 if model.mlp == "swiglu" else 2) * row + (wgrad if fsdp else 0.0) - (0.0 if selective else row)
+    return max(at_w2, at_act)
 
 
 def rope_buffer_bytes(model, train, lay: Layout) -> float:
@@ -411,6 +465,10 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
     dense = rp.blocks_dense + rp.root
     cache = 0.0
     buffers = rope_buffer_bytes(model, train, lay)
+    # TP: DTensor has no vocab-sharded strategy for embedding_dense_backward, so each TP rank computes the
+    # whole [vocab, hidden] gradient (replicated; sliced to its Shard(0) only when FSDP reduces it or the
+    # optimizer reads it): the rest of the vocabulary beside this rank's shard
+    whole_vocab = param_counts(model).embedding * (1 - 1 / lay.tp) if pp_rank_of(lay, role) == 0 else 0.0
     # --- state: fp32 params and grads (the optimizer's masters), sharded by FSDP under ZeRO 2/3
     if fsdp:
         params = 4 * (dense / n + rp.blocks_expert / n_exp)
@@ -427,10 +485,10 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
         if lay.pp > 1:
             # ... and gradient sync: unsharded grads accumulate in the fp32 reduce dtype for the whole
             # stage; the sharded ones appear only at the final reduce-scatter, after the activations
-            grads = 4 * rp.total
+            grads = 4 * (rp.total + whole_vocab)
     else:
         params = 4 * rp.total
-        grads = step_grads = 4 * rp.total
+        grads = step_grads = 4 * (rp.total + whole_vocab)
         # ZeRO 1 (zero1.py): optimizer state split over dp·cp in whole tensors (EP experts apart, over
         # their dp·cp/ep replicas), so the busiest rank holds at least the largest tensor's state (the
         # embedding's when dp·cp is large)
@@ -447,17 +505,19 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
     s, b = train.seq_len, lay.micro_batch
     per_layer = trainer_layer_activation_bytes(model, s, b, lay.recompute, num, tp=lay.tp, cp=lay.cp)
     tokens = s / lay.cp * b
-    layers = model.layers / lay.pp
+    layers = rank_layers(model, lay, role)
     held = in_flight_microbatches(lay.schedule, lay.pp, lay.grad_accum, lay.virtual_stages,
                                   rank=pp_rank_of(lay, role))
     acts = per_layer * layers * held
     recomputed = 0.0
-    if lay.recompute != "none":
+    if lay.recompute == "full" or (lay.recompute == "selective" and model.experts > 1):
         # backward recomputes one block at a time: that block's whole activations exist meanwhile
         # (selective: less the outputs it kept, which the recompute reuses)
         recomputed = trainer_layer_activation_bytes(model, s, b, "none", num, tp=lay.tp, cp=lay.cp)
         if lay.recompute == "selective":
             recomputed = max(0.0, recomputed - per_layer)
+    elif lay.recompute == "selective":
+        recomputed = selective_recomputed_bytes(model, s / lay.cp * b, s * b, lay.tp, num)
     r = pp_rank_of(lay, role)
     if lay.pp > 1:
         acts += pipeline_buffer_bytes(model, lay, num, tokens, held, r)
@@ -470,18 +530,40 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
     # --- the forward/backward peak: the loss's backward (last stage) or the first block's backward
     peaks = ([_loss_peak(model, train, lay, num, tokens, acts, held)] if has_head else []) + \
         [_block_peak(model, lay, num, tokens, acts, recomputed, rp.block if fsdp else 0.0, lay.zero)]
-    acts, temps, gathered_block, comm = max(peaks, key=sum)  # on a tie the loss's (first)
+    if has_head and lay.pp == 1 and model.tied_embeddings:
+        # the head's gradient waits in the tied weight's AccumulateGrad input buffer until the embedding's
+        # backward adds its share, at the end of the backward (autograd's InputBuffer)
+        peaks[-1] = (peaks[-1][0], peaks[-1][1] + _head_grad_bytes(num, rp), *peaks[-1][2:])
+    acts_, temps, gathered_block, comm = max(peaks, key=sum)  # on a tie the loss's (first)
     if lay.grad_accum > held:
         # an earlier micro-batch's backward has run here: the whole stage's gradients exist
         accumulated = grads
     else:
         # the first backward (no pipeline and one micro-batch, GPipe, or a 1F1B rank whose warm-up holds
         # every micro-batch): gradients appear only as one micro-batch's activations are freed
-        accumulated = max(0.0, grads - acts / held)
+        accumulated = max(0.0, grads - acts_ / held)
+    candidates = [RankMemory(params + buffers + cache + gathered_block, accumulated, optimizer, acts_, temps, comm,
+                             "forward/backward")]
+    stalled = num.mode == "autocast" and lay.grad_accum > 1
+    if stalled or r == 0:
+        # the end of a micro-batch's backward: one micro-batch's blocks are freed, the others in flight stay
+        end_acts = acts - per_layer * layers
+        # autocast over several micro-batches: its cached casts were made in the first micro-batch's forward,
+        # so their ToCopyBackward nodes have the oldest sequence numbers and autograd's ready queue (highest
+        # sequence number first) runs them last: every block weight's bf16 gradient waits in its input
+        # buffer until the stage's backward ends
+        end_temps = 2 * (rp.matmul - rp.head) if stalled else 0.0
+        if r == 0:
+            # embedding_dense_backward's gradient, before it is accumulated: [vocab, hidden] in the weight's
+            # dtype, the whole vocabulary under TP too (see whole_vocab); tied with pp = 1 it is added to the
+            # head's waiting gradient, out of place (the sum, the two gradients)
+            end_temps += num.gathered * model.vocab * model.hidden * (3 if model.tied_embeddings and has_head else 1)
+            end_temps += num.residual * model.hidden * tokens     # its incoming gradient (all-gathered under TP)
+        candidates.append(RankMemory(params + buffers + cache, grads, optimizer, end_acts, end_temps, 0.0,
+                                     "end of backward"))
+    fwd_bwd = max(candidates, key=lambda c: c.total)
     # the flat bucket fsdp.all_reduce_grads concatenates after backward (ZeRO 0/1)
     step_comm = 4 * min(rp.total, ALLREDUCE_BUCKET_ELEMS) if not fsdp and n > 1 else 0.0
-    fwd_bwd = RankMemory(params + buffers + cache + gathered_block, accumulated, optimizer, acts, temps, comm,
-                         "forward/backward")
     stepped = dense / n + rp.blocks_expert / n_exp if fsdp or lay.zero == 1 else rp.total   # what step() updates
     temp = max(optimizer_temp_bytes(train, gpu, stepped, rp.largest / (n if fsdp else 1)),
                16 * rp.largest / (n if fsdp else 1))  # grad-norm clip: a float64 copy and its square
@@ -513,7 +595,20 @@ def _loss_peak(model, train, lay: Layout, num: Numerics, tokens: float, acts: fl
     # final norm (fp32 input, normed output) and the final hidden states the chunked loss keeps
     # (all-gathered under TP) with their gradient
     head = (4 + num.residual) * model.hidden * tokens / lay.tp + 2 * num.act * model.hidden * tokens
-    return acts + head * held, logits_chunk_bytes(train, model, lay, num), 0.0, 0.0
+    temps = logits_chunk_bytes(train, model, lay, num)
+    if tokens > train.loss_chunk:
+        # several chunks each add a [vocab/tp, hidden] gradient to the head weight's AccumulateGrad input
+        # buffer: a later chunk's backward runs beside the running sum, and each accumulation (autograd's
+        # InputBuffer, out of place) holds the sum, the new chunk's gradient and their total at once
+        g = _head_grad_bytes(num, None, model.vocab * model.hidden / lay.tp)
+        temps = max(temps + g, 3 * g)
+    return acts + head * held, temps, 0.0, 0.0
+
+
+def _head_grad_bytes(num: Numerics, rp: RankParams | None, elems: float = 0.0) -> float:
+    """One gradient of the head weight as the loss's matmul delivers it: bf16 under FSDP's bf16
+    policy; fp32 under autocast (the weight's cast's ToCopyBackward upcasts it) and in fp32."""
+    return (2 if num.mode == "fsdp-bf16" else 4) * (rp.head if rp is not None else elems)
 
 
 def _block_peak(model, lay: Layout, num: Numerics, tokens: float, acts: float, recomputed: float,
@@ -526,7 +621,10 @@ def _block_peak(model, lay: Layout, num: Numerics, tokens: float, acts: float, r
     (FSDP2's backward prefetch: one block's all-gather buffer); without a pipeline the block above's
     gradients are being reduce-scattered (its fp32 unsharded gradient is the reduce-scatter input)."""
     routed = tokens * model.experts_per_token / model.experts if model.experts > 1 else tokens
-    temps = recomputed + mlp_backward_bytes(model, routed, lay.tp, num.act)
+    if model.experts > 1:
+        temps = recomputed + mlp_backward_bytes(model, routed, lay.tp, num.act)
+    else:
+        temps = recomputed + dense_mlp_backward_bytes(model, tokens, lay, num, fsdp_block > 0)
     gathered = num.gathered * fsdp_block if zero == 3 else 0.0
     comm = gathered + (4 * fsdp_block if lay.pp == 1 else 0.0)
     return acts, temps, gathered, comm
@@ -580,12 +678,10 @@ class MemoryLedger:
 
 
 def memory_ledger(model, train, gpu, lay: Layout, headroom: float = DEFAULT_HEADROOM) -> MemoryLedger:
-    """Peak bytes on the most loaded GPU as the trainer runs `lay`: the first pipeline rank (embedding,
-    most in-flight micro-batches) or the last (output head, loss), whichever is larger, plus the runtime
-    allowance. It fits when it stays under the GPU's memory less `headroom` (a fraction)."""
-    first = _rank_memory(model, train, gpu, lay, "first")
-    last = _rank_memory(model, train, gpu, lay, "last") if lay.pp > 1 else first
-    worst, m = ("last", last) if last.total > first.total else ("first", first)
+    """Peak bytes on the most loaded GPU as the trainer runs `lay`: the busiest pipeline rank (busiest_rank),
+    plus the runtime allowance. It fits when it stays under the GPU's memory less `headroom` (a fraction)."""
+    r, m = busiest_rank(model, train, gpu, lay)
+    worst = "first" if r == 0 else "last" if r == lay.pp - 1 else f"pp {r}"
     runtime = BUFFER_FIXED_GB * GB
     num = trainer_numerics(train, gpu, lay)
     unchunked = train.seq_len / lay.cp * lay.micro_batch * model.vocab / lay.tp * (num.act + 4)
@@ -596,6 +692,24 @@ def memory_ledger(model, train, gpu, lay: Layout, headroom: float = DEFAULT_HEAD
         worst_stage=worst if lay.pp > 1 else "only", peak_phase=m.phase, logits_unchunked_gb=unchunked / GB,
         logits_gb=logits_chunk_bytes(train, model, lay, num) / GB, headroom=headroom,
     )
+
+
+def busiest_rank(model, train, gpu, lay: Layout) -> tuple[int, RankMemory]:
+    """(pipeline rank, its peak) of the most loaded pipeline rank. Ranks differ in their layers (the
+    stage split), embedding (rank 0), head and loss (rank pp-1) and micro-batches in flight (falling with
+    the rank under 1F1B and interleaving), so beside the two ends each middle rank that holds a layer
+    count no lower-numbered middle rank holds is priced (with uneven splits, e.g. 126 layers on pp 16,
+    rank 1 holds more layers than rank 0 and nearly as many micro-batches)."""
+    candidates, seen = [0], set()
+    for r in range(1, lay.pp - 1):
+        k = rank_layers(model, lay, r)
+        if k not in seen:
+            seen.add(k)
+            candidates.append(r)
+    if lay.pp > 1:
+        candidates.append(lay.pp - 1)
+    priced = [(r, _rank_memory(model, train, gpu, lay, r)) for r in candidates]
+    return max(priced, key=lambda x: x[1].total)   # on a tie the lowest rank
 
 
 @lru_cache(maxsize=65536)
