@@ -18,6 +18,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
+from torch.utils.checkpoint import SAC_IGNORED_OPS as _SAC_IGNORED_OPS
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 if TYPE_CHECKING:
@@ -37,6 +38,14 @@ SAVED_OPS = frozenset({
     _aten._scaled_dot_product_cudnn_attention.default,
     _c10d.all_gather_into_tensor.default, _c10d.reduce_scatter_tensor.default, _c10d.all_reduce.default,
 })
+
+
+# FSDP's hooks on modules inside a checkpointed block (EP experts are FSDP units of their own) mark
+# their work with record_function, a dispatched op, a different number of times in forward and in the
+# recompute (whether an unshard is due differs): SAC would match ops by count and fail. They compute
+# nothing, so selective recompute passes them through, as torch does with detach.
+_SAC_IGNORED_OPS.update({torch.ops.profiler._record_function_enter_new.default,
+                         torch.ops.profiler._record_function_exit._RecordFunction})
 
 
 def _policy(ctx, func, *args, **kwargs) -> CheckpointPolicy:
