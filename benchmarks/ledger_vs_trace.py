@@ -46,6 +46,10 @@ REL, FLOOR = 0.10, 0.03
 
 TINY_MOE = {"layers": 4, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn_hidden": 96, "vocab": 256,
             "experts": 4, "experts_per_token": 2}
+#: Mixtral's shape (8 experts, top 2, GQA, SwiGLU) scaled down: expert weights dominate each block as in
+#: Mixtral, so the per-layer MoE terms (gathered experts, their gradients) are what the test checks
+MIXTRAL_MINI = {"layers": 8, "hidden": 512, "heads": 8, "kv_heads": 2, "ffn_hidden": 1792, "vocab": 4096,
+                "mlp": "swiglu", "tied_embeddings": False, "experts": 8, "experts_per_token": 2}
 MHA = {"layers": 8, "hidden": 256, "heads": 8, "kv_heads": 8, "ffn_hidden": 1024, "vocab": 1024, "mlp": "gelu"}
 SHAPES = {"tiny": presets.MODELS["tiny"], "mha-gelu": MHA, "tiny-moe": TINY_MOE,
           **{k: presets.MODELS[k] for k in ("llama3-8b", "llama3-70b", "llama3-405b", "mixtral-8x7b")}}
@@ -161,6 +165,10 @@ EXTRA = [
                             micro_batch=2)),
     ("moe ep4 dp8 z0", case(TINY_MOE, 1, 8, 256, 16, tp=1, cp=1, pp=1, ep=4, zero=0, recompute="full",
                             micro_batch=2)),
+    ("mixtral-mini pp2 z3 selective", case(MIXTRAL_MINI, 1, 8, 512, 32, tp=1, cp=1, pp=2, ep=1, zero=3,
+                                           recompute="selective", micro_batch=1, schedule="1f1b")),
+    ("mixtral-mini ep4 pp2 z2 selective", case(MIXTRAL_MINI, 1, 8, 512, 32, tp=1, cp=1, pp=2, ep=4, zero=2,
+                                               recompute="selective", micro_batch=1, schedule="1f1b")),
 ]
 #: large models at their real depth (verify traces 1-3 layers per stage and extends: minutes each)
 FULL_DEPTH = [
@@ -174,6 +182,13 @@ FULL_DEPTH = [
                                    micro_batch=1, schedule="interleaved-1f1b", virtual_stages=5)),
     ("mixtral ep8 z3", case("mixtral-8x7b", 8, 8, 4096, 256, tp=1, cp=1, pp=1, ep=8, zero=3, recompute="full",
                             micro_batch=1)),
+    # examples/mixtral-8x7b.yaml's layouts: ZeRO 3 under PP (every expert of a stage stays gathered
+    # through backward) and EP with FSDP experts under selective recompute. No MoE row with TP: the
+    # trainer runs experts without tensor parallelism (capabilities.MOE_WITH_TP)
+    ("mixtral pp8 z3 selective", case("mixtral-8x7b", 8, 8, 4096, 1024, tp=1, cp=1, pp=8, ep=1, zero=3,
+                                      recompute="selective", micro_batch=1, schedule="1f1b")),
+    ("mixtral ep4 pp4 z2 selective", case("mixtral-8x7b", 8, 8, 4096, 1024, tp=1, cp=1, pp=4, ep=4, zero=2,
+                                          recompute="selective", micro_batch=1, schedule="1f1b")),
     ("llama3-405b tp8 pp8 cp2", case("llama3-405b", 128, 8, 8192, 512, tp=8, cp=2, pp=8, zero=3, recompute="full",
                                      micro_batch=1, schedule="1f1b")),
 ]

@@ -319,6 +319,7 @@ class RankParams:
     head: float             # the weight the loss multiplies with on this rank (0 without the head)
     largest: float          # the largest single local parameter (per-parameter optimizer temporaries)
     block: float            # one block's dense + expert parameters (one FSDP all-gather)
+    block_mlp: float = 0.0  # one block's MLP (its local experts') parameters
 
     @property
     def total(self) -> float:
@@ -361,7 +362,7 @@ def rank_params(model, lay: Layout, role: str | int) -> RankParams:
     matmul = dense + expert - norms * layers / t + head_w
     largest = max(vh if root else 0.0, model.ffn_hidden * model.hidden / t, model.hidden * model.hidden / t)
     block = (c.layer_dense / t + c.layer_expert / (t * lay.ep))
-    return RankParams(dense, expert, root, matmul, head_w, largest, block)
+    return RankParams(dense, expert, root, matmul, head_w, largest, block, c.layer_expert / (t * lay.ep))
 
 
 def optimizer_temp_bytes(train, gpu, local_params: float, largest: float) -> float:
@@ -529,7 +530,10 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
     has_head = r == lay.pp - 1
     # --- the forward/backward peak: the loss's backward (last stage) or the first block's backward
     peaks = ([_loss_peak(model, train, lay, num, tokens, acts, held)] if has_head else []) + \
-        [_block_peak(model, lay, num, tokens, acts, recomputed, rp.block if fsdp else 0.0, lay.zero)]
+        [_block_peak(model, lay, num, tokens, acts, recomputed, rp.block if fsdp else 0.0, lay.zero,
+                     per_layer, rp.block_mlp if fsdp else 0.0,
+                     rp.head if fsdp and not (lay.pp == 1 and model.tied_embeddings) else 0.0,
+                     max(1, round(layers / max(1, lay.virtual_stages))))]
     if has_head and lay.pp == 1 and model.tied_embeddings:
         # the head's gradient waits in the tied weight's AccumulateGrad input buffer until the embedding's
         # backward adds its share, at the end of the backward (autograd's InputBuffer)
@@ -612,7 +616,8 @@ def _head_grad_bytes(num: Numerics, rp: RankParams | None, elems: float = 0.0) -
 
 
 def _block_peak(model, lay: Layout, num: Numerics, tokens: float, acts: float, recomputed: float,
-                fsdp_block: float, zero: int) -> tuple[float, ...]:
+                fsdp_block: float, zero: int, per_layer: float = 0.0, fsdp_mlp: float = 0.0,
+                fsdp_head: float = 0.0, part: int = 1) -> tuple[float, ...]:
     """(activations, temporaries, gathered block, comm buffers) in a block's backward near the top of
     the stack: the stored activations; as temporaries, what exists only during that block's backward
     (the block recomputed under full recompute, which torch's tracker sees made in backward, and its
@@ -625,9 +630,44 @@ def _block_peak(model, lay: Layout, num: Numerics, tokens: float, acts: float, r
         temps = recomputed + mlp_backward_bytes(model, routed, lay.tp, num.act)
     else:
         temps = recomputed + dense_mlp_backward_bytes(model, tokens, lay, num, fsdp_block > 0)
+    # the output head's gradient in the parameter dtype, made in the loss's backward, waits for the root
+    # unit's FSDP post-backward at the end of the whole backward
+    head_grad = num.gathered * fsdp_head
+    mlp_kept, after_mlp = _mlp_kept_bytes(model, tokens, lay.tp, num, lay.recompute), 0.0
+    if fsdp_mlp and model.experts > 1:
+        # after the MoE's backward, before the block's FSDP post-backward: all its local experts' weight
+        # gradients in the parameter dtype (FSDP casts them to the fp32 reduce dtype only then), beside
+        # what the attention's backward still needs of the recomputed block
+        mlp_recomputed = mlp_activation_bytes(model, tokens, lay.tp, num.act) - mlp_kept
+        after_mlp = max(0.0, recomputed - mlp_recomputed) + num.gathered * fsdp_mlp
     gathered = num.gathered * fsdp_block if zero == 3 else 0.0
+    if zero == 3 and lay.pp > 1:
+        # torch's pipelining turns reshard-after-backward off (stage.py): every block of the part stays
+        # gathered from its backward to its next forward. In block j's backward (from the top) blocks
+        # 0..j are gathered and j+1 is prefetched (FSDP2), while the micro-batch's j blocks above (and
+        # block j's MLP, once past it) have freed their activations: the peak is at the top (j = 0) or,
+        # when a block's parameters outweigh its activations (MoE experts), near the bottom (j = L-2)
+        j = max(0, part - 2)                 # part: the blocks of one of the rank's pipeline stages
+        top = (acts, temps + head_grad, gathered, gathered)
+        in_mlp = (acts - j * per_layer, temps + head_grad, (j + 1) * gathered, gathered)
+        past_mlp = (acts - j * per_layer - mlp_kept, max(after_mlp, recomputed) + head_grad, (j + 1) * gathered,
+                    gathered)
+        return max(top, in_mlp, past_mlp, key=sum)
     comm = gathered + (4 * fsdp_block if lay.pp == 1 else 0.0)
-    return acts, temps, gathered, comm
+    return acts, max(temps, after_mlp) + head_grad, gathered, comm
+
+
+def _mlp_kept_bytes(model, tokens: float, tp: int, num: Numerics, mode: str) -> float:
+    """What one block keeps of its MLP for backward: all its saved tensors without recompute (as
+    mlp_activation_bytes); under selective, the matmul outputs (selective_layer_bytes); none under full."""
+    if mode == "none":
+        return mlp_activation_bytes(model, tokens, tp, num.act)
+    if mode == "full":
+        return 0.0
+    mats, e = (2 if model.mlp == "swiglu" else 1), num.act
+    if model.experts == 1:
+        return (mats * model.ffn_hidden / tp + model.hidden) * e * tokens
+    return tokens * (model.experts * e + model.experts_per_token * (mats * model.ffn_hidden + model.hidden) * e)
 
 
 @dataclass(frozen=True)
