@@ -429,7 +429,15 @@ def dense_mlp_backward_bytes(model, tokens: float, lay: Layout, num: Numerics, f
     selective = lay.recompute == "selective"
     at_w2 = row + wgrad + (h * e * tokens if lay.tp > 1 else 0.0) + (row if selective else 0.0)
     at_act = (3 if model.mlp == "swiglu" else 2) * row + (wgrad if fsdp else 0.0) - (0.0 if selective else row)
-    return max(at_w2, at_act)
+    # w1's (and w3's) backward: the activation's gradients and the MLP input's gradient, summed over its
+    # consumers in autograd's input buffer (out of place: the running sum, the new one, their total), each
+    # upcast to fp32 by the autocast cast's ToCopyBackward (all-gathered tokens under TP); by then the
+    # MLP's own saved tensors are freed (stored: w1, w3 outputs, silu, product; selective: w1, w3
+    # outputs and the recomputed silu), which the activations or the recomputed block count
+    mats = 2 if model.mlp == "swiglu" else 1
+    freed = (2 * mats if not selective else 2 * mats - 1) * row
+    at_in = mats * row + (3 * 4 * h * tokens if num.mode == "autocast" and mats > 1 else 0.0) - freed
+    return max(at_w2, at_act, at_in)
 
 
 def rope_buffer_bytes(model, train, lay: Layout) -> float:
@@ -566,13 +574,16 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
         candidates.append(RankMemory(params + buffers + cache, grads, optimizer, end_acts, end_temps, 0.0,
                                      "end of backward"))
     fwd_bwd = max(candidates, key=lambda c: c.total)
-    # the flat bucket fsdp.all_reduce_grads concatenates after backward (ZeRO 0/1)
-    step_comm = 4 * min(rp.total, ALLREDUCE_BUCKET_ELEMS) if not fsdp and n > 1 else 0.0
+    # the flat bucket fsdp.all_reduce_grads concatenates after backward (ZeRO 0/1): up to the bucket size,
+    # or one tensor larger than that on its own; freed before the clip and the optimizer run
+    flat = 4 * max(min(rp.total, ALLREDUCE_BUCKET_ELEMS), rp.largest) if not fsdp and n > 1 else 0.0
     stepped = dense / n + rp.blocks_expert / n_exp if fsdp or lay.zero == 1 else rp.total   # what step() updates
     temp = max(optimizer_temp_bytes(train, gpu, stepped, rp.largest / (n if fsdp else 1)),
                16 * rp.largest / (n if fsdp else 1))  # grad-norm clip: a float64 copy and its square
-    step = RankMemory(params + buffers - (num.gathered * rp.root if fsdp else 0.0), step_grads, optimizer, 0.0, temp,
-                      step_comm, "optimizer step")
+    held_params = params + buffers - (num.gathered * rp.root if fsdp else 0.0)
+    step = RankMemory(held_params, step_grads, optimizer, 0.0, temp, 0.0, "optimizer step")
+    if flat > temp:
+        step = RankMemory(held_params, step_grads, optimizer, 0.0, 0.0, flat, "gradient all-reduce")
     return fwd_bwd if fwd_bwd.total >= step.total else step
 
 
