@@ -85,13 +85,34 @@ def saved_activation_bytes(shape: dict, layers: int, mode: str, numerics: str, s
 @pytest.mark.parametrize("numerics", ["fp32", "fsdp-bf16", "autocast"])
 @pytest.mark.parametrize("mode", ["none", "selective", "full"])
 def test_activations_per_layer_are_what_the_block_keeps(shape, numerics, mode):
-    if SHAPES[shape].get("experts") and numerics == "autocast" and mode != "full":
-        pytest.skip("MoE under autocast: the experts' cached weight casts depend on routing")
     per_layer = (saved_activation_bytes(SHAPES[shape], 3, mode, numerics)
                  - saved_activation_bytes(SHAPES[shape], 1, mode, numerics)) / 2
     ledger = trainer_layer_activation_bytes(ModelSpec(layers=3, **SHAPES[shape]), 256, 2, mode, Numerics(numerics))
     # autocast also keeps bf16 casts of the RoPE tables per layer (4·s·head_dim·2 B), not itemised
     assert ledger == pytest.approx(per_layer, rel=0.03 if numerics == "autocast" else 0.005)
+
+
+@pytest.mark.parametrize("numerics", ["fsdp-bf16", "autocast"])
+def test_moe_activations_do_not_depend_on_routing(numerics, monkeypatch):
+    """Every expert runs on however many rows it is routed, zero included, and the rows sum to
+    tokens·top_k: all tokens sent to the first top_k experts (the others run on no rows) keep exactly
+    the bytes the model's own routing keeps. This is what lets the ledger price MoE without knowing
+    the router's values (and launch verify assume balanced routing)."""
+    import torch
+
+    from launcher.trainer import moe
+
+    own = saved_activation_bytes(SHAPES["moe"], 1, "none", numerics)
+    real_route, calls = moe.route, []
+
+    def skewed(logits, top_k):
+        w, idx = real_route(logits, top_k)
+        calls.append(idx.numel())
+        return w, torch.arange(top_k).expand_as(idx).contiguous()
+
+    monkeypatch.setattr(moe, "route", skewed)
+    assert saved_activation_bytes(SHAPES["moe"], 1, "none", numerics) == own
+    assert calls == [2 * 256 * SHAPES["moe"]["experts_per_token"]]     # the skewed routing was the one used
 
 
 def test_no_s_squared_term_but_the_seed_keeps_it():

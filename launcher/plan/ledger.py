@@ -272,7 +272,9 @@ def trainer_layer_activation_bytes(model, s: int, b: int, mode: str, num: Numeri
         # K and V all-gathered over CP (context_parallel.py), kept by SDPA; its two query chunks' outputs
         # are kept by SDPA and joined into one more copy that wo keeps
         attn += 2 * hkv / tp * e * s * b + hq / tp * e * tokens
-    return norms + linear_in + attn + mlp_activation_bytes(model, tokens, tp, e)
+    # under autocast each expert Linear casts its own rows of the (fp32) gathered input: w1 and w3 both
+    casts = (2 if model.mlp == "swiglu" else 1) if num.mode == "autocast" else 1
+    return norms + linear_in + attn + mlp_activation_bytes(model, tokens, tp, e, input_copies=casts)
 
 
 def selective_layer_bytes(model, tokens: float, tp: int, num: Numerics) -> float:
@@ -295,17 +297,21 @@ def selective_layer_bytes(model, tokens: float, tp: int, num: Numerics) -> float
     return kept + tokens * (model.experts * e + k * (mats * model.ffn_hidden + h) * e)
 
 
-def mlp_activation_bytes(model, tokens: float, tp: int, e: int) -> float:
-    """The MLP's saved tensors: SwiGLU w1 out, silu(w1), w3 out, their product (w2's input); GELU two."""
+def mlp_activation_bytes(model, tokens: float, tp: int, e: int, input_copies: int = 1) -> float:
+    """The MLP's saved tensors: SwiGLU w1 out, silu(w1), w3 out, their product (w2's input); GELU two.
+    MoE: `input_copies` of each routed row in the matmul dtype (autocast: one bf16 cast per expert
+    Linear that reads it; otherwise the gathered rows themselves, shared)."""
     f = model.ffn_hidden / tp
     per_row = (4 if model.mlp == "swiglu" else 2) * f * e
     if model.experts == 1:
         return per_row * tokens
     k, E, h = model.experts_per_token, model.experts, model.hidden
     # MoE (moe.py): the fp32 router softmax, the top-k weights and int64 routing indices (≈32 B per
-    # pair), and per routed (token, expert) pair its gathered input, the expert MLP, the output kept
-    # for the gate multiply and the gated output index_add keeps
-    return tokens * (E * 4 + 4 + k * (32 + 3 * h * e + per_row))
+    # pair), and per routed (token, expert) pair its gathered input (input_copies), the expert MLP, the
+    # output kept for the gate multiply and the gated output index_add keeps. Every expert runs, on
+    # however many rows it is routed (zero included), and the rows sum to tokens·k: nothing here
+    # depends on the routing
+    return tokens * (E * 4 + 4 + k * (32 + (input_copies + 2) * h * e + per_row))
 
 
 @dataclass(frozen=True)
