@@ -548,6 +548,7 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
                      per_layer, rp.block_mlp if fsdp else 0.0,
                      rp.head if fsdp and not (lay.pp == 1 and model.tied_embeddings) else 0.0,
                      max(1, round(layers / max(1, lay.virtual_stages))))]
+    block_temps = peaks[-1][1]
     if has_head and lay.pp == 1 and model.tied_embeddings:
         # the head's gradient waits in the tied weight's AccumulateGrad input buffer until the embedding's
         # backward adds its share, at the end of the backward (autograd's InputBuffer)
@@ -579,6 +580,13 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
             end_temps += num.residual * model.hidden * tokens     # its incoming gradient (all-gathered under TP)
         candidates.append(RankMemory(params + buffers + cache, grads, optimizer, end_acts, end_temps, 0.0,
                                      "end of backward"))
+    if stalled and layers > 1:
+        # the bottom block's backward: the blocks above have freed this micro-batch's activations and left
+        # their bf16 weight gradients waiting; the block's own backward working set beside them
+        bottom_acts = acts - per_layer * (layers - 1)
+        bottom_temps = 2 * (rp.matmul - rp.head) * (layers - 1) / layers + block_temps
+        candidates.append(RankMemory(params + buffers + cache, grads, optimizer, bottom_acts, bottom_temps, 0.0,
+                                     "bottom block's backward"))
     fwd_bwd = max(candidates, key=lambda c: c.total)
     # the flat bucket fsdp.all_reduce_grads concatenates after backward (ZeRO 0/1): up to the bucket size,
     # or one tensor larger than that on its own; freed before the clip and the optimizer run

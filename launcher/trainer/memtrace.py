@@ -22,7 +22,8 @@ What it takes to run the trainer unchanged in that world (notes/testbed.md lists
 - Categories follow what a tensor is, not when it was made (as the ledger files them): autocast's
   bf16 copies of the weights are parameters (torch's tracker files them as activations), and the
   fp32 gradients FSDP accumulates unsharded while pipelining disables gradient sync are gradients
-  (torch's files them as backward temporaries).
+  (torch's files them as backward temporaries), and the grad-norm clip's float64 copies, made
+  between the backward and the optimizer, are temporaries (torch's files them as activations).
 """
 
 from __future__ import annotations
@@ -158,6 +159,7 @@ class RankMemTracker(FSDPMemTracker):
         self._plain_hooks: list = []
         self._param_storages: set[int] = set()
         self._weight_cast = False
+        self._clipping = False
 
     def _register_module_and_optimizer_hooks(self) -> None:
         super()._register_module_and_optimizer_hooks()
@@ -209,7 +211,22 @@ class RankMemTracker(FSDPMemTracker):
             self._weight_cast = False
 
     def _track(self, reftype, t: torch.Tensor) -> None:
-        super()._track(_FSDPRefType.UNSHARDED_PARAM if self._weight_cast else reftype, t)
+        if self._weight_cast:
+            reftype = _FSDPRefType.UNSHARDED_PARAM
+        elif self._clipping and reftype == _FSDPRefType.ACT:
+            reftype = _FSDPRefType.TEMP
+        super()._track(reftype, t)
+
+    def clipping(self, clip):
+        """`clip` (the engine's clip_grad_norm) with what it makes filed as temporaries."""
+        def run(*args, **kwargs):
+            self._clipping = True
+            try:
+                return clip(*args, **kwargs)
+            finally:
+                self._clipping = False
+
+        return run
 
     def _fsdp_state_pre_forward(self, fsdp_mod, orig):
         inner = super()._fsdp_state_pre_forward(fsdp_mod, orig)
@@ -409,7 +426,7 @@ def trace_step(cfg: TrainerConfig, bf16: bool, micro_batches: int) -> tuple[Step
         batch = torch.randint(0, cfg.model.vocab, (p.micro_batch * micro_batches, cfg.train.seq_len + 1))
         tracker = RankMemTracker(eng.parts, eng.optimizer)  # type: ignore[arg-type]
         tracker.track_inputs((batch,))
-        with tracker:
+        with tracker, mock.patch.object(engine_mod, "clip_grad_norm", tracker.clipping(engine_mod.clip_grad_norm)):
             eng.step(batch, lambda *a, **k: None)
         total, cats, detail = tracker.peak()
         per_mb = step_long_bytes(tracker, eng, batch, micro_batches)
