@@ -165,6 +165,8 @@ EXTRA = [
                             micro_batch=2)),
     ("moe ep4 dp8 z0", case(TINY_MOE, 1, 8, 256, 16, tp=1, cp=1, pp=1, ep=4, zero=0, recompute="full",
                             micro_batch=2)),
+    ("mixtral-mini dp8 z3 selective", case(MIXTRAL_MINI, 1, 8, 512, 32, tp=1, cp=1, pp=1, ep=1, zero=3,
+                                           recompute="selective", micro_batch=1)),
     ("mixtral-mini pp2 z3 selective", case(MIXTRAL_MINI, 1, 8, 512, 32, tp=1, cp=1, pp=2, ep=1, zero=3,
                                            recompute="selective", micro_batch=1, schedule="1f1b")),
     ("mixtral-mini ep4 pp2 z2 selective", case(MIXTRAL_MINI, 1, 8, 512, 32, tp=1, cp=1, pp=2, ep=4, zero=2,

@@ -39,8 +39,8 @@ TESTED = [
     # reduced llama3-8b shapes: autocast over several micro-batches, several loss chunks, TP's embedding
     # gradient; an uneven stage split
     "dense cp2 z1 full", "dense tp2 pp2 z2 chunks", "uneven pp4 1f1b z2",
-    # a scaled-down Mixtral (expert weights dominate its blocks): ZeRO 3 under PP, EP with FSDP experts
-    "mixtral-mini pp2 z3 selective", "mixtral-mini ep4 pp2 z2 selective",
+    # a scaled-down Mixtral (expert weights dominate its blocks): ZeRO 3, ZeRO 3 under PP, EP with FSDP experts
+    "mixtral-mini dp8 z3 selective", "mixtral-mini pp2 z3 selective", "mixtral-mini ep4 pp2 z2 selective",
 ]
 #: layouts whose busiest pipeline rank is a middle one (uneven split): the trace's busiest is the ledger's
 BUSIEST = {"uneven pp4 1f1b z2": 1}

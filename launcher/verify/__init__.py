@@ -76,7 +76,7 @@ def trace_plan(plan: Plan, progress: Callable[[str], None] | None = None,
         counts, why[role.rank] = micro_batch_counts(p.schedule, p.pp, p.grad_accum, role.pp_rank)
         if exact:
             counts, why[role.rank] = [p.grad_accum], f"all {p.grad_accum} micro-batches traced"
-        ks = None if exact else layer_variants(role, p.zero_stage, p.dp * p.cp, p.recompute)
+        ks = None if exact else layer_variants(role, p.zero_stage, p.dp * p.cp)
         jobs.append((role.rank, counts, [(k, layer_plan(plan, k)) for k in ks] if ks else None))
     jobs.sort(key=lambda j: -sum(j[1]))              # the longest traces first: two CPUs finish together
     if progress:

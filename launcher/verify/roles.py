@@ -142,17 +142,19 @@ def micro_batch_counts(schedule: str, pp: int, m: int, pp_rank: int = 0) -> tupl
     return [first, first + step], why
 
 
-def layer_variants(role: Role, zero: int, dp_cp: int, recompute: str = "none") -> list[int] | None:
+def layer_variants(role: Role, zero: int, dp_cp: int) -> list[int] | None:
     """Layers per stage to trace instead of the role's own, when that is cheaper: two small counts
     whose peaks extend linearly to the real one (identical layers), or None (trace as planned).
     Only under FSDP (ZeRO 2/3 over dp·cp > 1), where every block is its own unit: ZeRO 0/1 peak in
     the optimizer step, whose buckets and per-owner partitions do not grow linearly with layers.
-    ZeRO 3 prefetches the next block's parameters, so its smallest linear case is 2 layers; with full
-    recompute 3 (the backward's re-gather of a block beside the prefetched next one first peaks at
-    3 layers: traced at 2 and 3, Llama 3 70B's 80 layers read 137 GB of buffers instead of 5)."""
+    ZeRO 3 prefetches the next block's parameters and reduce-scatters the block above's gradients
+    beside the block in backward, so its smallest linear case is 3 layers (with full recompute, the
+    backward's re-gather of a block beside the prefetched next one first peaks at 3 layers: traced at
+    2 and 3, Llama 3 70B's 80 layers read 137 GB of buffers instead of 5; without, a Mixtral-shaped
+    block's 2-layer peak falls in another phase, and 2 and 3 extended to negative gradients)."""
     if zero < 2 or dp_cp == 1 or not role.layers or len(set(role.layers)) != 1:
         return None                      # uneven stages on one rank: trace them as they are
-    k1 = (3 if recompute == "full" else 2) if zero >= 3 else 1
+    k1 = 3 if zero >= 3 else 1
     return [k1, k1 + 1] if role.layers[0] > k1 + 2 else None
 
 
