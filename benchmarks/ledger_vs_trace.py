@@ -132,7 +132,8 @@ MATRIX = [
     entry("llama3-405b", zero=2, recompute="full", pp=4, schedule="gpipe", tp=8),
     entry("llama3-405b", zero=3, recompute="none", cp=2),
 ]
-#: layouts kept beside the matrix: cheap ones it does not hold (dp 8 at pp 1, fp32, ZeRO 1/2 at pp 4)
+#: layouts kept beside the matrix: cheap ones it does not hold (dp 8 at pp 1, fp32, ZeRO 1/2 at pp 4, the
+#: tiny example's own)
 EXTRA = [
     ("tiny dp8 z0 none", case("tiny", 1, 8, 256, 16, tp=1, cp=1, pp=1, zero=0, recompute="none", micro_batch=2)),
     ("tiny dp8 z1 selective", case("tiny", 1, 8, 256, 16, tp=1, cp=1, pp=1, zero=1, recompute="selective",
@@ -161,6 +162,8 @@ EXTRA = [
                                      zero=2, recompute="selective", micro_batch=1, schedule="1f1b")),
     ("uneven pp4 1f1b z2", case(UNEVEN, 1, 8, 512, 16, tp=1, cp=1, pp=4, zero=2, recompute="none", micro_batch=1,
                                 schedule="1f1b")),
+    ("tiny-cpu example", case("tiny", 1, 4, 64, 8, "fp32", tp=2, cp=1, pp=1, zero=3, recompute="none",
+                              micro_batch=2)),
     ("moe ep2 dp8 z2", case(TINY_MOE, 1, 8, 256, 16, tp=1, cp=1, pp=1, ep=2, zero=2, recompute="none",
                             micro_batch=2)),
     ("moe ep4 dp8 z0", case(TINY_MOE, 1, 8, 256, 16, tp=1, cp=1, pp=1, ep=4, zero=0, recompute="full",
