@@ -340,13 +340,24 @@ def pp_rank_of(lay: Layout, role: str | int) -> int:
 def rank_layers(model, lay: Layout, role: str | int) -> int:
     """Layers pipeline rank `role` holds: its stages r, r + pp, ... of the plan's split
     (layout.stage_layers: uneven splits give the first and last stage the smaller share)."""
-    split = _stage_split(model.layers, lay.pp * max(1, lay.virtual_stages))
-    return sum(split[pp_rank_of(lay, role)::lay.pp])
+    return _rank_layer_counts(model.layers, lay.pp, max(1, lay.virtual_stages))[pp_rank_of(lay, role)]
+
+
+@lru_cache(maxsize=1024)  # the search asks for every layout
+def _rank_layer_counts(layers: int, pp: int, v: int) -> tuple[int, ...]:
+    split = stage_layers(layers, pp * v)
+    return tuple(sum(split[r::pp]) for r in range(pp))
 
 
 @lru_cache(maxsize=1024)
-def _stage_split(layers: int, stages: int) -> tuple[int, ...]:
-    return tuple(stage_layers(layers, stages))
+def _candidate_ranks(layers: int, pp: int, v: int) -> tuple[int, ...]:
+    """Pipeline ranks that can be the busiest (busiest_rank): both ends, and each middle layer count's
+    lowest rank (the most micro-batches in flight among ranks holding that many layers)."""
+    counts = _rank_layer_counts(layers, pp, v)
+    middle: dict[int, int] = {}
+    for r in range(1, pp - 1):
+        middle.setdefault(counts[r], r)
+    return tuple(sorted({0, pp - 1, *middle.values()}))
 
 
 def rank_params(model, lay: Layout, role: str | int) -> RankParams:
@@ -765,15 +776,8 @@ def busiest_rank(model, train, gpu, lay: Layout) -> tuple[int, RankMemory]:
     the rank under 1F1B and interleaving), so beside the two ends each middle rank that holds a layer
     count no lower-numbered middle rank holds is priced (with uneven splits, e.g. 126 layers on pp 16,
     rank 1 holds more layers than rank 0 and nearly as many micro-batches)."""
-    candidates, seen = [0], set()
-    for r in range(1, lay.pp - 1):
-        k = rank_layers(model, lay, r)
-        if k not in seen:
-            seen.add(k)
-            candidates.append(r)
-    if lay.pp > 1:
-        candidates.append(lay.pp - 1)
-    priced = [(r, _rank_memory(model, train, gpu, lay, r)) for r in candidates]
+    priced = [(r, _rank_memory(model, train, gpu, lay, r))
+              for r in _candidate_ranks(model.layers, lay.pp, max(1, lay.virtual_stages))]
     return max(priced, key=lambda x: x[1].total)   # on a tie the lowest rank
 
 
