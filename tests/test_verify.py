@@ -97,6 +97,31 @@ def test_shortcuts_equal_the_exact_trace():
                 assert a.categories_gb[c] == pytest.approx(v, rel=1e-4, abs=1e-9), (kw, a.role.name, c)
 
 
+def test_interleaved_replay_equals_the_exact_trace():
+    """Interleaved 1F1B (pp 4 x v 2, 8 micro-batches, ZeRO 2, uneven stages): the embedding rank, one
+    middle rank and the head rank traced action by action at 3 micro-batches, every rank's peak
+    replayed through its own order at 8 (the other middle rank from its identical shard's trace):
+    per role and category, what tracing every rank's whole step gives (within 1%)."""
+    from launcher.verify import trace_plan
+    from launcher.verify.roles import REPLAY_MICRO_BATCHES, replays
+
+    model = {"hidden": 64, "heads": 4, "kv_heads": 2, "ffn_hidden": 128, "vocab": 256, "layers": 14}
+    plan = make_plan(pp=4, dp=2, zero=2, virtual_stages=2, schedule="interleaved-1f1b", global_batch=16,
+                     seq_len=64, model_over=model, stage_layers=[1, 2, 2, 2, 2, 2, 2, 1])
+    assert replays(plan) and not replays(dataclasses.replace(plan, layout=dataclasses.replace(plan.layout, zero=3)))
+    fast = trace_plan(plan, build_last_rank=False)
+    exact = trace_plan(plan, build_last_rank=False, exact=True)
+    assert [r.trace_of for r in fast.roles] == [[], [], [1], []]
+    assert [r.micro_batches_traced for r in fast.roles] == [[REPLAY_MICRO_BATCHES]] * 2 + [[], [REPLAY_MICRO_BATCHES]]
+    assert all("replaying this rank's interleaved 1F1B order at 8" in r.sources["activations"] for r in fast.roles)
+    assert any(n.startswith("interleaved 1F1B: traced action by action") for n in fast.notes)
+    for a, b in zip(fast.roles, exact.roles):
+        assert b.status == "traced" and b.micro_batches_traced == [8]
+        assert a.peak_gb == pytest.approx(b.peak_gb, rel=0.01), a.role.name
+        for c, v in b.categories_gb.items():
+            assert a.categories_gb[c] == pytest.approx(v, rel=0.01, abs=1e-6), (a.role.name, c)
+
+
 def test_extend_steady_state_and_linear_growth():
     steady, note = extend([4, 6], [{"total": 10.0, "a": 4.0}, {"total": 10.0, "a": 4.0}], 100)
     assert steady == {"total": 10.0, "a": 4.0} and "steady" in note

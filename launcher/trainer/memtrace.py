@@ -70,6 +70,7 @@ class StepTrace:
     categories: dict[str, int]
     detail: dict[str, int]          # the tracker's own categories at the peak
     per_micro_batch: dict[str, int] = field(default_factory=dict)   # see step_long_bytes
+    segments: list[dict] = field(default_factory=list)              # see ActionLog (per_action traces)
 
 
 @dataclass
@@ -160,6 +161,7 @@ class RankMemTracker(FSDPMemTracker):
         self._param_storages: set[int] = set()
         self._weight_cast = False
         self._clipping = False
+        self._window: dict | None = None   # figures at the highest total since the last mark()
 
     def _register_module_and_optimizer_hooks(self) -> None:
         super()._register_module_and_optimizer_hooks()
@@ -245,6 +247,31 @@ class RankMemTracker(FSDPMemTracker):
             if self._peak_mem.get(dev, 0) < snap[_TOTAL_KEY]:
                 self._peak_mem[dev] = snap[_TOTAL_KEY]
                 self._peak_mem_snap[dev] = dict(snap)
+        if self._window is not None and self._total(self._curr_mem_snap) > self._window["total"]:
+            self._window = self._categories(self._curr_mem_snap)
+
+    @staticmethod
+    def _total(snaps: dict) -> int:
+        return sum(snap.get(_TOTAL_KEY, 0) for snap in snaps.values())
+
+    @staticmethod
+    def _categories(snaps: dict) -> dict[str, int]:
+        """verify's categories and "total" of per-device snapshots."""
+        merged: dict = {}
+        for snap in snaps.values():
+            for k, v in snap.items():
+                merged[k] = merged.get(k, 0) + v
+        cats = {name: sum(merged.get(k, 0) for k in keys) for name, keys in CATEGORIES.items()}
+        cats["total"] = merged.get(_TOTAL_KEY, 0)
+        return cats
+
+    def mark(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(the figures now, the figures at the highest total since the previous mark) by category;
+        starts a new window."""
+        now = self._categories(self._curr_mem_snap)
+        window = self._window if self._window is not None and self._window["total"] >= now["total"] else now
+        self._window = dict(now)
+        return now, window
 
     def peak(self) -> tuple[int, dict[str, int], dict[str, int]]:
         """(total, verify's categories, the tracker's own categories) at this rank's peak."""
@@ -402,20 +429,31 @@ def computed_state(eng: Engine) -> dict[str, int]:
     return {"params": storage_bytes(params) + storage_bytes(buffers), "grads": grads, "optimizer": storage_bytes(opt)}
 
 
-def trace_step(cfg: TrainerConfig, bf16: bool, micro_batches: int) -> tuple[StepTrace, RoleTrace]:
+def trace_step(cfg: TrainerConfig, bf16: bool, micro_batches: int,
+               replay: tuple[int, list[int]] | None = None) -> tuple[StepTrace, RoleTrace]:
     """Build the rank's Engine and trace one optimizer step with `micro_batches` micro-batches
     (under 1F1B possibly fewer than pp: run_fewer_micro_batches); also the rank's state from its
-    local shard shapes. Call inside fake_world() and real_device_meshes()."""
+    local shard shapes. Call inside fake_world() and real_device_meshes().
+
+    `replay` = (m, pp ranks), interleaved 1F1B only: `micro_batches` may be fewer than pp (the
+    trainer's own check is skipped: torch's schedule is built for them); every action of the step
+    is recorded (ActionLog) and StepTrace.segments holds, per pp rank, the figures at the peak of
+    that rank's own action order at m micro-batches, replayed from the recorded actions (replay)."""
     pp = cfg.parallel.pp
     fewer = pp > 1 and micro_batches < pp and cfg.parallel.schedule == "1f1b"
     cfg_m = with_micro_batches(cfg, pp if fewer else micro_batches)
     mesh = mesh_for(cfg_m)
+    from launcher.trainer import pipeline as pipeline_mod
+
+    allow_few = mock.patch.object(pipeline_mod, "check_microbatches", lambda *a: None) if replay else \
+        contextlib.nullcontext()
     # engine.timed_sync times the wait for peers with a host sync on a one-element tensor: no peers,
     # no data and no memory here
     with FakeTensorMode(allow_non_fake_inputs=True), mock.patch.object(engine_mod, "timed_sync", lambda device: 0.0), \
             mock.patch.object(engine_mod, "Transformer", MetaBuiltTransformer), assumed_routing(), \
             untracked_sharding_propagation():
-        eng = Engine(cfg_m, mesh, bf16=bf16)
+        with allow_few:
+            eng = Engine(cfg_m, mesh, bf16=bf16)
         if eng.schedule is not None:
             make_pipeline_static(eng, cfg_m)
             check_stage_output(eng, cfg_m)
@@ -426,14 +464,123 @@ def trace_step(cfg: TrainerConfig, bf16: bool, micro_batches: int) -> tuple[Step
         batch = torch.randint(0, cfg.model.vocab, (p.micro_batch * micro_batches, cfg.train.seq_len + 1))
         tracker = RankMemTracker(eng.parts, eng.optimizer)  # type: ignore[arg-type]
         tracker.track_inputs((batch,))
+        log = None
+        if replay:
+            sched = eng.schedule
+            log = ActionLog(sched.pipeline_order_with_comms[sched.rank], tracker)  # type: ignore[union-attr]
+            sched.pipeline_order_with_comms[sched.rank] = log  # type: ignore[union-attr]
         with tracker, mock.patch.object(engine_mod, "clip_grad_norm", tracker.clipping(engine_mod.clip_grad_norm)):
+            if log is not None:
+                log.begin()
             eng.step(batch, lambda *a, **k: None)
+            if log is not None:
+                log.end()
         total, cats, detail = tracker.peak()
         per_mb = step_long_bytes(tracker, eng, batch, micro_batches)
+        derived: list[dict] = []
+        if log is not None and replay is not None:
+            m, ranks = replay
+            orders = interleaved_orders(eng.schedule, m)
+            derived = [{"pp_rank": r, **replay_peak(log, orders[r], m, micro_batches, per_mb, pp)} for r in ranks]
         role = RoleTrace(rank=dist.get_rank(), stage_ids=list(eng.stage_ids), state=computed_state(eng),
                          dp_mode=eng.dp_mode)
     return StepTrace(micro_batches=micro_batches, peak=total, categories=cats, detail=detail,
-                     per_micro_batch=per_mb), role
+                     per_micro_batch=per_mb, segments=derived), role
+
+
+class ActionLog(list):
+    """This rank's lowered action list, as the schedule runtime iterates it once per step, marking the
+    tracker at each action's start: per action, the figures at its start and the highest ones until
+    the next action starts (the action, and whatever the runtime does before the next)."""
+
+    def __init__(self, actions, tracker: RankMemTracker) -> None:
+        super().__init__(actions)
+        self.tracker = tracker
+        self.head: dict = {}                 # from the step's start to its first action
+        self.actions: list[dict] = []        # {"action", "start", "peak"}
+        self.tail: dict = {}                 # from the end of the last action to the step's end
+
+    def begin(self) -> None:
+        now, _ = self.tracker.mark()
+        self.head = {"start": now}
+
+    def end(self) -> None:
+        _, window = self.tracker.mark()
+        self.tail["peak"] = window
+
+    def __iter__(self):
+        for a in list.__iter__(self):
+            now, window = self.tracker.mark()
+            self._close(now, window)
+            self.actions.append({"action": a, "start": now})
+            yield a
+        self._close(*self.tracker.mark())
+        self.tail = {"start": self.actions[-1]["end"]} if self.actions else {"start": self.head["start"]}
+
+    def _close(self, now: dict, window: dict) -> None:
+        if self.actions:
+            self.actions[-1].update(peak=window, end=now)
+        else:
+            self.head["peak"] = window
+
+
+def _action_key(a, m: int, pp: int) -> tuple:
+    """What decides an action's memory: its kind, which of the rank's stages (local index), and
+    whether its micro-batch is the first, the last or one in between (FSDP's first all-gather and
+    gradient accumulator, the last backward)."""
+    mb = a.microbatch_index
+    pos = None if mb is None else (0 if mb == 0 else 2 if mb == m - 1 else 1)
+    return a.computation_type.name, a.stage_index // pp, pos
+
+
+def interleaved_orders(sched, m: int) -> dict[int, list]:
+    """Every pp rank's lowered action list (compute, FSDP unshard/reshard, gradient reduction,
+    send/recv) of `sched`'s interleaved 1F1B at `m` micro-batches, by torch's own code."""
+    import copy
+
+    s = copy.copy(sched)
+    s._n_microbatches = m
+    s.number_of_rounds = max(1, m // s.pp_group_size)
+    s.microbatches_per_round = m // s.number_of_rounds
+    s.pipeline_order = {r: s._calculate_single_rank_operations(r) for r in range(s.pp_group_size)}
+    s._prepare_schedule_with_comms(s.pipeline_order)
+    return s.pipeline_order_with_comms
+
+
+def replay_peak(log: ActionLog, order: list, m: int, n: int, per_mb: dict[str, int], pp: int) -> dict:
+    """The figures at the peak of one pipeline rank's step at `m` micro-batches, replayed from the
+    actions traced at `n`: each action of `order` moves the live bytes by what the traced action of
+    the same key did and rises above them by what it rose; the receive buffers and token ids of the
+    m - n micro-batches not traced live through the whole step (step_long_bytes). Returns
+    {"figures": at the peak, "closes": bytes by which the replayed step's end differs from the traced
+    one's (0 when every allocation of the step is matched by its free), "at": where the peak is}."""
+    keys = ("total", *CATEGORIES)
+    extra = {k: per_mb.get(k, 0) * (m - n) for k in CATEGORIES}
+    extra["total"] = sum(extra.values())
+
+    def add(a: dict, b: dict, sign: int = 1) -> dict:
+        return {k: a[k] + sign * b[k] for k in keys}
+
+    by_key: dict[tuple, tuple[dict, dict]] = {}
+    for seg in log.actions:
+        k = _action_key(seg["action"], n, pp)
+        delta, rise = add(seg["end"], seg["start"], -1), add(seg["peak"], seg["start"], -1)
+        if k in by_key and by_key[k][1]["total"] > rise["total"]:
+            rise = by_key[k][1]
+        by_key[k] = (delta, rise)
+    level = add(log.actions[0]["start"], extra)
+    best, at = add(log.head["peak"], extra), "before the first action"
+    for i, a in enumerate(order):
+        delta, rise = by_key[_action_key(a, m, pp)]
+        cand = add(level, rise)
+        if cand["total"] > best["total"]:
+            best, at = cand, f"action {i} of {len(order)} ({a})"
+        level = add(level, delta)
+    tail = add(level, add(log.tail["peak"], log.tail["start"], -1))
+    if tail["total"] > best["total"]:
+        best, at = tail, "after the last action (gradient clipping, optimizer)"
+    closes = level["total"] - (log.tail["start"]["total"] + extra["total"])
+    return {"figures": best, "closes": closes, "at": at}
 
 
 def step_long_bytes(tracker: RankMemTracker, eng: Engine, batch: torch.Tensor, m: int) -> dict[str, int]:

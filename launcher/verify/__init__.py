@@ -19,6 +19,7 @@ from collections.abc import Callable
 from launcher.plan.model import Plan
 from launcher.verify.report import CATEGORIES, GB, RoleResult, VerifyReport, render
 from launcher.verify.roles import (
+    REPLAY_MICRO_BATCHES,
     Role,
     extend,
     extend_in_flight,
@@ -27,6 +28,8 @@ from launcher.verify.roles import (
     layer_variants,
     micro_batch_counts,
     plan_roles,
+    replay_groups,
+    replays,
     shared_traces,
 )
 from launcher.verify.worker import run_roles
@@ -67,7 +70,9 @@ def trace_plan(plan: Plan, progress: Callable[[str], None] | None = None,
     bf16 = plan.train.precision == "bf16"
     cap = float(plan.gpu.memory_gb)
     roles = plan_roles(plan)
-    shares = {r.pp_rank: (r.pp_rank,) for r in roles} if exact else shared_traces(roles, p.schedule)
+    replay = not exact and replays(plan)
+    shares = ({r.pp_rank: (r.pp_rank,) for r in roles} if exact else
+              replay_groups(roles) if replay else shared_traces(roles, p.schedule))
     traced = [r for r in roles if shares[r.pp_rank] == (r.pp_rank,)]
     last = plan.world_size - 1
     build = [last] if build_last_rank and last not in {r.rank for r in traced} else []
@@ -76,8 +81,11 @@ def trace_plan(plan: Plan, progress: Callable[[str], None] | None = None,
         counts, why[role.rank] = micro_batch_counts(p.schedule, p.pp, p.grad_accum, role.pp_rank)
         if exact:
             counts, why[role.rank] = [p.grad_accum], f"all {p.grad_accum} micro-batches traced"
+        group = [q for q, of in shares.items() if of == (role.pp_rank,)] if replay else None
+        if replay:
+            counts = [REPLAY_MICRO_BATCHES]
         ks = None if exact else layer_variants(role, p.zero_stage, p.dp * p.cp)
-        jobs.append((role.rank, counts, [(k, layer_plan(plan, k)) for k in ks] if ks else None))
+        jobs.append((role.rank, counts, [(k, layer_plan(plan, k)) for k in ks] if ks else None, group))
     jobs.sort(key=lambda j: -sum(j[1]))              # the longest traces first: two CPUs finish together
     if progress:
         progress(f"verify: {len(traced)} of {len(roles)} role(s) traced, of {plan.world_size} ranks"
@@ -85,8 +93,14 @@ def trace_plan(plan: Plan, progress: Callable[[str], None] | None = None,
     outcomes = run_roles(plan, jobs, build, bf16, workers, progress)
     by_pp = {r.pp_rank: _traced_result(plan, r, outcomes[r.rank], next(j for j in jobs if j[0] == r.rank),
                                        why[r.rank], cap) for r in traced}
-    results = [by_pp[r.pp_rank] if shares[r.pp_rank] == (r.pp_rank,) else
-               _shared_result(plan, r, [by_pp[q] for q in shares[r.pp_rank]], cap) for r in roles]
+    if replay:
+        rank_of = {r.pp_rank: r for r in traced}
+        results = [_replayed_result(plan, r, rank_of[shares[r.pp_rank][0]], outcomes[rank_of[shares[r.pp_rank][0]].rank],
+                                    next(j for j in jobs if j[0] == rank_of[shares[r.pp_rank][0]].rank), cap)
+                   for r in roles]
+    else:
+        results = [by_pp[r.pp_rank] if shares[r.pp_rank] == (r.pp_rank,) else
+                   _shared_result(plan, r, [by_pp[q] for q in shares[r.pp_rank]], cap) for r in roles]
     checks = [{"rank": r, "ok": "error" not in outcomes[r], "error": outcomes[r].get("error"),
                "cpu_seconds": outcomes[r].get("cpu_seconds", 0.0)} for r in build]
     notes = []
@@ -97,8 +111,14 @@ def trace_plan(plan: Plan, progress: Callable[[str], None] | None = None,
         from launcher.trainer.memtrace import ROUTING_ASSUMPTION
 
         notes.append(ROUTING_ASSUMPTION)
+    if replay:
+        notes.append(f"interleaved 1F1B: traced action by action at {REPLAY_MICRO_BATCHES} micro-batches on "
+                     f"{', '.join(r.name for r in traced)}; every pp rank's peak at {p.grad_accum} micro-batches "
+                     f"derived by replaying its own action order (torch's schedule) through the traced actions "
+                     f"(identical micro-batches; {_ranges([q for q, of in shares.items() if of != (q,)]) or 'no rank'} "
+                     f"from the trace of the rank with the identical shard)")
     shared: dict[tuple, list[int]] = {}
-    for r in results:
+    for r in results if not replay else []:
         if r.trace_of:
             shared.setdefault(tuple(r.trace_of), []).append(r.role.pp_rank)
     if shared:
@@ -130,7 +150,7 @@ def _result(plan: Plan, role: Role, cap: float, **kw) -> RoleResult:
 
 def _traced_result(plan: Plan, role: Role, out: dict, job: tuple, why: str, cap: float) -> RoleResult:
     """A traced role's figures: its traces extended over micro-batches, then over layers."""
-    _, counts, variants = job
+    _, counts, variants, _ = job
     m = plan.grad_accum
     res = _result(plan, role, cap, status="traced", seconds=out["seconds"], cpu_seconds=out.get("cpu_seconds", 0.0))
     if "state" in out:
@@ -159,6 +179,41 @@ def _traced_result(plan: Plan, role: Role, out: dict, job: tuple, why: str, cap:
         res.schedule_note = "step not traced"
     else:
         res.status, res.error = "failed", out["error"]
+    return res
+
+
+def _replayed_result(plan: Plan, role: Role, src: Role, out: dict, job: tuple, cap: float) -> RoleResult:
+    """A role's figures under interleaved 1F1B: its own action order at the plan's micro-batches,
+    replayed through the actions traced on `src` (itself, or the pp rank with the identical shard)."""
+    _, counts, variants, _ = job
+    m, n = plan.grad_accum, counts[0]
+    own = src.pp_rank == role.pp_rank
+    res = _result(plan, role, cap, status="traced", seconds=out["seconds"] if own else 0.0,
+                  cpu_seconds=out.get("cpu_seconds", 0.0) if own else 0.0, trace_of=[] if own else [src.pp_rank])
+    if "state" in out:
+        res.state_gb = {k: v / GB for k, v in out["state"].items()}
+    if "traces" not in out:
+        res.status, res.error = ("computed", out.get("error")) if "state" in out else ("failed", out["error"])
+        if "state" in out:
+            res.categories_gb = dict(res.state_gb)
+            res.sources = dict.fromkeys(res.state_gb, "computed from local shard shapes")
+            res.schedule_note = "step not traced"
+        return res
+    derived = [t["derived"][role.pp_rank] for t in out["traces"]]
+    figs = [d["figures"] for d in derived]
+    how = (f"traced per action at {n} micro-batches{'' if own else f' on pp {src.pp_rank} (identical shard)'}, "
+           f"peak derived by replaying this rank's interleaved 1F1B order at {m} micro-batches")
+    at_m = figs[0]
+    if variants:
+        ks = [k for k, _ in variants]
+        at_m = extend_layers(ks, figs, role.layers[0])
+        how += f"; layers extended from {ks[0]} and {ks[1]} to {role.layers[0]} per stage"
+    res.peak_gb = at_m["total"] / GB
+    res.categories_gb = {c: at_m[c] / GB for c in CATEGORIES}
+    res.sources = dict.fromkeys(CATEGORIES, how)
+    res.micro_batches_traced = counts if own else []
+    res.schedule_note = (f"interleaved 1F1B, {m} micro-batches: peak at {derived[-1]['at']}; replayed from "
+                         f"{n} traced (the other {m - n} add their step-long receive buffers and token ids)")
     return res
 
 

@@ -88,6 +88,33 @@ def in_flight(schedule: str, pp: int, m: int, pp_rank: int) -> int | None:
     return None
 
 
+#: micro-batches an interleaved 1F1B role is traced with when its peak is replayed (see replays)
+REPLAY_MICRO_BATCHES = 3
+
+
+def replays(plan: Plan) -> bool:
+    """Whether interleaved 1F1B roles are traced action by action at REPLAY_MICRO_BATCHES and each pp
+    rank's peak replayed through its own action order at the plan's micro-batches (memtrace.replay_peak).
+
+    Why it holds: what an action (a stage's forward or backward of one micro-batch, a send, a receive,
+    FSDP's unshard / reshard / gradient reduction) allocates and frees depends on its stage and on
+    whether its micro-batch is the first, the last or one in between (identical micro-batches), not on
+    what else is in flight; the rank's order is torch's own at the plan's count. Within v <= 3 stages
+    per rank torch's runtime unshards each stage once (it keeps up to 3 active), and under ZeRO 0-2
+    no block reshards between actions; ZeRO 3 reshards a block after each forward unless a backward
+    left it gathered, which depends on the order: those plans are traced in full."""
+    v = max(1, int(plan.virtual_stages or 1))
+    return (plan.schedule == "interleaved-1f1b" and plan.pp > 1 and 1 < v <= 3 and plan.zero_stage <= 2
+            and plan.grad_accum > REPLAY_MICRO_BATCHES)
+
+
+def replay_groups(roles: list[Role]) -> dict[int, tuple[int, ...]]:
+    """{pp rank: (the pp rank traced for it,)} under replay: one trace per distinct shard (the first
+    pp rank holding it); every other rank's peak is replayed from it through its own order."""
+    first: dict[tuple, int] = {}
+    return {r.pp_rank: (first.setdefault(r.shard, r.pp_rank),) for r in roles}
+
+
 def shared_traces(roles: list[Role], schedule: str) -> dict[int, tuple[int, ...]]:
     """{pp rank: the pp ranks whose traces give its figures}: (itself,) when traced. Ranks with
     identical shards share: GPipe one trace (the same in flight everywhere), 1F1B the two with the

@@ -35,10 +35,12 @@ def one_line(exc: BaseException) -> str:
 
 
 def run_one(plan: Plan, rank: int, bf16: bool, counts: list[int] | None,
-            variants: list[tuple[int, Plan]] | None = None) -> dict:
+            variants: list[tuple[int, Plan]] | None = None, replay: list[int] | None = None) -> dict:
     """Build `rank` of the full plan (its state from local shard shapes), then trace one step per
     micro-batch count of each (layers, plan) variant (default: the plan itself), all in one fake
-    world. Returns {"state", "traces": [{"layers", "steps"}]} when traced; {"state", "error"} when it
+    world. `replay`: the pp ranks whose peaks are replayed from this trace's actions at the plan's
+    micro-batch count (interleaved 1F1B: memtrace.replay_peak), in "derived" of each trace.
+    Returns {"state", "traces": [{"layers", "steps"}]} when traced; {"state", "error"} when it
     builds but a step cannot be traced; {"error"} when the plan does not build at this rank."""
     import logging
 
@@ -61,9 +63,11 @@ def run_one(plan: Plan, rank: int, bf16: bool, counts: list[int] | None,
                 traces = []
                 for layers, vplan in variants or [(0, plan)]:
                     cfg = config_from_plan(vplan)
-                    steps = [memtrace.trace_step(cfg, bf16, m)[0] for m in counts]
+                    again = (plan.grad_accum, replay) if replay else None
+                    steps = [memtrace.trace_step(cfg, bf16, m, again)[0] for m in counts]
                     traces.append({"layers": layers, "steps": [{**s.categories, "total": s.peak} for s in steps],
-                                   "per_micro_batch": steps[-1].per_micro_batch})
+                                   "per_micro_batch": steps[-1].per_micro_batch,
+                                   "derived": {d["pp_rank"]: d for d in steps[-1].segments}})
                 out["traces"] = traces
             except Exception as exc:  # noqa: BLE001 - the step could not be traced: the state stands
                 out["error"] = one_line(exc)
@@ -73,18 +77,18 @@ def run_one(plan: Plan, rank: int, bf16: bool, counts: list[int] | None,
     return out
 
 
-def run_roles(plan: Plan, trace_jobs: list[tuple[int, list[int], list[tuple[int, Plan]] | None]],
+def run_roles(plan: Plan, trace_jobs: list[tuple[int, list[int], list[tuple[int, Plan]] | None, list[int] | None]],
               build_ranks: list[int], bf16: bool, workers: int | None = None,
               progress: Callable[[str], None] | None = None) -> dict[int, dict]:
-    """run_one for every (rank, micro-batch counts, layer variants) and every rank only built, each
+    """run_one for every (rank, micro-batch counts, layer variants, replayed pp ranks) and every rank only built, each
     in a fresh process; {rank: outcome}."""
-    jobs = list(trace_jobs) + [(r, None, None) for r in build_ranks]
+    jobs = list(trace_jobs) + [(r, None, None, None) for r in build_ranks]
     n = max(1, min(len(jobs), workers or os.cpu_count() or 1))
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["launcher.trainer.memtrace", "launcher.trainer.config"])
     out: dict[int, dict] = {}
     with ProcessPoolExecutor(max_workers=n, mp_context=ctx, max_tasks_per_child=1) as pool:
-        futures = {pool.submit(run_one, plan, r, bf16, c, v): (r, c) for r, c, v in jobs}
+        futures = {pool.submit(run_one, plan, r, bf16, c, v, rp): (r, c) for r, c, v, rp in jobs}
         for fut in as_completed(futures):
             rank, c = futures[fut]
             try:
