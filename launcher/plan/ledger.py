@@ -589,8 +589,13 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
             # head's waiting gradient, out of place (the sum, the two gradients)
             end_temps += num.gathered * model.vocab * model.hidden * (3 if model.tied_embeddings and has_head else 1)
             end_temps += num.residual * model.hidden * tokens     # its incoming gradient (all-gathered under TP)
-        candidates.append(RankMemory(params + buffers + cache, grads, optimizer, end_acts, end_temps, 0.0,
-                                     "end of backward"))
+        # ZeRO 3 under PP: every block of the stage (with interleaving: of the model chunk whose backward
+        # ends) is still gathered: pipelining turns reshard-after-backward off until the last micro-batch
+        # (ZeRO 2's gathered blocks are already in params)
+        end_gathered = num.gathered * (rp.blocks_dense + rp.blocks_expert) / max(1, lay.virtual_stages) \
+            if fsdp and lay.zero == 3 and lay.pp > 1 else 0.0
+        candidates.append(RankMemory(params + buffers + cache + end_gathered, grads, optimizer, end_acts, end_temps,
+                                     0.0, "end of backward"))
     if stalled and layers > 1:
         # the bottom block's backward: the blocks above have freed this micro-batch's activations and left
         # their bf16 weight gradients waiting; the block's own backward working set beside them
