@@ -4,8 +4,13 @@ planning, every role), and per traced role.
 
 Target (issue 9): under a minute on this 2-core machine. Prints wall time and CPU time (user + sys
 of the process and its role workers): the machine is shared, so CPU time is the steadier figure.
+Measured (2026-12-01, 2 shared cores, load 5-7): `--layout 4,8,32,2,interleaved-1f1b,2` (pp 32 x v 2,
+128 micro-batches) 3 of 32 ranks traced, 25.9 s CPU, 79 s wall (every rank's whole step: over an hour
+of CPU before the per-action replay); `--layout 8,4,16,2,1f1b` 4 of 16 traced, 37.1 s CPU, 64 s wall.
+The planner's pick is now pp 32 x v 4 (stages of 0 and 1 layers): more than 3 stages per rank is not
+replayed yet (roles.replays), so every rank is traced in full (tens of minutes).
 
-    PYTHONPATH=. python benchmarks/verify_speed.py [--layout tp,cp,pp,zero,schedule]
+    PYTHONPATH=. python benchmarks/verify_speed.py [--layout tp,cp,pp,zero,schedule[,virtual_stages]]
 """
 
 from __future__ import annotations
@@ -29,9 +34,9 @@ def job(layout: str | None) -> dict:
     d = {"name": "llama3-405b-16k", "model": "llama3-405b", "train": {"seq_len": 8192, "global_batch": 2048},
          "cluster": {"nodes": 2048, "gpus_per_node": 8, "gpu": "h100-sxm"}}
     if layout:
-        tp, cp, pp, zero, schedule = layout.split(",")
+        tp, cp, pp, zero, schedule, *v = layout.split(",")
         d["parallel"] = {"tp": int(tp), "cp": int(cp), "pp": int(pp), "zero": int(zero), "schedule": schedule,
-                         "recompute": "selective", "micro_batch": 1}
+                         "recompute": "selective", "micro_batch": 1, **({"virtual_stages": int(v[0])} if v else {})}
     return d
 
 
@@ -42,7 +47,7 @@ def cpu_s() -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--layout", help="fix tp,cp,pp,zero,schedule instead of the planner's choice")
+    ap.add_argument("--layout", help="fix tp,cp,pp,zero,schedule[,virtual_stages] instead of the planner's choice")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "job.yaml"
@@ -61,7 +66,8 @@ def main() -> None:
         peak = "      -" if x["peak_gb"] is None else f"{x['peak_gb']:7.2f}"
         print(f"{x['role']['name']:<28} peak {peak} GB  ledger {x['ledger_total_gb'] or 0:7.2f} GB  "
               f"{ {True: 'fits', False: 'DOES NOT FIT', None: x['status'] + ' (not traced)'}[x['fits']]}  "
-              + (f"traced in {x['seconds']:.1f} s" if not x.get("trace_of") else
+              + (f"traced in {x['seconds']:.1f} s at {x['micro_batches_traced']} micro-batches"
+                 if not x.get("trace_of") else
                  "shares the trace of " + " and ".join(f"pp {q}" for q in x.get("trace_of"))))
     for n in rep["notes"]:
         print(f"note: {n}")

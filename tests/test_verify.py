@@ -115,6 +115,7 @@ def test_interleaved_replay_equals_the_exact_trace():
     assert [r.micro_batches_traced for r in fast.roles] == [[REPLAY_MICRO_BATCHES]] * 2 + [[], [REPLAY_MICRO_BATCHES]]
     assert all("replaying this rank's interleaved 1F1B order at 8" in r.sources["activations"] for r in fast.roles)
     assert any(n.startswith("interleaved 1F1B: traced action by action") for n in fast.notes)
+    assert all("WARNING" not in r.schedule_note for r in fast.roles)      # every replayed step closes
     for a, b in zip(fast.roles, exact.roles):
         assert b.status == "traced" and b.micro_batches_traced == [8]
         assert a.peak_gb == pytest.approx(b.peak_gb, rel=0.01), a.role.name

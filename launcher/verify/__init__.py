@@ -214,6 +214,9 @@ def _replayed_result(plan: Plan, role: Role, src: Role, out: dict, job: tuple, c
     res.micro_batches_traced = counts if own else []
     res.schedule_note = (f"interleaved 1F1B, {m} micro-batches: peak at {derived[-1]['at']}; replayed from "
                          f"{n} traced (the other {m - n} add their step-long receive buffers and token ids)")
+    left = max(abs(d["closes"]) for d in derived)
+    if left > 1e-3 * at_m["total"]:     # what the replayed step allocates and never frees: a mismatch
+        res.schedule_note += f"; WARNING: the replayed step ends {left / GB:.3f} GB off the traced one"
     return res
 
 
