@@ -13,6 +13,7 @@ binary, sizes and launcher templates are configurable and every command run is r
 
 from __future__ import annotations
 
+import shlex
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -73,8 +74,10 @@ def suspect_pairs(runs: Sequence[NcclRun], judge: JudgeConfig, collective: str) 
 def multi_command(opts: NcclOptions, runner: Runner, hosts: Sequence[str], gpus: int) -> str:
     cmd = nccl_command(opts.binary, 1, opts.sizes, opts.extra)  # one process per GPU
     template = opts.launcher or (SRUN_TEMPLATE if runner.launcher == "srun" else MPI_TEMPLATE)
-    return template.format(np=gpus * len(hosts), hosts_slots=",".join(f"{h}:{gpus}" for h in hosts),
-                           hostlist=compress(list(hosts)), nnodes=len(hosts), gpus=gpus, cmd=cmd)
+    # quoted: the command runs under a shell in the output folder, which holds one folder per host, so an
+    # unquoted `-w n[1-2]` would glob to `-w n1 n2` there
+    return template.format(np=gpus * len(hosts), hosts_slots=shlex.quote(",".join(f"{h}:{gpus}" for h in hosts)),
+                           hostlist=shlex.quote(compress(list(hosts))), nnodes=len(hosts), gpus=gpus, cmd=cmd)
 
 
 def gpu_count(probes: dict[str, CommandResult]) -> int | None:

@@ -29,7 +29,7 @@ from tests.replay import install, install_dispatch
 from tests.replay.constructed import gpu_query_csv, ibstat_text, nvlink_status
 from tests.services.slurm import slurm_cluster  # noqa: F401  (session fixture; skips where Slurm is absent)
 from tests.test_preflight_levels import DCGM_FAIL, GOOD
-from tests.test_preflight_runners import LocalKubelet, _final_state
+from tests.test_preflight_runners import LocalKubelet, _final_state, submit_preflight_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 NVLINK_E = GOOD["NVLINK_ERR"]
@@ -190,7 +190,7 @@ def batch_preflight(cluster, tmp_path: Path, level: str, bad: str, tool_timeouts
                     end: str = "FAILED", **settings: str | Path | None) -> tuple[dict, Path]:
     """Run the rendered job with `bad`'s replay `settings`; `end`: FAILED when checks.assemble, the job's
     last step, exits 1 for a failed check, COMPLETED when nothing failed."""
-    from checks.runners.slurm_job import SlurmJobOptions, render, submit
+    from checks.runners.slurm_job import SlurmJobOptions, render
 
     nodes = list(cluster.nodes)
     root = replay_cluster(tmp_path / "nodes", nodes, bad, **settings)
@@ -199,8 +199,7 @@ def batch_preflight(cluster, tmp_path: Path, level: str, bad: str, tool_timeouts
     script = render(nodes, SlurmJobOptions(out_dir=str(out), python=sys.executable, mpi="none", gpus_per_node=2,
                                            nccl_timeout=60, time="00:05:00", partition=cluster.partition,
                                            level=level, tool_timeouts=list(tool_timeouts)))
-    env = {**cluster.env, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
-    state = _final_state(cluster, submit(script, out, env=env), timeout=180)
+    state = _final_state(cluster, submit_preflight_job(script, out, bin_dir, len(nodes)), timeout=180)
     log = next(out.glob("slurm-*.out"), None)
     assert state == end, log.read_text() if log else state
     assert (out / "bwmap.json").exists(), log.read_text() if log else ""

@@ -82,14 +82,21 @@ def test_second_round_repairs_suspects_with_good_nodes():
     assert crossed == [("a", "c"), ("b", "d")]
 
 
-def test_multi_node_launch_commands():
+def test_multi_node_launch_commands(tmp_path):
     opts = NcclOptions(sizes=("1G", "4G"))
     mpi = multi_command(opts, LocalRunner(), ["n1", "n2"], 8)
     assert mpi == ("mpirun --allow-run-as-root -np 16 -H n1:8,n2:8 --bind-to none -x NCCL_DEBUG=INFO "
                    "all_reduce_perf -b 1G -e 4G -f 2 -g 1")
     srun = multi_command(opts, SrunRunner(), ["n1", "n2", "n3"], 4)
-    assert srun.startswith("srun --mpi=pmix -N 3 -w n[1-3] --ntasks-per-node=4 --gpus-per-node=4 "
+    assert srun.startswith("srun --mpi=pmix -N 3 -w 'n[1-3]' --ntasks-per-node=4 --gpus-per-node=4 "
                            "--export=ALL,NCCL_DEBUG=INFO all_reduce_perf")
+    # the host list is one shell word even where the working folder holds a folder per host (n1/, n2/, n3/:
+    # preflight's output layout), which an unquoted n[1-3] would glob to
+    work = tmp_path / "out"
+    for h in ("n1", "n2", "n3"):
+        (work / h).mkdir(parents=True)
+    argv = subprocess.run(["bash", "-c", f"printf '%s\\n' {srun}"], cwd=work, capture_output=True, text=True).stdout
+    assert argv.splitlines()[4:6] == ["-w", "n[1-3]"]
     custom = NcclOptions(binary="/opt/nccl-tests/build/all_gather_perf", launcher="mpiexec -n {np} {cmd}")
     assert multi_command(custom, LocalRunner(), ["a", "b"], 2) == \
         "mpiexec -n 4 /opt/nccl-tests/build/all_gather_perf -b 512M -e 8G -f 2 -g 1"
@@ -194,15 +201,12 @@ def test_slurm_job_script_renders_and_is_valid_bash(tmp_path):
 
 @pytest.mark.slow
 def test_slurm_backend_runs_the_job_on_real_slurm(slurm_cluster, tmp_path):  # noqa: F811
-    from checks.runners.slurm_job import submit
-
     bin_dir = replay_node(tmp_path / "replay")
     out = tmp_path / "out"
     nodes = list(slurm_cluster.nodes)
     script = render(nodes, SlurmJobOptions(out_dir=str(out), python=sys.executable, mpi="none", gpus_per_node=2,
                                            nccl_timeout=60, time="00:05:00", partition=slurm_cluster.partition))
-    env = {**slurm_cluster.env, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
-    job = submit(script, out, env=env)
+    job = submit_preflight_job(script, out, bin_dir, len(nodes))
     state = _final_state(slurm_cluster, job, timeout=120)
     log = next(out.glob("slurm-*.out"), None)
     assert state == "COMPLETED", log.read_text() if log else state
@@ -210,6 +214,20 @@ def test_slurm_backend_runs_the_job_on_real_slurm(slurm_cluster, tmp_path):  # n
     assert sorted(bw["nodes"]) == sorted(nodes)  # files filed under SLURMD_NODENAME
     assert all(n["gpus"] == 8 and n["intra_busbw_gbs"] == 482.27 for n in bw["nodes"].values())
     assert len(bw["pairs"]) == 1 and bw["pairs"][0]["busbw_gbs"] == 338.82  # the 2-node capture, rank 0 only
+
+
+def submit_preflight_job(script: str, out: Path, bin_dir: Path, nodes: int) -> str:
+    """The batch job as `launch preflight --backend slurm` submits it (through the Slurm backend), with
+    the replayed tools first on the PATH the job inherits from sbatch."""
+    from launcher.backends.slurm import SlurmBackend
+
+    backend = SlurmBackend()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+        mp.setenv("PYTHONPATH", str(REPO))
+        mp.chdir(REPO)
+        return backend.submit(backend.script_request("launch4d-preflight", str(out), "preflight.sbatch",
+                                                     script, nodes)).id
 
 
 def _final_state(cluster, job: str, timeout: float) -> str | None:

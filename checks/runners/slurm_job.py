@@ -11,10 +11,7 @@ through and whose `sbatch` filter every #SBATCH value does.
 
 from __future__ import annotations
 
-import re
-import subprocess
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from checks.hosts import compress
 from checks.pairing import NcclOptions, ring_rounds
@@ -54,18 +51,3 @@ def render(hosts: list[str], opts: SlurmJobOptions) -> str:
                                               collective=opts.nccl.collective))
     except UserError as exc:
         raise SlurmJobError(str(exc)) from None
-
-
-def submit(script: str, out_dir: Path, sbatch: str = "sbatch", env: dict[str, str] | None = None) -> str:
-    """Write the script next to its outputs and sbatch it; returns the job id."""
-    from launcher.formats.files import atomic_write, make_dirs
-
-    make_dirs(out_dir, "preflight output directory")
-    path = atomic_write(out_dir / "preflight.sbatch", script, "preflight script", 0o755)
-    p = subprocess.run([sbatch, "--parsable", str(path)], capture_output=True, text=True, env=env)
-    if p.returncode != 0:
-        raise RuntimeError(f"sbatch failed: {(p.stderr or p.stdout).strip()}")
-    m = re.match(r"^(\d+)", p.stdout.strip())
-    if not m:
-        raise RuntimeError(f"sbatch printed no job id: {p.stdout.strip()!r}")
-    return m.group(1)
