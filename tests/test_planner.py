@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from checks.bwmap import BandwidthMap, NodeReport
 from launcher.cli import cli
 from launcher.plan.layout import groups, groups_node_local
-from launcher.plan.ledger import Layout, memory_ledger
+from launcher.plan.ledger import Layout, fitting_ledger, memory_ledger
 from launcher.plan.model import Plan
 from launcher.plan.planner import plan_job, stage_layers
 from launcher.plan.spec import load_spec, spec_from_dict
@@ -78,6 +79,30 @@ def test_memory_never_rises_with_zero_stage_or_dp(model, tp, pp, dp, recompute, 
         big = Layout(tp, 1, pp, dp * 2, 1, zero, recompute, mb, ga, "1f1b" if pp > 1 else "none", 1)
         assert (memory_ledger(spec.model, spec.train, spec.gpu, big).per_gpu_gb
                 <= memory_ledger(spec.model, spec.train, spec.gpu, small).per_gpu_gb + 1e-9)
+
+
+@pytest.mark.parametrize("model, gpu", [("llama3-405b", "h100-sxm"), ("llama3-8b", "a100-40gb"),
+                                        ("mixtral-8x7b", "h200"), ("llama3-1b", "l40s")])
+def test_fitting_ledger_is_the_ledger_where_it_fits(model, gpu):
+    """The search's fit test stops pricing at the first rank over the limit: the same verdict, and where
+    it fits the same ledger, as pricing every rank (memory_ledger), with the limit just above, at and just
+    below each layout's need (uneven and interleaved pipeline splits included)."""
+    spec = job(model, gpu=gpu)
+    m, t, g = spec.model, spec.train, spec.gpu
+    verdicts = set()
+    for tp, (pp, v), dp, zero, rc, mb in itertools.product(
+            [1, 8], [(1, 1), (2, 1), (16, 1), (16, 2), (16, 8)], [1, 64], [0, 1, 2, 3],
+            ["none", "selective", "full"], [1, 4]):
+        if pp * v > m.layers + 2:
+            continue
+        sched = "none" if pp == 1 else "interleaved-1f1b" if v > 1 else "1f1b"
+        lay = Layout(tp, 1, pp, dp, 1, zero, rc, mb, 2 * pp, sched, v)
+        need = memory_ledger(m, t, g, lay, 0.0).per_gpu_gb / g.memory_gb
+        for headroom in (0.1, 1 - need, 1 - need * (1 + 1e-12), 1 - need * (1 - 1e-12)):
+            full = memory_ledger(m, t, g, lay, headroom)
+            assert fitting_ledger(m, t, g, lay, headroom) == (full if full.fits else None)
+            verdicts.add(full.fits)
+    assert verdicts == {True, False}
 
 
 @pytest.mark.parametrize("name, tp_max", [

@@ -762,14 +762,42 @@ def memory_ledger(model, train, gpu, lay: Layout, headroom: float = DEFAULT_HEAD
     """Peak bytes on the most loaded GPU as the trainer runs `lay`: the busiest pipeline rank (busiest_rank),
     plus the runtime allowance. It fits when it stays under the GPU's memory less `headroom` (a fraction)."""
     r, m = busiest_rank(model, train, gpu, lay)
+    return _ledger(model, train, gpu, lay, headroom, r, m)
+
+
+def fitting_ledger(model, train, gpu, lay: Layout, headroom: float = DEFAULT_HEADROOM) -> MemoryLedger | None:
+    """memory_ledger where it fits, else None: what the search asks of most layouts. Pricing stops at the
+    first rank over the limit (the busiest is at least as full), so a layout that cannot fit costs one rank."""
+    limit = _limit_gb(gpu, headroom)
+    priced = []
+    for r in _candidate_ranks(model.layers, lay.pp, max(1, lay.virtual_stages)):
+        m = rank_memory(model, train, gpu, lay, r)
+        if _per_gpu_gb(m) > limit:
+            return None
+        priced.append((r, m))
+    r, m = max(priced, key=lambda x: x[1].total)   # as busiest_rank
+    return _ledger(model, train, gpu, lay, headroom, r, m)
+
+
+def _per_gpu_gb(m: RankMemory) -> float:
+    """A rank's need with the runtime allowance (MemoryLedger.per_gpu_gb)."""
+    return (m.total + BUFFER_FIXED_GB * GB) / GB
+
+
+def _limit_gb(gpu, headroom: float) -> float:
+    """MemoryLedger.limit_gb."""
+    return float(gpu.memory_gb) * (1 - headroom)
+
+
+def _ledger(model, train, gpu, lay: Layout, headroom: float, r: int, m: RankMemory) -> MemoryLedger:
+    """The ledger of a plan whose busiest pipeline rank is `r` with peak `m`."""
     worst = "first" if r == 0 else "last" if r == lay.pp - 1 else f"pp {r}"
-    runtime = BUFFER_FIXED_GB * GB
     num = trainer_numerics(train, gpu, lay)
     unchunked = train.seq_len / lay.cp * lay.micro_batch * model.vocab / lay.tp * (num.act + 4)
     return MemoryLedger(
         params_gb=m.params / GB, grads_gb=m.grads / GB, optimizer_gb=m.optimizer / GB,
         activations_gb=m.activations / GB, temporaries_gb=m.temporaries / GB, comm_buffers_gb=m.comm_buffers / GB,
-        runtime_gb=runtime / GB, per_gpu_gb=(m.total + runtime) / GB, capacity_gb=float(gpu.memory_gb),
+        runtime_gb=BUFFER_FIXED_GB * GB / GB, per_gpu_gb=_per_gpu_gb(m), capacity_gb=float(gpu.memory_gb),
         worst_stage=worst if lay.pp > 1 else "only", peak_phase=m.phase, logits_unchunked_gb=unchunked / GB,
         logits_gb=logits_chunk_bytes(train, model, lay, num) / GB, headroom=headroom,
     )
@@ -781,11 +809,6 @@ def busiest_rank(model, train, gpu, lay: Layout) -> tuple[int, RankMemory]:
     the rank under 1F1B and interleaving), so beside the two ends each middle rank that holds a layer
     count no lower-numbered middle rank holds is priced (with uneven splits, e.g. 126 layers on pp 16,
     rank 1 holds more layers than rank 0 and nearly as many micro-batches)."""
-    priced = [(r, _rank_memory(model, train, gpu, lay, r))
+    priced = [(r, rank_memory(model, train, gpu, lay, r))
               for r in _candidate_ranks(model.layers, lay.pp, max(1, lay.virtual_stages))]
     return max(priced, key=lambda x: x[1].total)   # on a tie the lowest rank
-
-
-@lru_cache(maxsize=65536)
-def _rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
-    return rank_memory(model, train, gpu, lay, role)

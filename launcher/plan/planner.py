@@ -22,7 +22,14 @@ from launcher.plan import capabilities
 from launcher.plan import layout as lay_mod
 from launcher.plan.costs import Bandwidth, Estimate, advertised_bandwidth, estimate, train_budget
 from launcher.plan.layout import stage_layers
-from launcher.plan.ledger import Layout, MemoryLedger, ParamCounts, memory_ledger, param_counts
+from launcher.plan.ledger import (
+    Layout,
+    MemoryLedger,
+    ParamCounts,
+    fitting_ledger,
+    memory_ledger,
+    param_counts,
+)
 from launcher.plan.model import Plan
 from launcher.plan.spec import JobSpec
 
@@ -327,35 +334,38 @@ class Search:
         families memory need not fall: under PP torch's pipelining keeps ZeRO 2/3 gradients and
         parameters whole, which at a small dp·cp outweighs ZeRO 1's fp32 copies."""
         headroom = self.spec.cluster.memory_headroom
-        ledgers: dict[int, MemoryLedger] = {}
+        ledgers: dict[int, MemoryLedger | None] = {}
 
-        def ledger(z: int) -> MemoryLedger:
-            if z not in ledgers:
-                lay = Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, zero=z, recompute=rc, micro_batch=mb,
-                             grad_accum=ga, schedule=sched, virtual_stages=v)
-                ledgers[z] = memory_ledger(self.model, self.train, self.gpu, lay, headroom)
-            return ledgers[z]
+        def lay_of(z: int) -> Layout:
+            return Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, zero=z, recompute=rc, micro_batch=mb,
+                          grad_accum=ga, schedule=sched, virtual_stages=v)
+
+        def fits(z: int) -> bool:
+            if z not in ledgers:             # the ledger only where it fits: most layouts here do not
+                ledgers[z] = fitting_ledger(self.model, self.train, self.gpu, lay_of(z), headroom)
+            return ledgers[z] is not None
 
         chosen = []
         for family in ([z for z in zeros if z < 2], [z for z in zeros if z >= 2]):
-            if not family or not ledger(family[-1]).fits:       # the family's least memory
+            if not family or not fits(family[-1]):       # the family's least memory
                 self.reject("does not fit in GPU memory", len(family))
                 continue
-            first = next(i for i, z in enumerate(family) if ledger(z).fits)
+            first = next(i for i, z in enumerate(family) if fits(z))
             self.reject("does not fit in GPU memory", first)
             self.reject("dominated by a lower ZeRO stage that fits", len(family) - first - 1)
             chosen.append(family[first])
         if not chosen:
             if self.fully_fixed:
-                lay = Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, zero=zeros[0], recompute=rc, micro_batch=mb,
-                             grad_accum=ga, schedule=sched, virtual_stages=v)
-                self.unfit.append(Candidate(lay, ledger(zeros[0]), self.estimate(lay)))
+                lay = lay_of(zeros[0])
+                full = memory_ledger(self.model, self.train, self.gpu, lay, headroom)
+                self.unfit.append(Candidate(lay, full, self.estimate(lay)))
             return False
         for z in chosen:
-            lay = Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, zero=z, recompute=rc, micro_batch=mb,
-                         grad_accum=ga, schedule=sched, virtual_stages=v)
+            lay = lay_of(z)
+            fit = ledgers[z]
+            assert fit is not None               # chosen stages fit
             self.searched += 1
-            self.candidates.append(Candidate(lay, ledgers[z], self.estimate(lay)))
+            self.candidates.append(Candidate(lay, fit, self.estimate(lay)))
         return True
 
     def estimate(self, lay: Layout) -> Estimate:
