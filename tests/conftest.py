@@ -14,6 +14,10 @@ from typing import NoReturn
 
 import pytest
 
+# One CPU thread per torch process (trainer workers already set it): the tests' tensors are tiny, and
+# a second OpenMP thread only spins, on a 2-core machine that the multi-process tests need whole.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
 

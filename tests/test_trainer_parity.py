@@ -27,20 +27,23 @@ pytestmark = pytest.mark.integration
 RTOL = 1e-5
 STEPS = 3   # two optimizer updates between the first and the last compared loss
 
-# name -> make_plan kwargs; all compared with "ref" (one process, whole batch, grad_accum 8)
+# name -> make_plan kwargs; all compared with "ref" (one process, whole batch, grad_accum 8).
+# The TP/CP layouts take micro_batch 2 (4): their CPU cost is per micro-batch (DTensor dispatch), not
+# per token, and two or more micro-batches still accumulate (pipelines: at least pp of them).
 LAYOUTS = {
     "ref": dict(),
     "dp8_zero3": dict(dp=8, zero=3),
     "tp2_dp4_zero2": dict(tp=2, dp=4, zero=2),
     "pp2_1f1b_tp2_dp2_uneven_zero1": dict(pp=2, tp=2, dp=2, schedule="1f1b", stage_layers=[1, 3], zero=1),
-    "cp2_tp2_dp2": dict(cp=2, tp=2, dp=2),
-    "pp2_interleaved_v2_cp2_tp2": dict(pp=2, cp=2, tp=2, schedule="interleaved-1f1b", virtual_stages=2),
+    "cp2_tp2_dp2": dict(cp=2, tp=2, dp=2, micro_batch=2),
+    "pp2_interleaved_v2_cp2_tp2": dict(pp=2, cp=2, tp=2, schedule="interleaved-1f1b", virtual_stages=2,
+                                       micro_batch=2),
     "dp2_ga2_zero0": dict(dp=2, micro_batch=2, grad_accum=2, zero=0),
     "dp4_ga1": dict(dp=4, micro_batch=2, grad_accum=1),
-    "recompute_selective_cp2_tp2_dp2": dict(cp=2, tp=2, dp=2, recompute="selective"),
-    "recompute_full_pp2_gpipe_tp2_dp2": dict(pp=2, tp=2, dp=2, schedule="gpipe", recompute="full"),
+    "recompute_selective_cp2_tp2_dp2": dict(cp=2, tp=2, dp=2, recompute="selective", micro_batch=2),
+    "recompute_full_pp2_gpipe_tp2_dp2": dict(pp=2, tp=2, dp=2, schedule="gpipe", recompute="full", micro_batch=2),
     # a non-default mesh order: cp and dp (flattened for FSDP) are not adjacent
-    "order_cp_pp_dp_tp_pp2_cp2_tp2": dict(pp=2, cp=2, tp=2, mesh_order=("cp", "pp", "dp", "tp")),
+    "order_cp_pp_dp_tp_pp2_cp2_tp2": dict(pp=2, cp=2, tp=2, mesh_order=("cp", "pp", "dp", "tp"), micro_batch=4),
 }
 # GELU MLP with tied embeddings (the output projection is the vocab-sharded embedding under TP)
 # mixture of experts (4 experts, top-2, dropless); expert parallelism splits dp·cp (moe.py)
@@ -50,17 +53,18 @@ MOE_LAYOUTS = {
     "moe_dp4_ep2_zero3": dict(MOE, dp=4, ep=2, zero=3),          # experts: fully_shard over dp·cp/ep = 2
     "moe_dp4_ep4_zero0": dict(MOE, dp=4, ep=4, zero=0),          # one expert per rank, no replicas
     "moe_pp2_1f1b_dp2_ep2_zero1": dict(MOE, pp=2, dp=2, ep=2, zero=1),
-    "moe_cp2_dp2_ep2_zero2_recompute_full": dict(MOE, cp=2, dp=2, ep=2, zero=2, recompute="full"),
+    "moe_cp2_dp2_ep2_zero2_recompute_full": dict(MOE, cp=2, dp=2, ep=2, zero=2, recompute="full", micro_batch=2),
     "moe_dp2_zero3_ep1": dict(MOE, dp=2, zero=3),
 }
 GELU_TIED = dict(model_over={"mlp": "gelu", "tied_embeddings": True})
 OTHER_MODEL = {
     "gelu_tied_ref": dict(GELU_TIED, checkpoint_every=2),       # (its step-2 checkpoint: a pp=1 tied one)
-    "gelu_tied_tp2_dp2": dict(GELU_TIED, tp=2, dp=2, zero=2),
+    "gelu_tied_tp2_dp2": dict(GELU_TIED, tp=2, dp=2, zero=2, micro_batch=2),
     # tied over pipeline stages (Megatron): stage 0's embedding, the last stage's identical head copy,
     # gradients summed over the embedding group; FSDP (zero 3) under 1F1B, replicate under interleaved.
     # The 1F1B run also checkpoints at step 2 for the resume jobs below.
-    "gelu_tied_pp2_1f1b_tp2_dp2": dict(GELU_TIED, pp=2, tp=2, dp=2, schedule="1f1b", zero=3, checkpoint_every=2),
+    "gelu_tied_pp2_1f1b_tp2_dp2": dict(GELU_TIED, pp=2, tp=2, dp=2, schedule="1f1b", zero=3, micro_batch=2,
+                                       checkpoint_every=2),
     "gelu_tied_pp2_interleaved_v2_dp2": dict(GELU_TIED, pp=2, dp=2, schedule="interleaved-1f1b",
                                              virtual_stages=2, zero=1),
 }
@@ -70,7 +74,8 @@ TIED_CKPT_PP1 = "gelu_tied_ref/checkpoints/step-2"
 # resume at step 2 from a tied pp=2 checkpoint (the same layout, and pp=1: the head copy is saved as the
 # embedding) and from a tied pp=1 checkpoint into pp=2 (the copy is loaded from the embedding)
 TIED_RESUME = {
-    "gelu_tied_pp2_resumed": (dict(GELU_TIED, pp=2, tp=2, dp=2, schedule="1f1b", zero=3), TIED_CKPT_PP2),
+    "gelu_tied_pp2_resumed": (dict(GELU_TIED, pp=2, tp=2, dp=2, schedule="1f1b", zero=3, micro_batch=2),
+                              TIED_CKPT_PP2),
     "gelu_tied_pp1_resumed_from_pp2": (dict(GELU_TIED), TIED_CKPT_PP2),
     "gelu_tied_pp2_interleaved_resumed_from_pp1": (dict(GELU_TIED, pp=2, dp=2, schedule="interleaved-1f1b",
                                                         virtual_stages=2, zero=1), TIED_CKPT_PP1),
