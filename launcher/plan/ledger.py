@@ -453,7 +453,12 @@ def dense_mlp_backward_bytes(model, tokens: float, lay: Layout, num: Numerics, f
     # outputs and the recomputed silu), which the activations or the recomputed block count
     mats = 2 if model.mlp == "swiglu" else 1
     freed = (2 * mats if not selective else 2 * mats - 1) * row
-    at_in = mats * row + (3 * 4 * h * tokens if num.mode == "autocast" and mats > 1 else 0.0) - freed
+    if num.mode == "autocast":
+        at_in = mats * row + (3 * 4 * h * tokens if mats > 1 else 0.0) - freed
+    else:
+        # w1's backward: the gradient of its output, w3's and w1's input gradients [tokens, hidden] (w3's done, w1's
+        # being made) and, under FSDP, every MLP weight's unsharded gradient (w2, w3, w1) until the block's post-backward
+        at_in = row + mats * e * h * tokens + ((mats + 1) * wgrad if fsdp else 0.0) - freed
     return max(at_w2, at_act, at_in)
 
 
@@ -526,7 +531,8 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
         if num.mode == "autocast":
             # autocast's bf16 weight casts (cached, and kept by each Linear for backward) live until the
             # autocast region around forward/backward ends, before the optimizer step
-            cache = 2 * rp.matmul
+            # (under TP the loss multiplies with the head's to_local(), not a leaf: autocast does not cache its cast)
+            cache = 2 * (rp.matmul - (rp.head if lay.tp > 1 else 0.0))
     # --- activations: per micro-batch × the schedule's in-flight micro-batches
     s, b = train.seq_len, lay.micro_batch
     per_layer = trainer_layer_activation_bytes(model, s, b, lay.recompute, num, tp=lay.tp, cp=lay.cp)
@@ -534,7 +540,21 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
     layers = rank_layers(model, lay, role)
     held = in_flight_microbatches(lay.schedule, lay.pp, lay.grad_accum, lay.virtual_stages,
                                   rank=pp_rank_of(lay, role))
-    acts = per_layer * layers * held
+    r = pp_rank_of(lay, role)
+
+    def acts_at(in_flight: float) -> float:
+        """The stored activations with `in_flight` micro-batches in flight, and what the pipeline keeps."""
+        a = per_layer * layers * in_flight
+        if lay.pp > 1:
+            a += pipeline_buffer_bytes(model, lay, num, tokens, in_flight, r)
+        if lay.cp > 1 and getattr(gpu, "name", "") == "cpu":
+            # CPU kernels have no bottom-right causal variant: context_parallel.py's two cached boolean masks
+            # (c×(r+1)c and c×(2cp−r)c, c = s/2cp; the largest pair, r > 0). GPUs take none.
+            c = s / (2 * lay.cp)
+            a += c * c * (2 * lay.cp + 1)
+        return a
+
+    acts = acts_at(held)
     recomputed = 0.0
     if lay.recompute == "full" or (lay.recompute == "selective" and model.experts > 1):
         # backward recomputes one block at a time: that block's whole activations exist meanwhile
@@ -544,19 +564,13 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
             recomputed = max(0.0, recomputed - per_layer)
     elif lay.recompute == "selective":
         recomputed = selective_recomputed_bytes(model, s / lay.cp * b, s * b, lay.tp, num)
-    r = pp_rank_of(lay, role)
-    if lay.pp > 1:
-        acts += pipeline_buffer_bytes(model, lay, num, tokens, held, r)
-    if lay.cp > 1 and getattr(gpu, "name", "") == "cpu":
-        # CPU kernels have no bottom-right causal variant: context_parallel.py's two cached boolean masks
-        # (c×(r+1)c and c×(2cp−r)c, c = s/2cp; the largest pair, r > 0). GPUs take none.
-        c = s / (2 * lay.cp)
-        acts += c * c * (2 * lay.cp + 1)
     has_head = r == lay.pp - 1
     # --- the forward/backward peak: the loss's backward (last stage) or the first block's backward
+    # (on the last stage the other in-flight micro-batches' loss inputs wait beside a block's backward: GPipe)
+    waiting = loss_input_bytes(model, lay, num, tokens) if has_head else 0.0
     peaks = ([_loss_peak(model, train, lay, num, tokens, acts, held)] if has_head else []) + \
-        [_block_peak(model, lay, num, tokens, acts, recomputed, rp.block if fsdp else 0.0, lay.zero,
-                     per_layer, rp.block_mlp if fsdp else 0.0,
+        [_block_peak(model, lay, num, tokens, acts + waiting * (held - 1), recomputed, rp.block if fsdp else 0.0,
+                     lay.zero, per_layer, rp.block_mlp if fsdp else 0.0,
                      rp.head if fsdp and not (lay.pp == 1 and model.tied_embeddings) else 0.0,
                      max(1, round(layers / max(1, lay.virtual_stages))))]
     block_temps = peaks[-1][1]
@@ -571,7 +585,8 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
     else:
         # the first backward (no pipeline and one micro-batch, GPipe, or a 1F1B rank whose warm-up holds
         # every micro-batch): gradients appear only as one micro-batch's activations are freed
-        accumulated = max(0.0, grads - acts_ / held)
+        # (under a pipeline each micro-batch's backward is its own: at its top no gradient exists yet)
+        accumulated = 0.0 if lay.pp > 1 and lay.virtual_stages <= 1 else max(0.0, grads - acts_ / held)
     candidates = [RankMemory(params + buffers + cache + gathered_block, accumulated, optimizer, acts_, temps, comm,
                              "forward/backward")]
     stalled = num.mode == "autocast" and lay.grad_accum > 1
@@ -594,8 +609,32 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
         # (ZeRO 2's gathered blocks are already in params)
         end_gathered = num.gathered * (rp.blocks_dense + rp.blocks_expert) / max(1, lay.virtual_stages) \
             if fsdp and lay.zero == 3 and lay.pp > 1 else 0.0
-        candidates.append(RankMemory(params + buffers + cache + end_gathered, grads, optimizer, end_acts, end_temps,
-                                     0.0, "end of backward"))
+        later_end = True
+        if r == 0 and num.mode == "fsdp-bf16" and lay.pp > 1 and lay.virtual_stages <= 1 and lay.grad_accum <= held:
+            # the first backward's end (no earlier one here): FSDP's post-backward upcasts the embedding's bf16
+            # unsharded gradient (its .grad) to the fp32 reduce dtype (_fsdp_param.to_accumulated_grad_if_needed:
+            # the whole vocabulary under TP), beside it; the incoming gradient is freed
+            emb = param_counts(model).embedding
+            candidates.append(RankMemory(params + buffers + cache + end_gathered, grads - (4 - num.gathered) * emb,
+                                         optimizer, end_acts, 4.0 * emb, 0.0, "end of the first backward"))
+            # a later backward's end (the accumulated gradient exists): one micro-batch fewer in flight
+            later_end, end_acts = held >= 2, acts_at(held - 1) - per_layer * layers
+        if later_end:
+            candidates.append(RankMemory(params + buffers + cache + end_gathered, grads, optimizer, end_acts, end_temps,
+                                         0.0, "end of backward"))
+    if lay.pp > 1 and lay.virtual_stages <= 1 and held >= 2:
+        # a backward right after another (GPipe's second, 1F1B's cool-down): one micro-batch fewer in flight,
+        # the stage's gradients whole (FSDP's unsharded_accumulated_grad under PP), and under ZeRO 3 every
+        # block still gathered: stage.py turns reshard-after-backward off and no forward has resharded since
+        drained = acts_at(held - 1)
+        later = ([_loss_peak(model, train, lay, num, tokens, drained, held - 1)] if has_head else []) + \
+            [_block_peak(model, lay, num, tokens, drained + waiting * (held - 2), recomputed,
+                         rp.block if fsdp else 0.0, min(lay.zero, 2), per_layer, rp.block_mlp if fsdp else 0.0,
+                         rp.head if fsdp else 0.0, layers)]
+        l_acts, l_temps, _, l_comm = max(later, key=sum)
+        kept = num.gathered * (rp.blocks_dense + rp.blocks_expert) if fsdp and lay.zero == 3 else 0.0
+        candidates.append(RankMemory(params + buffers + cache + kept, grads, optimizer, l_acts, l_temps, l_comm,
+                                     "later backward"))
     if stalled and layers > 1:
         # the bottom block's backward: the blocks above have freed this micro-batch's activations and left
         # their bf16 weight gradients waiting; the block's own backward working set beside them
@@ -637,17 +676,30 @@ def _loss_peak(model, train, lay: Layout, num: Numerics, tokens: float, acts: fl
     stored activation, the final norm's and the loss's inputs (for each micro-batch in flight: GPipe
     runs every micro-batch's loss before the first backward), one chunk's logits; ZeRO 3 blocks are
     all resharded (the last block is gathered again only after the loss's backward)."""
-    # final norm (fp32 input, normed output) and the final hidden states the chunked loss keeps
-    # (all-gathered under TP) with their gradient
-    head = (4 + num.residual) * model.hidden * tokens / lay.tp + 2 * num.act * model.hidden * tokens
+    h, r = model.hidden, num.residual
+    head = loss_input_bytes(model, lay, num, tokens)
     temps = logits_chunk_bytes(train, model, lay, num)
+    # autocast under TP: the loss multiplies with the head's to_local() (not a leaf, so not cached): the chunk's
+    # recompute casts it again, and the matmul's backward frees that cast (loss.py)
+    cast = 2 * model.vocab * h / lay.tp if num.mode == "autocast" and lay.tp > 1 else 0.0
     if tokens > train.loss_chunk:
         # several chunks each add a [vocab/tp, hidden] gradient to the head weight's AccumulateGrad input
         # buffer: a later chunk's backward runs beside the running sum, and each accumulation (autograd's
-        # InputBuffer, out of place) holds the sum, the new chunk's gradient and their total at once
-        g = _head_grad_bytes(num, None, model.vocab * model.hidden / lay.tp)
-        temps = max(temps + g, 3 * g)
-    return acts + head * held, temps, 0.0, 0.0
+        # InputBuffer, out of place) holds the sum, the new chunk's gradient and their total at once, beside
+        # the chunk's hidden-state gradient; the whole hidden states' gradient (each chunk's slice backward
+        # makes it full size) exists from the first chunk's backward on
+        g = _head_grad_bytes(num, None, model.vocab * h / lay.tp)
+        whole = r * h * tokens
+        return max((acts + head * held, temps + g + whole, cast, 0.0),
+                   (acts + head * held, 3 * g + r * h * train.loss_chunk + whole, 0.0, 0.0), key=sum)
+    return acts + head * held, temps, cast, 0.0
+
+
+def loss_input_bytes(model, lay: Layout, num: Numerics, tokens: float) -> float:
+    """What one micro-batch keeps for the loss's backward on the last stage: the final norm's fp32 input and
+    normed output, and the final hidden states the chunked loss keeps (all-gathered under TP)."""
+    h, r = model.hidden, num.residual
+    return (4 + r) * h * tokens / lay.tp + r * h * tokens
 
 
 def _head_grad_bytes(num: Numerics, rp: RankParams | None, elems: float = 0.0) -> float:
@@ -667,6 +719,12 @@ def _block_peak(model, lay: Layout, num: Numerics, tokens: float, acts: float, r
     (FSDP2's backward prefetch: one block's all-gather buffer); without a pipeline the block above's
     gradients are being reduce-scattered (its fp32 unsharded gradient is the reduce-scatter input)."""
     routed = tokens * model.experts_per_token / model.experts if model.experts > 1 else tokens
+    if lay.recompute == "selective" and model.experts == 1:
+        # op-level selective recompute (recompute.py) replays the block at its backward's first unpack and then
+        # drops the kept outputs nothing saves: wq's and wk's (RoPE makes q and k anew), wv's under CP (SDPA
+        # saves the gathered V) and wo's
+        hkv = model.kv_heads * (model.hidden // model.heads)
+        acts -= ((model.hidden + hkv * (2 if lay.cp > 1 else 1)) / lay.tp + model.hidden) * num.act * tokens
     if model.experts > 1:
         temps = recomputed + mlp_backward_bytes(model, routed, lay.tp, num.act)
     else:
