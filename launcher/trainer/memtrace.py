@@ -162,6 +162,8 @@ class RankMemTracker(FSDPMemTracker):
         self._weight_cast = False
         self._clipping = False
         self._window: dict | None = None   # figures at the highest total since the last mark()
+        self._filing: _FSDPRefType | None = None   # what an FSDP gather makes is (see _file_gathers)
+        self._group_methods: dict = {}
 
     def _register_module_and_optimizer_hooks(self) -> None:
         super()._register_module_and_optimizer_hooks()
@@ -177,6 +179,41 @@ class RankMemTracker(FSDPMemTracker):
             if p.requires_grad:
                 self._plain_hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook))
 
+        self._file_gathers()
+
+    def _file_gathers(self) -> None:
+        """File what FSDP's gathers allocate by what it is, whoever starts them: the all-gather's buffers
+        as communication buffers, the gathered parameters as parameters. torch's tracker files them so
+        only inside FSDP's own pre-forward and pre-backward; a pipeline runtime's UNSHARD (and its wait
+        at the next compute) it files as activations or backward temporaries by whatever ran before,
+        and a parameter keeps the category it was first seen with (interleaved 1F1B with more than 3
+        stages per rank gathers a stage several times per step)."""
+        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+        unshard, wait = FSDPParamGroup.unshard, FSDPParamGroup.wait_for_unshard
+        self._group_methods = {"unshard": unshard, "wait_for_unshard": wait}
+        tracker = self
+
+        def filed_unshard(group, *args, **kwargs):
+            tracker._filing = _FSDPRefType.ALL_GATHER
+            try:
+                return unshard(group, *args, **kwargs)
+            finally:
+                tracker._filing = None
+
+        def filed_wait(group):
+            copies = group._all_gather_result is not None
+            tracker._filing = _FSDPRefType.UNSHARDED_PARAM
+            try:
+                return wait(group)
+            finally:
+                tracker._filing = None
+                for fp in group.fsdp_params if copies else ():
+                    tracker._update_and_maybe_create_winfos(fp.unsharded_param, _FSDPRefType.UNSHARDED_PARAM)
+
+        FSDPParamGroup.unshard = filed_unshard  # type: ignore[method-assign, assignment]
+        FSDPParamGroup.wait_for_unshard = filed_wait  # type: ignore[method-assign]
+
     def _grad_hook(self, p: torch.Tensor) -> None:
         if p.grad is not None:
             self._update_and_maybe_create_winfos(p.grad, _FSDPRefType.SHARDED_GRAD)
@@ -186,6 +223,11 @@ class RankMemTracker(FSDPMemTracker):
         for h in self._plain_hooks:
             h.remove()
         self._plain_hooks.clear()
+        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+        for name, method in self._group_methods.items():
+            setattr(FSDPParamGroup, name, method)
+        self._group_methods = {}
 
     def _fsdp_param_group_post_backward(self, fsdp_mod, orig):
         inner = super()._fsdp_param_group_post_backward(fsdp_mod, orig)
@@ -215,6 +257,8 @@ class RankMemTracker(FSDPMemTracker):
     def _track(self, reftype, t: torch.Tensor) -> None:
         if self._weight_cast:
             reftype = _FSDPRefType.UNSHARDED_PARAM
+        elif self._filing is not None and reftype in (_FSDPRefType.ACT, _FSDPRefType.TEMP):
+            reftype = self._filing
         elif self._clipping and reftype == _FSDPRefType.ACT:
             reftype = _FSDPRefType.TEMP
         super()._track(reftype, t)
@@ -467,7 +511,7 @@ def trace_step(cfg: TrainerConfig, bf16: bool, micro_batches: int,
         log = None
         if replay:
             sched = eng.schedule
-            log = ActionLog(sched.pipeline_order_with_comms[sched.rank], tracker)  # type: ignore[union-attr]
+            log = ActionLog(sched.pipeline_order_with_comms[sched.rank], tracker, sched)  # type: ignore[union-attr]
             sched.pipeline_order_with_comms[sched.rank] = log  # type: ignore[union-attr]
         with tracker, mock.patch.object(engine_mod, "clip_grad_norm", tracker.clipping(engine_mod.clip_grad_norm)):
             if log is not None:
@@ -480,7 +524,11 @@ def trace_step(cfg: TrainerConfig, bf16: bool, micro_batches: int,
         derived: list[dict] = []
         if log is not None and replay is not None:
             m, ranks = replay
-            orders = interleaved_orders(eng.schedule, m)
+            ran = list(list.__iter__(log))
+            if ran != interleaved_orders(pp, len(eng.stage_ids), micro_batches)[eng.schedule.rank]:  # type: ignore[union-attr]
+                raise RuntimeError("replay: torch's schedule built without stages orders this rank's actions "
+                                   "otherwise than the one that ran")
+            orders = interleaved_orders(pp, len(eng.stage_ids), m)
             derived = [{"pp_rank": r, **replay_peak(log, orders[r], m, micro_batches, per_mb, pp)} for r in ranks]
         role = RoleTrace(rank=dist.get_rank(), stage_ids=list(eng.stage_ids), state=computed_state(eng),
                          dp_mode=eng.dp_mode)
@@ -488,16 +536,85 @@ def trace_step(cfg: TrainerConfig, bf16: bool, micro_batches: int,
                      per_micro_batch=per_mb, segments=derived), role
 
 
+@dataclass(frozen=True)
+class Wait:
+    """The wait for a stage's pending unshard: FSDP's all-gather copy-out, which torch's runtime runs at
+    the start of the stage's next compute action. Its own step in the trace and the replay, so a
+    compute action moves memory alike whether or not an unshard is pending (with more than 3 stages
+    per rank torch re-gathers stages within the step, and a forward or backward of any micro-batch
+    may then be the one that waits)."""
+
+    stage_index: int
+
+
+def with_waits(order) -> list:
+    """`order` with a Wait before each compute action that finds its stage's unshard pending (as torch's
+    runtime then waits: _PipelineScheduleRuntime._assert_unsharded). Idempotent."""
+    from torch.distributed.pipelining.schedules import UNSHARD
+
+    pending: set[int] = set()
+    out: list = []
+    for a in order:
+        if isinstance(a, Wait):
+            pending.discard(a.stage_index)
+        elif a.is_compute_op and a.stage_index in pending:
+            out.append(Wait(a.stage_index))
+            pending.discard(a.stage_index)
+        elif a.computation_type == UNSHARD:
+            pending.add(a.stage_index)
+        out.append(a)
+    return out
+
+
+def action_keys(order, m: int, pp: int) -> list[tuple]:
+    """What decides each action's memory, for an action sequence with its Waits (with_waits): its kind,
+    which of the rank's stages (local index), and
+    - a compute, send or receive: whether its micro-batch is the first, the last or one in between
+      (the first backward makes the accumulated gradients, the last reduces them; under ZeRO 0-2 a
+      compute runs on a gathered stage whatever came before, once its Wait is its own step);
+    - a RESHARD: whether the stage's last backward came before (it resharded the stage already, so the
+      RESHARD frees nothing) or not (it frees the gathered parameters);
+    - an UNSHARD, a Wait, a REDUCE_GRAD: nothing more (from sharded; once per gather; once per step)."""
+    from torch.distributed.pipelining.schedules import FULL_BACKWARD, RESHARD
+
+    done: set[int] = set()
+    out: list[tuple] = []
+    for a in order:
+        if isinstance(a, Wait):
+            out.append(("WAIT", a.stage_index // pp, None))
+            continue
+        mb, local = a.microbatch_index, a.stage_index // pp
+        if a.computation_type == RESHARD:
+            out.append((a.computation_type.name, local, a.stage_index in done))
+            continue
+        out.append((a.computation_type.name, local, None if mb is None else 0 if mb == 0 else 2 if mb == m - 1 else 1))
+        if a.computation_type == FULL_BACKWARD and mb == m - 1:
+            done.add(a.stage_index)
+    return out
+
+
 class ActionLog(list):
     """This rank's lowered action list, as the schedule runtime iterates it once per step, marking the
     tracker at each action's start: per action, the figures at its start and the highest ones until
-    the next action starts (the action, and whatever the runtime does before the next)."""
+    the next action starts (the action, and whatever the runtime does before the next).
 
-    def __init__(self, actions, tracker: RankMemTracker) -> None:
+    Each Wait (with_waits) is run here as its own step, by the runtime's own method, before the compute
+    that would have run it. Before the first action, a probe gathers, waits for and reshards each
+    stage of the rank once (the runtime's own UNSHARD and RESHARD): what a RESHARD within the step
+    frees, before the stage's last backward, which a short trace need not contain (torch keeps 3
+    stages gathered: with more per rank it evicts them; the probe's steps are marked and only lend
+    their effects to the replay)."""
+
+    def __init__(self, actions, tracker: RankMemTracker, sched) -> None:
+        from torch.distributed.pipelining.schedules import RESHARD, UNSHARD, _Action
+
         super().__init__(actions)
         self.tracker = tracker
+        self.sched = sched
+        self.stages = {st.stage_index: st for st in sched._stages}
+        self.probe = [a for i in self.stages for a in (_Action(i, UNSHARD, None), Wait(i), _Action(i, RESHARD, None))]
         self.head: dict = {}                 # from the step's start to its first action
-        self.actions: list[dict] = []        # {"action", "start", "peak"}
+        self.actions: list[dict] = []        # {"action", "start", "peak", "end", "probe"}
         self.tail: dict = {}                 # from the end of the last action to the step's end
 
     def begin(self) -> None:
@@ -509,11 +626,14 @@ class ActionLog(list):
         self.tail["peak"] = window
 
     def __iter__(self):
-        for a in list.__iter__(self):
+        for i, a in enumerate([*self.probe, *with_waits(list.__iter__(self))]):
             now, window = self.tracker.mark()
             self._close(now, window)
-            self.actions.append({"action": a, "start": now})
-            yield a
+            self.actions.append({"action": a, "start": now, "probe": i < len(self.probe)})
+            if isinstance(a, Wait):
+                self.sched._assert_unsharded(self.stages[a.stage_index])
+            else:
+                yield a
         self._close(*self.tracker.mark())
         self.tail = {"start": self.actions[-1]["end"]} if self.actions else {"start": self.head["start"]}
 
@@ -524,34 +644,29 @@ class ActionLog(list):
             self.head["peak"] = window
 
 
-def _action_key(a, m: int, pp: int) -> tuple:
-    """What decides an action's memory: its kind, which of the rank's stages (local index), and
-    whether its micro-batch is the first, the last or one in between (FSDP's first all-gather and
-    gradient accumulator, the last backward)."""
-    mb = a.microbatch_index
-    pos = None if mb is None else (0 if mb == 0 else 2 if mb == m - 1 else 1)
-    return a.computation_type.name, a.stage_index // pp, pos
-
-
-def interleaved_orders(sched, m: int) -> dict[int, list]:
+def interleaved_orders(pp: int, v: int, m: int) -> dict[int, list]:
     """Every pp rank's lowered action list (compute, FSDP unshard/reshard, gradient reduction,
-    send/recv) of `sched`'s interleaved 1F1B at `m` micro-batches, by torch's own code."""
-    import copy
+    send/recv) of torch's interleaved 1F1B with `v` stages per rank at `m` micro-batches, by torch's own
+    schedule code (ScheduleInterleaved1F1B, built without stages: the order depends on these alone)."""
+    from torch.distributed.pipelining import ScheduleInterleaved1F1B
 
-    s = copy.copy(sched)
-    s._n_microbatches = m
-    s.number_of_rounds = max(1, m // s.pp_group_size)
+    s = object.__new__(ScheduleInterleaved1F1B)
+    s.pp_group_size, s.n_local_stages, s._num_stages, s._n_microbatches = pp, v, pp * v, m
+    s._stages, s._defer_pp_recv = [], False
+    s.number_of_rounds = max(1, m // pp)
     s.microbatches_per_round = m // s.number_of_rounds
-    s.pipeline_order = {r: s._calculate_single_rank_operations(r) for r in range(s.pp_group_size)}
+    s.pipeline_order = {r: s._calculate_single_rank_operations(r) for r in range(pp)}
     s._prepare_schedule_with_comms(s.pipeline_order)
     return s.pipeline_order_with_comms
 
 
 def replay_peak(log: ActionLog, order: list, m: int, n: int, per_mb: dict[str, int], pp: int) -> dict:
     """The figures at the peak of one pipeline rank's step at `m` micro-batches, replayed from the
-    actions traced at `n`: each action of `order` moves the live bytes by what the traced action of
-    the same key did and rises above them by what it rose; the receive buffers and token ids of the
-    m - n micro-batches not traced live through the whole step (step_long_bytes). Returns
+    actions traced at `n`: each action of `order` (with its Waits) moves the live bytes by what the
+    traced action of the same key (action_keys) did and rises above them by what it rose; the receive
+    buffers and token ids of the m - n micro-batches not traced live through the whole step
+    (step_long_bytes). RuntimeError when the order has an action whose key was not traced, or when two
+    traced actions of one key moved memory differently (the key misses what decides it). Returns
     {"figures": at the peak, "closes": bytes by which the replayed step's end differs from the traced
     one's (0 when every allocation of the step is matched by its free), "at": where the peak is}."""
     keys = ("total", *CATEGORIES)
@@ -562,19 +677,29 @@ def replay_peak(log: ActionLog, order: list, m: int, n: int, per_mb: dict[str, i
         return {k: a[k] + sign * b[k] for k in keys}
 
     by_key: dict[tuple, tuple[dict, dict]] = {}
-    for seg in log.actions:
-        k = _action_key(seg["action"], n, pp)
+    for seg, k in zip(log.actions, action_keys([s["action"] for s in log.actions], n, pp)):
         delta, rise = add(seg["end"], seg["start"], -1), add(seg["peak"], seg["start"], -1)
-        if k in by_key and by_key[k][1]["total"] > rise["total"]:
-            rise = by_key[k][1]
+        if k in by_key:
+            if by_key[k][0] != delta:
+                raise RuntimeError(f"replay: traced action {k} moved memory by {by_key[k][0]} once and by {delta} "
+                                   f"another time: what decides it is not in its key")
+            if by_key[k][1]["total"] > rise["total"]:
+                rise = by_key[k][1]
         by_key[k] = (delta, rise)
-    level = add(log.actions[0]["start"], extra)
+    first = next(s for s in log.actions if not s["probe"])
+    level = add(first["start"], extra)
     best, at = add(log.head["peak"], extra), "before the first action"
-    for i, a in enumerate(order):
-        delta, rise = by_key[_action_key(a, m, pp)]
+    full = with_waits(order)
+    i = -1
+    for a, k in zip(full, action_keys(full, m, pp)):
+        if k not in by_key:
+            raise RuntimeError(f"replay: action {a} ({k}) of the order at {m} micro-batches was not traced at {n}")
+        i += not isinstance(a, Wait)
+        delta, rise = by_key[k]
         cand = add(level, rise)
         if cand["total"] > best["total"]:
-            best, at = cand, f"action {i} of {len(order)} ({a})"
+            best, at = cand, (f"action {i} of {len(order)} ({a})" if not isinstance(a, Wait) else
+                              f"action {i + 1} of {len(order)} ({order[i + 1]}) waiting for its unshard")
         level = add(level, delta)
     tail = add(level, add(log.tail["peak"], log.tail["start"], -1))
     if tail["total"] > best["total"]:

@@ -132,7 +132,9 @@ def trace_plan(plan: Plan, progress: Callable[[str], None] | None = None,
 
 
 def _ranges(xs: list[int]) -> str:
-    """[1, 2, 3, 5] -> '1-3, 5'."""
+    """[1, 2, 3, 5] -> '1-3, 5'; [] -> ''."""
+    if not xs:
+        return ""
     out, start = [], xs[0]
     for a, b in zip(xs, [*xs[1:], None]):
         if b != a + 1:

@@ -97,14 +97,20 @@ def replays(plan: Plan) -> bool:
     rank's peak replayed through its own action order at the plan's micro-batches (memtrace.replay_peak).
 
     Why it holds: what an action (a stage's forward or backward of one micro-batch, a send, a receive,
-    FSDP's unshard / reshard / gradient reduction) allocates and frees depends on its stage and on
-    whether its micro-batch is the first, the last or one in between (identical micro-batches), not on
-    what else is in flight; the rank's order is torch's own at the plan's count. Within v <= 3 stages
-    per rank torch's runtime unshards each stage once (it keeps up to 3 active), and under ZeRO 0-2
-    no block reshards between actions; ZeRO 3 reshards a block after each forward unless a backward
-    left it gathered, which depends on the order: those plans are traced in full."""
+    FSDP's unshard / wait for it / reshard / gradient reduction) allocates and frees depends on its
+    stage, on whether its micro-batch is the first, the last or one in between (identical
+    micro-batches), and for a reshard on whether the stage's last backward came before
+    (memtrace.action_keys), not on what else is in flight; the rank's order is torch's own at the
+    plan's count. With more than 3 stages per rank torch's runtime evicts and re-gathers stages within
+    the step, so any forward or backward may be the one that waits for a gather: the wait is its own
+    step, and a probe before the step gathers and reshards each stage once (what an eviction frees).
+    3 micro-batches then hold every key of every rank's order at any count (a test derives that from
+    torch's schedule code for the 405B pick, pp 32 x v 4 at 128); a key the trace lacks, or one traced
+    twice with different effects, stops the trace with an error rather than guess. ZeRO 3 reshards a
+    block after each forward unless a backward left it gathered, which depends on the order: those
+    plans are traced in full."""
     v = max(1, int(plan.virtual_stages or 1))
-    return (plan.schedule == "interleaved-1f1b" and plan.pp > 1 and 1 < v <= 3 and plan.zero_stage <= 2
+    return (plan.schedule == "interleaved-1f1b" and plan.pp > 1 and v > 1 and plan.zero_stage <= 2
             and plan.grad_accum > REPLAY_MICRO_BATCHES)
 
 
