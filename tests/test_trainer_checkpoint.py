@@ -12,7 +12,6 @@ import tempfile
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from launcher.trainer.checkpoint import PREEMPT_EXIT_CODE, Checkpointer, is_complete
@@ -237,8 +236,10 @@ def _fsdp_worker(rank: int, world: int, store: str, run_dir: str) -> None:
 
 
 def _spawn(fn, world: int, run_dir: str) -> None:
+    from tests.trainer_helpers import spawn
+
     with tempfile.TemporaryDirectory() as d:
-        mp.spawn(fn, args=(world, os.path.join(d, "store"), run_dir), nprocs=world, join=True)
+        spawn(fn, (world, os.path.join(d, "store"), run_dir), world)
 
 
 @pytest.mark.slow

@@ -2,7 +2,9 @@
 several layouts in one set of processes (each layout gets its own gloo group of its own size).
 
 Why: spawning 8 Python processes that import torch costs more than the tiny model's training,
-so one spawned group runs every layout in sequence and writes the losses to a JSON file.
+so one spawned group runs every layout in sequence and writes the losses to a JSON file, and the
+group is kept for the whole test session (each worker ~3.5 s of CPU to start: nine modules' worth
+of spawns cost ~100 s of CPU on a 2-core machine).
 """
 
 from __future__ import annotations
@@ -251,13 +253,139 @@ def free_port() -> int:
 
 
 def spawn_layouts(jobs: list[dict], workdir: str | Path, nprocs: int | None = None) -> dict[str, dict]:
-    """Run the jobs in one group of spawned processes; {name: result}."""
-    import torch.multiprocessing as mp
-
+    """Run the jobs on ranks 0..nprocs-1 of the session's worker pool (see spawn); {name: result}."""
     nprocs = nprocs or max(Plan.from_dict(j["plan"]).world_size for j in jobs)
-    mp.spawn(run_layouts, args=(nprocs, jobs, str(workdir), free_port()), nprocs=nprocs, join=True)
+    spawn(run_layouts, (nprocs, jobs, str(workdir), free_port()), nprocs)
     out = {}
     for j in jobs:
         f = Path(workdir) / f"{j['name']}.json"
         out[j["name"]] = json.loads(f.read_text()) if f.exists() else {"error": "no result written"}
     return out
+
+
+def spawn(fn, args: tuple, nprocs: int) -> None:
+    """torch.multiprocessing.spawn(fn, args, nprocs) on the session's worker pool: fn(rank, *args) on
+    ranks 0..nprocs-1, a module-level function; raises if any rank raised (its traceback) or died."""
+    global _POOL
+    if _POOL is None:
+        _POOL = WorkerPool()
+    _POOL.run(fn, args, nprocs)
+
+
+class WorkerPool:
+    """Spawned processes kept between calls fn(rank, *args): worker r is rank r of every call on more
+    than r ranks. What a call sets up it tears down (run_layouts: each batch its own TCP store, each job
+    its own gloo group, env and DTensor caches restored), so a call sees what a fresh spawn would, less
+    the start-up. A worker that raises or dies ends the pool (the call's test fails with its traceback).
+
+    Not free to keep: gloo's event-loop threads outlive their destroyed groups (a few per job), and each
+    wakes now and then, so a worker is retired once it holds MAX_THREADS threads, and the whole pool
+    IDLE_S seconds after its last call (the next call starts what it needs)."""
+
+    IDLE_S = 45.0
+    MAX_THREADS = 80
+
+    def __init__(self) -> None:
+        import atexit
+        import multiprocessing as mp
+        import threading
+
+        self.ctx = mp.get_context("spawn")
+        self.results = self.ctx.Queue()
+        self.workers: list = []          # (process, inbox) by rank; None: retired, restarted when needed
+        self.lock = threading.Lock()
+        self.timer: threading.Timer | None = None
+        atexit.register(self.close)
+
+    def run(self, fn, args: tuple, nprocs: int) -> None:
+        import threading
+
+        with self.lock:
+            if self.timer:
+                self.timer.cancel()
+            try:
+                self._run(fn, args, nprocs)
+            except BaseException:
+                self._close()
+                raise
+            for r, w in enumerate(self.workers):
+                if w and _threads(w[0].pid) > self.MAX_THREADS:
+                    self._retire(r)
+            self.timer = threading.Timer(self.IDLE_S, self.close)
+            self.timer.daemon = True
+            self.timer.start()
+
+    def _run(self, fn, args: tuple, nprocs: int) -> None:
+        import queue
+
+        self.workers += [None] * (nprocs - len(self.workers))
+        for r in range(nprocs):
+            if self.workers[r] is None or not self.workers[r][0].is_alive():
+                inbox = self.ctx.SimpleQueue()
+                proc = self.ctx.Process(target=_serve, args=(r, inbox, self.results), daemon=True)
+                proc.start()
+                self.workers[r] = (proc, inbox)
+        for _, inbox in self.workers[:nprocs]:
+            inbox.put((fn, args))
+        pending, errors = set(range(nprocs)), {}
+        while pending:
+            try:
+                rank, err = self.results.get(timeout=5)
+            except queue.Empty:
+                dead = sorted(r for r in pending if not self.workers[r][0].is_alive())
+                if dead:
+                    codes = [self.workers[r][0].exitcode for r in dead]
+                    raise RuntimeError(f"trainer worker rank(s) {dead} died (exit codes {codes})") from None
+                continue
+            pending.discard(rank)
+            if err:
+                errors[rank] = err
+        if errors:
+            rank = min(errors)
+            raise RuntimeError(f"trainer worker rank {rank} failed:\n{errors[rank]}")
+
+    def _retire(self, rank: int) -> None:
+        proc, inbox = self.workers[rank]
+        if proc.is_alive():
+            inbox.put(None)
+        proc.join(timeout=30)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+        self.workers[rank] = None
+
+    def _close(self) -> None:
+        for w in self.workers:
+            if w and w[0].is_alive():
+                w[1].put(None)
+        for r, w in enumerate(self.workers):
+            if w:
+                self._retire(r)
+        self.workers = []
+        self.results = self.ctx.Queue()      # nothing a stopped call still sent reaches the next one
+
+    def close(self) -> None:
+        with self.lock:
+            self._close()
+
+
+def _threads(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return 0
+
+
+_POOL: WorkerPool | None = None
+
+
+def _serve(rank: int, inbox, results) -> None:
+    """A pool worker: run each call (fn, args) as fn(rank, *args), report, wait for the next."""
+    while (call := inbox.get()) is not None:
+        fn, args = call
+        try:
+            fn(rank, *args)
+            results.put((rank, None))
+        except BaseException:  # noqa: BLE001 - the test process raises it
+            results.put((rank, traceback.format_exc()))
+            return
