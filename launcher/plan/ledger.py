@@ -363,23 +363,27 @@ def _candidate_ranks(layers: int, pp: int, v: int) -> tuple[int, ...]:
 def rank_params(model, lay: Layout, role: str | int) -> RankParams:
     """Parameters of pipeline rank `role` ('first', 'last' or a rank): rank 0 holds the embedding
     (and, with pp = 1, the head), rank pp-1 the output head and final norm (model.keep_only)."""
+    return _rank_params(model, lay.tp, lay.pp, lay.ep, max(1, lay.virtual_stages), pp_rank_of(lay, role))
+
+
+@lru_cache(maxsize=4096)  # one split's: the same for every micro-batch, recompute and ZeRO stage the search prices
+def _rank_params(model, t: int, pp: int, ep: int, v: int, r: int) -> RankParams:
     c = param_counts(model)
-    t, layers = lay.tp, rank_layers(model, lay, role)
+    layers = _rank_layer_counts(model.layers, pp, v)[r]
     norms = 2 * model.hidden
-    dense, expert = c.layer_dense * layers / t, c.layer_expert * layers / (t * lay.ep)
+    dense, expert = c.layer_dense * layers / t, c.layer_expert * layers / (t * ep)
     vh = model.vocab * model.hidden / t
-    r = pp_rank_of(lay, role)
     root, head_w = 0.0, 0.0
     if r == 0:
         root += c.embedding / t
-    if r == lay.pp - 1:
-        tied_copy = c.embedding if model.tied_embeddings and lay.pp > 1 else 0   # model.keep_only
+    if r == pp - 1:
+        tied_copy = c.embedding if model.tied_embeddings and pp > 1 else 0   # model.keep_only
         root += (c.head + tied_copy + c.final_norm) / t
         head_w = vh          # the untied head, or the (tied) embedding the loss multiplies with
     matmul = dense + expert - norms * layers / t + head_w
     largest = max(vh if root else 0.0, model.ffn_hidden * model.hidden / t, model.hidden * model.hidden / t)
-    block = (c.layer_dense / t + c.layer_expert / (t * lay.ep))
-    return RankParams(dense, expert, root, matmul, head_w, largest, block, c.layer_expert / (t * lay.ep))
+    block = (c.layer_dense / t + c.layer_expert / (t * ep))
+    return RankParams(dense, expert, root, matmul, head_w, largest, block, c.layer_expert / (t * ep))
 
 
 def optimizer_temp_bytes(train, gpu, local_params: float, largest: float) -> float:
@@ -827,19 +831,21 @@ def fitting_ledger(model, train, gpu, lay: Layout, headroom: float = DEFAULT_HEA
     """memory_ledger where it fits, else None: what the search asks of most layouts. Pricing stops at the
     first rank over the limit (the busiest is at least as full), so a layout that cannot fit costs one rank."""
     limit = _limit_gb(gpu, headroom)
-    priced = []
+    busiest, peak, most = 0, None, 0.0
     for r in _candidate_ranks(model.layers, lay.pp, max(1, lay.virtual_stages)):
         m = rank_memory(model, train, gpu, lay, r)
-        if _per_gpu_gb(m) > limit:
+        total = m.total
+        if _per_gpu_gb(total) > limit:
             return None
-        priced.append((r, m))
-    r, m = max(priced, key=lambda x: x[1].total)   # as busiest_rank
-    return _ledger(model, train, gpu, lay, headroom, r, m)
+        if peak is None or total > most:          # as busiest_rank: on a tie the lowest rank
+            busiest, peak, most = r, m, total
+    assert peak is not None
+    return _ledger(model, train, gpu, lay, headroom, busiest, peak)
 
 
-def _per_gpu_gb(m: RankMemory) -> float:
-    """A rank's need with the runtime allowance (MemoryLedger.per_gpu_gb)."""
-    return (m.total + BUFFER_FIXED_GB * GB) / GB
+def _per_gpu_gb(total: float) -> float:
+    """A rank's need (RankMemory.total) with the runtime allowance: MemoryLedger.per_gpu_gb."""
+    return (total + BUFFER_FIXED_GB * GB) / GB
 
 
 def _limit_gb(gpu, headroom: float) -> float:
@@ -855,7 +861,7 @@ def _ledger(model, train, gpu, lay: Layout, headroom: float, r: int, m: RankMemo
     return MemoryLedger(
         params_gb=m.params / GB, grads_gb=m.grads / GB, optimizer_gb=m.optimizer / GB,
         activations_gb=m.activations / GB, temporaries_gb=m.temporaries / GB, comm_buffers_gb=m.comm_buffers / GB,
-        runtime_gb=BUFFER_FIXED_GB * GB / GB, per_gpu_gb=_per_gpu_gb(m), capacity_gb=float(gpu.memory_gb),
+        runtime_gb=BUFFER_FIXED_GB * GB / GB, per_gpu_gb=_per_gpu_gb(m.total), capacity_gb=float(gpu.memory_gb),
         worst_stage=worst if lay.pp > 1 else "only", peak_phase=m.phase, logits_unchunked_gb=unchunked / GB,
         logits_gb=logits_chunk_bytes(train, model, lay, num) / GB, headroom=headroom,
     )
