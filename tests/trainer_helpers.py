@@ -321,7 +321,7 @@ class WorkerPool:
         self.workers += [None] * (nprocs - len(self.workers))
         for r in range(nprocs):
             if self.workers[r] is None or not self.workers[r][0].is_alive():
-                inbox = self.ctx.SimpleQueue()
+                inbox = self.ctx.Queue()
                 proc = self.ctx.Process(target=_serve, args=(r, inbox, self.results), daemon=True)
                 proc.start()
                 self.workers[r] = (proc, inbox)
@@ -380,8 +380,21 @@ _POOL: WorkerPool | None = None
 
 
 def _serve(rank: int, inbox, results) -> None:
-    """A pool worker: run each call (fn, args) as fn(rank, *args), report, wait for the next."""
-    while (call := inbox.get()) is not None:
+    """A pool worker: run each call (fn, args) as fn(rank, *args), report, wait for the next; ends on
+    None, or when the test process is gone (killed: nothing else would end it)."""
+    import multiprocessing as mp
+    import queue
+
+    parent = mp.parent_process()
+    while True:
+        try:
+            call = inbox.get(timeout=5)
+        except queue.Empty:
+            if parent is not None and not parent.is_alive():
+                return
+            continue
+        if call is None:
+            return
         fn, args = call
         try:
             fn(rank, *args)
