@@ -45,6 +45,8 @@ TESTED = [
     "dense cp2 z1 full", "dense tp2 pp2 z2 chunks", "uneven pp4 1f1b z2",
     # a scaled-down Mixtral (expert weights dominate its blocks): ZeRO 3, ZeRO 3 under PP, EP with FSDP experts
     "mixtral-mini dp8 z3 selective", "mixtral-mini pp2 z3 selective", "mixtral-mini ep4 pp2 z2 selective",
+    # interleaved 1F1B, priced per model chunk from the rank's own action order (4.0 and 6.4 s CPU)
+    "llama3-8b/8L tp1 cp2 pp2 interleaved z1 full", "mixtral-8x7b/8L tp1 cp2 pp2 interleaved z1 none ep8",
 ]
 #: layouts whose busiest pipeline rank is a middle one (uneven split): the trace's busiest is the ledger's
 BUSIEST = {"uneven pp4 1f1b z2": 1}

@@ -647,6 +647,12 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
         candidates.append(RankMemory(params + buffers + cache, grads, optimizer, bottom_acts, bottom_temps, 0.0,
                                      "bottom block's backward"))
     fwd_bwd = max(candidates, key=lambda c: c.total)
+    if lay.pp > 1 and lay.virtual_stages > 1:
+        # interleaved 1F1B: the rank's model chunks are in flight and hold gradients unevenly: priced per chunk
+        state = RankMemory(params + buffers + cache, grads, optimizer, acts - per_layer * layers * held
+                           - pipeline_buffer_bytes(model, lay, num, tokens, held, r), 0.0, 0.0, "")
+        fwd_bwd = _interleaved_peak(model, train, lay, num, rp, state, tokens, per_layer, recomputed, fsdp, r,
+                                    whole_vocab, step_grads / grads if fsdp and grads else 1.0)
     # the flat bucket fsdp.all_reduce_grads concatenates after backward (ZeRO 0/1): up to the bucket size,
     # or one tensor larger than that on its own; freed before the clip and the optimizer run
     flat = 4 * max(min(rp.total, ALLREDUCE_BUCKET_ELEMS), rp.largest) if not fsdp and n > 1 else 0.0
@@ -660,7 +666,8 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
     return fwd_bwd if fwd_bwd.total >= step.total else step
 
 
-def pipeline_buffer_bytes(model, lay: Layout, num: Numerics, tokens: float, held: float, r: int) -> float:
+def pipeline_buffer_bytes(model, lay: Layout, num: Numerics, tokens: float, held: float | list[int],
+                          r: int) -> float:
     """What torch's pipelining keeps beside the blocks' own activations on pipeline rank `r`
     (pipelining/stage.py), each [micro_batch, seq/cp/tp, hidden] in the stage-boundary dtype: one
     receive buffer per micro-batch for every stage's input (not stage 0's) and for its output's
@@ -669,9 +676,126 @@ def pipeline_buffer_bytes(model, lay: Layout, num: Numerics, tokens: float, held
     input itself (x.float() is x), already counted among the block's activations."""
     v, m = max(1, lay.virtual_stages), lay.grad_accum
     recv = m * (2 * v - (r == 0) - (r == lay.pp - 1))
-    kept = held * v - (held if r == lay.pp - 1 else 0.0)
-    shared = held * v - (held if r == 0 else 0.0) if num.residual == 4 else 0.0
+    chunks = list(held) if isinstance(held, list) else [held] * v    # in flight per local chunk (interleaved)
+    kept = sum(chunks) - (chunks[-1] if r == lay.pp - 1 else 0.0)
+    shared = sum(chunks) - (chunks[0] if r == 0 else 0.0) if num.residual == 4 else 0.0
     return num.residual * model.hidden * tokens / lay.tp * (recv + kept - shared)
+
+
+@lru_cache(maxsize=1024)
+def interleaved_order(pp: int, v: int, m: int, r: int) -> tuple[tuple[int, int, bool], ...]:
+    """Pipeline rank r's compute actions under torch's ScheduleInterleaved1F1B, as (local chunk, micro-batch,
+    is backward) in the order its runtime runs them (pipelining/schedules.py: _get_warmup_ops and
+    _get_1f1b_rank_ops): warm-up forwards, then one forward and one backward each, then the backwards."""
+    rounds = max(1, m // pp)
+    per_round = m // rounds
+    warmup = min((v - 1) * per_round + 2 * (pp - 1 - r), m * v)
+    fwd_next, bwd_next = [0] * v, [0] * v
+    out: list[tuple[int, int, bool]] = []
+
+    def step(k: int, nxt: list[int], backward: bool) -> None:
+        out.append((k, nxt[k], backward))
+        nxt[k] += 1
+
+    for op in range(m * v + warmup):
+        if op < m * v:
+            step((op // per_round) % v, fwd_next, False)
+        if op >= warmup:
+            step(v - 1 - ((op - warmup) // per_round) % v, bwd_next, True)
+    return tuple(out)
+
+
+def _interleaved_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, state: RankMemory, tokens: float,
+                      per_layer: float, recomputed: float, fsdp: bool, r: int, whole_vocab: float,
+                      sharded: float) -> RankMemory:
+    """The forward/backward peak of pipeline rank r under interleaved 1F1B, from its own action order
+    (interleaved_order): at each chunk's backward of a micro-batch, the activations of every (chunk,
+    micro-batch) whose forward has run and backward has not; the gradients of each chunk whose backward has
+    run once (ZeRO 0/1 and, under PP, FSDP accumulate a chunk's whole gradient from its first backward on).
+    `state` holds the rank's params (with autocast's casts), all its gradients, optimizer state and, as
+    activations, what lives beside the blocks' (the CPU's CP masks). FSDP reduce-scatters a chunk's gradient
+    after its last micro-batch's backward: from then on it holds the `sharded` fraction of it."""
+    pp, v, m = lay.pp, lay.virtual_stages, lay.grad_accum
+    counts = stage_layers(model.layers, pp * v)
+    chunk_layers = [counts[r + k * pp] for k in range(v)]
+    layers = sum(chunk_layers)
+    c = param_counts(model)
+    embedding = c.embedding / lay.tp if r == 0 else 0.0
+    blocks = rp.blocks_dense + rp.blocks_expert
+    # each chunk's gradient: its blocks'; the embedding's (and TP's whole-vocabulary gradient) on stage 0;
+    # the head's and final norm's on the last stage (the rest of the root unit)
+    chunk_grads = [4 * blocks * n / max(1, layers) for n in chunk_layers]
+    chunk_grads[0] += 4 * (embedding + whole_vocab)
+    chunk_grads[-1] += 4 * (rp.root - embedding)                 # 0 but on the last pipeline rank
+    autocast = num.mode == "autocast"
+    held, done = [0] * v, [0] * v
+    best: RankMemory | None = None
+    seen: dict[tuple, int] = {}
+    for k, j, backward in interleaved_order(pp, v, m, r):
+        if not backward:
+            held[k] += 1
+            continue
+        live = sum(h * n for h, n in zip(held, chunk_layers))
+        key = (k, j == 0, tuple((d > 0) + (d == m) for d in done), held[-1])
+        if seen.get(key, -1) < live:
+            seen[key] = live
+            kept = [g * (sharded if d == m else 1.0) for g, d in zip(chunk_grads, done)]
+            cand = _chunk_backward_peak(model, train, lay, num, rp, state, tokens, per_layer, recomputed, fsdp, r,
+                                        k, j, held, chunk_layers, layers, kept, done, autocast, whole_vocab)
+            best = cand if best is None or cand.total > best.total else best
+        held[k] -= 1
+        done[k] += 1
+    assert best is not None
+    return best
+
+
+def _chunk_backward_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, state: RankMemory,
+                         tokens: float, per_layer: float, recomputed: float, fsdp: bool, r: int, k: int, j: int,
+                         held: list[int], chunk_layers: list[int], layers: int, chunk_grads: list[float],
+                         done: list[int], autocast: bool, whole_vocab: float) -> RankMemory:
+    """Rank r's peak in local chunk k's backward of micro-batch j (interleaved 1F1B), `held` micro-batches in
+    flight per chunk, `done` backwards run per chunk: the top of the chunk (or the loss), its bottom block,
+    and the end of its backward."""
+    v, n = lay.virtual_stages, chunk_layers[k]
+    head_chunk = r == lay.pp - 1 and k == v - 1
+    first_stage = r == 0 and k == 0
+    acts = state.activations + per_layer * sum(h * c for h, c in zip(held, chunk_layers)) + \
+        pipeline_buffer_bytes(model, lay, num, tokens, held, r)
+    before = sum(g for i, (g, d) in enumerate(zip(chunk_grads, done)) if d and i != k)   # the other chunks'
+    own = chunk_grads[k] if j > 0 else 0.0        # the chunk's gradient exists from its first backward on
+    share = n / max(1, layers)
+    peaks = ([_loss_peak(model, train, lay, num, tokens, acts, held[k])] if head_chunk else []) + \
+        [_block_peak(model, lay, num, tokens, acts, recomputed, rp.block if fsdp else 0.0, lay.zero, per_layer,
+                     rp.block_mlp if fsdp else 0.0, rp.head if fsdp else 0.0, n)]
+    block_temps = peaks[-1][1]
+    acts_, temps, gathered_block, comm = max(peaks, key=sum)
+    # the head's bf16 cast is made inside the loss's checkpointed chunks, never cached: none in backward
+    base = state.params - (2 * rp.head if autocast else 0.0)
+    out = [RankMemory(base + gathered_block, before + own, state.optimizer, acts_, temps, comm, "forward/backward")]
+    # autocast: a chunk's cached bf16 weight casts were made in its first micro-batch's forward, so in a later
+    # micro-batch's backward their ToCopyBackward nodes run last (autograd's ready queue): the chunk's bf16
+    # weight gradients wait until its backward ends
+    stalled = autocast and j > 0
+    chunk_matmul = 2 * (rp.matmul - rp.head) * share
+    if stalled or first_stage:
+        end_temps = chunk_matmul if stalled else 0.0
+        if first_stage:
+            # embedding_dense_backward's [vocab, hidden] gradient (whole vocabulary under TP) and its incoming one
+            end_temps += num.gathered * model.vocab * model.hidden + num.residual * model.hidden * tokens
+        end_gathered = num.gathered * (rp.blocks_dense + rp.blocks_expert) * share \
+            if fsdp and lay.zero == 3 else 0.0
+        # the first backward's embedding gradient is still the temporary above (AccumulateGrad then keeps it)
+        fresh = 4 * param_counts(model).embedding / lay.tp + whole_vocab * 4 if first_stage and j == 0 else 0.0
+        out.append(RankMemory(base + end_gathered, before + chunk_grads[k] - fresh, state.optimizer,
+                              acts - per_layer * n, end_temps, 0.0, "end of backward"))
+    if n > 1:
+        # the chunk's bottom block: the blocks above have freed this micro-batch's activations and left their
+        # gradients (bf16 and waiting when stalled; accumulated on the first backward)
+        bottom = chunk_grads[k] * (n - 1) / n if not stalled and j == 0 else own
+        out.append(RankMemory(base, before + bottom, state.optimizer, acts - per_layer * (n - 1),
+                              (chunk_matmul * (n - 1) / n if stalled else 0.0) + block_temps, 0.0,
+                              "bottom block's backward"))
+    return max(out, key=lambda c: c.total)
 
 
 def _loss_peak(model, train, lay: Layout, num: Numerics, tokens: float, acts: float,
