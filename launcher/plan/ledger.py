@@ -682,7 +682,6 @@ def pipeline_buffer_bytes(model, lay: Layout, num: Numerics, tokens: float, held
     return num.residual * model.hidden * tokens / lay.tp * (recv + kept - shared)
 
 
-@lru_cache(maxsize=1024)
 def interleaved_order(pp: int, v: int, m: int, r: int) -> tuple[tuple[int, int, bool], ...]:
     """Pipeline rank r's compute actions under torch's ScheduleInterleaved1F1B, as (local chunk, micro-batch,
     is backward) in the order its runtime runs them (pipelining/schedules.py: _get_warmup_ops and
@@ -692,17 +691,49 @@ def interleaved_order(pp: int, v: int, m: int, r: int) -> tuple[tuple[int, int, 
     warmup = min((v - 1) * per_round + 2 * (pp - 1 - r), m * v)
     fwd_next, bwd_next = [0] * v, [0] * v
     out: list[tuple[int, int, bool]] = []
-
-    def step(k: int, nxt: list[int], backward: bool) -> None:
-        out.append((k, nxt[k], backward))
-        nxt[k] += 1
-
     for op in range(m * v + warmup):
         if op < m * v:
-            step((op // per_round) % v, fwd_next, False)
+            k = (op // per_round) % v
+            out.append((k, fwd_next[k], False))
+            fwd_next[k] += 1
         if op >= warmup:
-            step(v - 1 - ((op - warmup) // per_round) % v, bwd_next, True)
+            k = v - 1 - ((op - warmup) // per_round) % v
+            out.append((k, bwd_next[k], True))
+            bwd_next[k] += 1
     return tuple(out)
+
+
+@lru_cache(maxsize=4096)
+def interleaved_moments(pp: int, v: int, m: int, r: int, chunk_layers: tuple[int, ...]) -> tuple[tuple, ...]:
+    """The backward actions of interleaved_order where rank r's peak can fall, as (local chunk, micro-batch,
+    micro-batches in flight per chunk, backwards run per chunk): of those in the same chunk, first or not,
+    and with the same chunks' gradients begun and finished, only the one holding the most activations; and
+    of those, none that another holds no more activations, gradients or in-flight head micro-batches than."""
+    held, done = [0] * v, [0] * v
+    live, begun, finished = 0, 0, 0           # layer-micro-batches in flight; bitmasks of chunks
+    best: dict[tuple, tuple] = {}
+    for k, j, backward in interleaved_order(pp, v, m, r):
+        if not backward:
+            held[k] += 1
+            live += chunk_layers[k]
+            continue
+        key = (k, j == 0, begun, finished)
+        rank = (live, held[-1])
+        if key not in best or best[key][0] < rank:
+            best[key] = (rank, (k, j, tuple(held), tuple(done)))
+        held[k] -= 1
+        live -= chunk_layers[k]
+        done[k] += 1
+        begun |= 1 << k
+        if done[k] == m:
+            finished |= 1 << k
+
+    def dominated(key: tuple, rank: tuple) -> bool:
+        k, first, bg, fin = key
+        return any(o != key and o[:2] == (k, first) and o[2] & bg == bg and o[3] & fin == o[3]
+                   and orank[0] >= rank[0] and orank[1] >= rank[1] for o, (orank, _) in best.items())
+
+    return tuple(moment for key, (rank, moment) in best.items() if not dominated(key, rank))
 
 
 def _interleaved_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, state: RankMemory, tokens: float,
@@ -728,34 +759,31 @@ def _interleaved_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, 
     chunk_grads[0] += 4 * (embedding + whole_vocab)
     chunk_grads[-1] += 4 * (rp.root - embedding)                 # 0 but on the last pipeline rank
     autocast = num.mode == "autocast"
-    held, done = [0] * v, [0] * v
+    # the loss's and a block's backward peaks grow by the activations held beside them, nothing else: priced
+    # once without them (the loss's per micro-batch in flight of the head chunk) and added to per moment
+    loss = _loss_peak(model, train, lay, num, tokens, 0.0, 1) if r == pp - 1 else None
+    block = {n: _block_peak(model, lay, num, tokens, 0.0, recomputed, rp.block if fsdp else 0.0, lay.zero,
+                            per_layer, rp.block_mlp if fsdp else 0.0, rp.head if fsdp else 0.0, n)
+             for n in set(chunk_layers)}
     best: RankMemory | None = None
-    seen: dict[tuple, int] = {}
-    for k, j, backward in interleaved_order(pp, v, m, r):
-        if not backward:
-            held[k] += 1
-            continue
-        live = sum(h * n for h, n in zip(held, chunk_layers))
-        key = (k, j == 0, tuple((d > 0) + (d == m) for d in done), held[-1])
-        if seen.get(key, -1) < live:
-            seen[key] = live
-            kept = [g * (sharded if d == m else 1.0) for g, d in zip(chunk_grads, done)]
-            cand = _chunk_backward_peak(model, train, lay, num, rp, state, tokens, per_layer, recomputed, fsdp, r,
-                                        k, j, held, chunk_layers, layers, kept, done, autocast, whole_vocab)
-            best = cand if best is None or cand.total > best.total else best
-        held[k] -= 1
-        done[k] += 1
+    for k, j, held, done in interleaved_moments(pp, v, m, r, tuple(chunk_layers)):
+        kept = [g * (sharded if d == m else 1.0) for g, d in zip(chunk_grads, done)]
+        cand = _chunk_backward_peak(model, lay, num, rp, state, tokens, per_layer, r, k, j, list(held),
+                                    chunk_layers, layers, kept, list(done), autocast, whole_vocab,
+                                    loss, block[chunk_layers[k]], fsdp)
+        best = cand if best is None or cand.total > best.total else best
     assert best is not None
     return best
 
 
-def _chunk_backward_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, state: RankMemory,
-                         tokens: float, per_layer: float, recomputed: float, fsdp: bool, r: int, k: int, j: int,
-                         held: list[int], chunk_layers: list[int], layers: int, chunk_grads: list[float],
-                         done: list[int], autocast: bool, whole_vocab: float) -> RankMemory:
+def _chunk_backward_peak(model, lay: Layout, num: Numerics, rp: RankParams, state: RankMemory, tokens: float,
+                         per_layer: float, r: int, k: int, j: int, held: list[int], chunk_layers: list[int],
+                         layers: int, chunk_grads: list[float], done: list[int], autocast: bool, whole_vocab: float,
+                         loss: tuple[float, ...] | None, block: tuple[float, ...], fsdp: bool) -> RankMemory:
     """Rank r's peak in local chunk k's backward of micro-batch j (interleaved 1F1B), `held` micro-batches in
     flight per chunk, `done` backwards run per chunk: the top of the chunk (or the loss), its bottom block,
-    and the end of its backward."""
+    and the end of its backward. `loss` and `block`: _loss_peak (one micro-batch) and _block_peak of the
+    chunk without the activations held beside them."""
     v, n = lay.virtual_stages, chunk_layers[k]
     head_chunk = r == lay.pp - 1 and k == v - 1
     first_stage = r == 0 and k == 0
@@ -764,9 +792,7 @@ def _chunk_backward_peak(model, train, lay: Layout, num: Numerics, rp: RankParam
     before = sum(g for i, (g, d) in enumerate(zip(chunk_grads, done)) if d and i != k)   # the other chunks'
     own = chunk_grads[k] if j > 0 else 0.0        # the chunk's gradient exists from its first backward on
     share = n / max(1, layers)
-    peaks = ([_loss_peak(model, train, lay, num, tokens, acts, held[k])] if head_chunk else []) + \
-        [_block_peak(model, lay, num, tokens, acts, recomputed, rp.block if fsdp else 0.0, lay.zero, per_layer,
-                     rp.block_mlp if fsdp else 0.0, rp.head if fsdp else 0.0, n)]
+    peaks = ([(acts + loss[0] * held[k], *loss[1:])] if head_chunk and loss else []) + [(acts + block[0], *block[1:])]
     block_temps = peaks[-1][1]
     acts_, temps, gathered_block, comm = max(peaks, key=sum)
     # the head's bf16 cast is made inside the loss's checkpointed chunks, never cached: none in backward
