@@ -217,3 +217,22 @@ def test_autocast_weight_gradients_wait_for_the_end_of_the_backward():
     mem, rp = rank_memory(m, t, g, lay, "first"), rank_params(m, lay, "first")
     assert mem.phase == "end of backward" and mem.temporaries >= 2 * (rp.matmul - rp.head)
     assert rank_memory(m, t, g, _lay(1, 1, 4, cp=2, grad_accum=1), "first").phase != "end of backward"
+
+
+@pytest.mark.parametrize("pp,v,m", [(2, 2, 2), (2, 2, 4), (4, 2, 4), (4, 2, 8), (4, 3, 12), (8, 4, 8), (3, 2, 6)])
+def test_interleaved_order_is_torchs(pp, v, m):
+    """The ledger prices interleaved 1F1B from each rank's own action order: torch's, without torch."""
+    pytest.importorskip("torch")
+    from torch.distributed.pipelining.schedules import ScheduleInterleaved1F1B, _ComputationType
+
+    from launcher.plan.ledger import interleaved_order
+
+    s = ScheduleInterleaved1F1B.__new__(ScheduleInterleaved1F1B)
+    s.pp_group_size, s.n_local_stages, s._n_microbatches = pp, v, m
+    s.number_of_rounds = max(1, m // pp)
+    s.microbatches_per_round = m // s.number_of_rounds
+    for r in range(pp):
+        s.rank = r
+        torch_order = [(a.stage_index // pp, a.microbatch_index, a.computation_type == _ComputationType.FULL_BACKWARD)
+                       for a in s._calculate_single_rank_operations(r) if a is not None]
+        assert list(interleaved_order(pp, v, m, r)) == torch_order
