@@ -325,7 +325,7 @@ class RankParams:
     head: float             # the weight the loss multiplies with on this rank (0 without the head)
     largest: float          # the largest single local parameter (per-parameter optimizer temporaries)
     block: float            # one block's dense + expert parameters (one FSDP all-gather)
-    block_mlp: float = 0.0  # one block's MLP (its local experts') parameters
+    block_mlp: float = 0.0  # one FSDP unit's MLP parameters: the block's MLP or experts, one expert with EP
 
     @property
     def total(self) -> float:
@@ -383,7 +383,10 @@ def _rank_params(model, t: int, pp: int, ep: int, v: int, r: int) -> RankParams:
     matmul = dense + expert - norms * layers / t + head_w
     largest = max(vh if root else 0.0, model.ffn_hidden * model.hidden / t, model.hidden * model.hidden / t)
     block = (c.layer_dense / t + c.layer_expert / (t * ep))
-    return RankParams(dense, expert, root, matmul, head_w, largest, block, c.layer_expert / (t * ep))
+    # the MLP weights whose gradients wait for one FSDP post-backward: the block's (all its experts), or
+    # with EP one expert's (each expert is its own FSDP unit: fsdp.apply_fsdp)
+    mlp_unit = c.layer_expert / (t * ep) if ep == 1 else c.layer_expert / (t * c.experts)
+    return RankParams(dense, expert, root, matmul, head_w, largest, block, mlp_unit)
 
 
 def optimizer_temp_bytes(train, gpu, local_params: float, largest: float) -> float:
@@ -890,9 +893,12 @@ def _block_peak(model, lay: Layout, num: Numerics, tokens: float, acts: float, r
     if fsdp_mlp and model.experts > 1:
         # after the MoE's backward, before the block's FSDP post-backward: all its local experts' weight
         # gradients in the parameter dtype (FSDP casts them to the fp32 reduce dtype only then), beside
-        # what the attention's backward still needs of the recomputed block
+        # what the attention's backward still needs of the recomputed block, and the MoE's input norm's
+        # backward (RMSNorm in fp32: the upcast input, its square, the normalised x and their gradients,
+        # about six fp32 [tokens, hidden] tensors, traced)
         mlp_recomputed = mlp_activation_bytes(model, tokens, lay.tp, num.act) - mlp_kept
-        after_mlp = max(0.0, recomputed - mlp_recomputed) + num.gathered * fsdp_mlp
+        norm_backward = 6 * 4 * model.hidden * tokens / lay.tp
+        after_mlp = max(0.0, recomputed - mlp_recomputed) + num.gathered * fsdp_mlp + norm_backward
     gathered = num.gathered * fsdp_block if zero == 3 else 0.0
     if zero == 3 and lay.pp > 1:
         # torch's pipelining turns reshard-after-backward off (stage.py): every block of the part stays
