@@ -405,9 +405,11 @@ def logits_chunk_bytes(train, model, lay: Layout, num: Numerics) -> float:
     At its backward's peak (in log-softmax's backward) the recomputed chunk holds three fp32 [n, V/tp]
     tensors: log-softmax's output, nll's gradient and log-softmax's gradient (12 B per element; the
     bf16 logits are already freed); the vocab-parallel loss (TP) keeps exp(z) and gathers and scatters
-    through one more (16 B). Beside them, the chunk's hidden states in the matmul dtype."""
+    through one more (16 B). Beside them, under autocast, the chunk's hidden states cast to bf16."""
     tokens = min(train.loss_chunk, train.seq_len / lay.cp * lay.micro_batch)
-    return tokens * model.vocab / lay.tp * (16 if lay.tp > 1 else 12) + tokens * model.hidden * num.act
+    # autocast casts the chunk's hidden states for the matmul (loss._chunk_ce); otherwise they are a view
+    cast = tokens * model.hidden * num.act if num.mode == "autocast" else 0.0
+    return tokens * model.vocab / lay.tp * (16 if lay.tp > 1 else 12) + cast
 
 
 def mlp_backward_bytes(model, tokens: float, tp: int, e: int) -> float:
@@ -649,6 +651,27 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
         bottom_temps = 2 * (rp.matmul - rp.head) * (layers - 1) / layers + block_temps
         candidates.append(RankMemory(params + buffers + cache, grads, optimizer, bottom_acts, bottom_temps, 0.0,
                                      "bottom block's backward"))
+    if fsdp and lay.pp == 1 and layers > 0:
+        # FSDP's post-backward of a block (fsdp.apply_fsdp: one unit per block, experts apart with EP):
+        # foreach_reduce copies the unit's gradients (param dtype) into its fp32 reduce-scatter input,
+        # which lives until the next unit's post-backward (torch keeps one such buffer); ZeRO 3 has
+        # resharded the block and prefetched the one below. At the top block: its activations freed,
+        # the head's gradient waiting for the root's post-backward
+        unit = rp.block - (rp.blocks_expert / layers if lay.ep > 1 else 0.0)
+        rs, below = 4 * unit, (num.gathered * rp.block if lay.zero == 3 and layers > 1 else 0.0)
+        held_grads = grads if lay.grad_accum > 1 else 0.0
+        own_gathered = num.gathered * rp.block if lay.zero == 2 else 0.0
+        # the head's gradient waiting for the root's post-backward, and the gradient the block passes down
+        head_wait = num.gathered * rp.head + num.residual * model.hidden * tokens / lay.tp
+        candidates.append(RankMemory(params + buffers - own_gathered, held_grads + num.gathered * unit, optimizer,
+                                     acts - per_layer, head_wait, rs + below, "top block's post-backward"))
+        if layers > 1:
+            # the next block's backward: its working set (as the top block's) beside the top block's reduce-scatter
+            # input, its gathered weights and (ZeRO 3) the prefetch of the block below it
+            below2 = num.gathered * rp.block if lay.zero == 3 and layers > 2 else 0.0
+            candidates.append(RankMemory(params + buffers + (num.gathered * rp.block if lay.zero == 3 else 0.0),
+                                         held_grads, optimizer, acts - per_layer, peaks[-1][1], rs + below2,
+                                         "second block's backward"))
     fwd_bwd = max(candidates, key=lambda c: c.total)
     if lay.pp > 1 and lay.virtual_stages > 1:
         # interleaved 1F1B: the rank's model chunks are in flight and hold gradients unevenly: priced per chunk
@@ -874,7 +897,7 @@ def _block_peak(model, lay: Layout, num: Numerics, tokens: float, acts: float, r
     MLP's gradient temporaries: one expert's routed tokens at a time under MoE). FSDP (`fsdp_block`:
     one block's parameters, 0 without FSDP): ZeRO 3 has gathered that block and prefetches the next
     (FSDP2's backward prefetch: one block's all-gather buffer); without a pipeline the block above's
-    gradients are being reduce-scattered (its fp32 unsharded gradient is the reduce-scatter input)."""
+    gradients are reduce-scattered after it (rank_memory's FSDP post-backward candidates)."""
     routed = tokens * model.experts_per_token / model.experts if model.experts > 1 else tokens
     if lay.recompute == "selective" and model.experts == 1:
         # op-level selective recompute (recompute.py) replays the block at its backward's first unpack and then
@@ -912,8 +935,9 @@ def _block_peak(model, lay: Layout, num: Numerics, tokens: float, acts: float, r
         past_mlp = (acts - j * per_layer - mlp_kept, max(after_mlp, recomputed) + head_grad, (j + 1) * gathered,
                     gathered)
         return max(top, in_mlp, past_mlp, key=sum)
-    comm = gathered + (4 * fsdp_block if lay.pp == 1 else 0.0)
-    return acts, max(temps, after_mlp) + head_grad, gathered, comm
+    # the top block's backward: ZeRO 3 prefetches the block below; nothing is reduce-scattered yet (the
+    # blocks' post-backwards are priced in rank_memory)
+    return acts, max(temps, after_mlp) + head_grad, gathered, gathered
 
 
 def _mlp_kept_bytes(model, tokens: float, tp: int, num: Numerics, mode: str) -> float:

@@ -42,6 +42,8 @@ from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefT
 from torch.distributed._tools.mem_tracker import _TOTAL_KEY, MemTracker
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp._fully_shard import _fsdp_param_group
+from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
 from torch.utils.weak import WeakIdKeyDictionary
 
 from launcher.trainer import engine as engine_mod
@@ -161,6 +163,9 @@ class RankMemTracker(FSDPMemTracker):
         self._param_storages: set[int] = set()
         self._weight_cast = False
         self._clipping = False
+        self._rs_input_next = False        # foreach_reduce entered: its first allocation is the RS input
+        self._rs_input = False             # that allocation is running
+        self._rs_patches: list = []
         self._window: dict | None = None   # figures at the highest total since the last mark()
         self._filing: _FSDPRefType | None = None   # what an FSDP gather makes is (see _file_gathers)
         self._group_methods: dict = {}
@@ -178,8 +183,38 @@ class RankMemTracker(FSDPMemTracker):
             self._update_and_maybe_create_winfos(p, _FSDPRefType.SHARDED_PARAM)
             if p.requires_grad:
                 self._plain_hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook))
-
+        self._rs_patches = [mock.patch.object(_fsdp_param_group, "foreach_reduce",
+                                              self._reducing(_fsdp_param_group.foreach_reduce)),
+                            mock.patch.object(DefaultReduceScatter, "allocate",
+                                              self._allocating(DefaultReduceScatter.allocate))]
+        for patch in self._rs_patches:
+            patch.start()
         self._file_gathers()
+
+    def _reducing(self, foreach_reduce):
+        """FSDP's foreach_reduce, its reduce-scatter input filed as a communication buffer from its
+        allocation on. Why: torch's tracker files that input as REDUCE_SCATTER only when the collective
+        runs, after the copy-in; the peak of a post-backward is at the allocation, beside the unsharded
+        gradients it copies, and was filed as a backward temporary there (the ledger and torch's own
+        categories call it a reduce-scatter buffer)."""
+        def run(*args, **kwargs):
+            self._rs_input_next = True
+            try:
+                return foreach_reduce(*args, **kwargs)
+            finally:
+                self._rs_input_next = False
+
+        return run
+
+    def _allocating(self, allocate):
+        def run(comm, *args, **kwargs):
+            self._rs_input, self._rs_input_next = self._rs_input_next, False   # the input, not the output
+            try:
+                return allocate(comm, *args, **kwargs)
+            finally:
+                self._rs_input = False
+
+        return run
 
     def _file_gathers(self) -> None:
         """File what FSDP's gathers allocate by what it is, whoever starts them: the all-gather's buffers
@@ -228,6 +263,9 @@ class RankMemTracker(FSDPMemTracker):
         for name, method in self._group_methods.items():
             setattr(FSDPParamGroup, name, method)
         self._group_methods = {}
+        for patch in self._rs_patches:
+            patch.stop()
+        self._rs_patches.clear()
 
     def _fsdp_param_group_post_backward(self, fsdp_mod, orig):
         inner = super()._fsdp_param_group_post_backward(fsdp_mod, orig)
@@ -259,6 +297,8 @@ class RankMemTracker(FSDPMemTracker):
             reftype = _FSDPRefType.UNSHARDED_PARAM
         elif self._filing is not None and reftype in (_FSDPRefType.ACT, _FSDPRefType.TEMP):
             reftype = self._filing
+        elif self._rs_input:
+            reftype = _FSDPRefType.REDUCE_SCATTER
         elif self._clipping and reftype == _FSDPRefType.ACT:
             reftype = _FSDPRefType.TEMP
         super()._track(reftype, t)
