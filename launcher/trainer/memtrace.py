@@ -24,6 +24,10 @@ What it takes to run the trainer unchanged in that world (notes/testbed.md lists
   fp32 gradients FSDP accumulates unsharded while pipelining disables gradient sync are gradients
   (torch's files them as backward temporaries), and the grad-norm clip's float64 copies, made
   between the backward and the optimizer, are temporaries (torch's files them as activations).
+  What recompute makes in backward is a temporary throughout (torch's files what an FSDP unit
+  inside the checkpointed block, an EP expert, recomputes as activations), and FSDP's
+  reduce-scatter input is a communication buffer from its allocation on (torch's re-files it so
+  only when the collective runs).
 """
 
 from __future__ import annotations
@@ -300,6 +304,10 @@ class RankMemTracker(FSDPMemTracker):
         elif self._rs_input:
             reftype = _FSDPRefType.REDUCE_SCATTER
         elif self._clipping and reftype == _FSDPRefType.ACT:
+            reftype = _FSDPRefType.TEMP
+        elif self._in_ac and reftype == _FSDPRefType.ACT and self._mod_tracker.is_bw:
+            # recomputed in backward inside an FSDP unit's forward (an EP expert in a checkpointed block):
+            # torch's tracker files those as activations, the rest of the same recompute as temporaries
             reftype = _FSDPRefType.TEMP
         super()._track(reftype, t)
 
