@@ -907,6 +907,14 @@ def _block_peak(model, lay: Layout, num: Numerics, tokens: float, acts: float, r
         acts -= ((model.hidden + hkv * (2 if lay.cp > 1 else 1)) / lay.tp + model.hidden) * num.act * tokens
     if model.experts > 1:
         temps = recomputed + mlp_backward_bytes(model, routed, lay.tp, num.act)
+        if lay.ep > 1 and recomputed > 0:
+            # backward re-runs the MoE's forward: at its end, beside what it recomputed, EP's dispatch copies
+            # of every routed row (moe.MoE._experts: the all-to-all receive buffer and its by-expert regrouping
+            # in the input dtype, and under autocast the fp32 gathered rows; the experts' concatenated output,
+            # the empty_like its restored order is copied into, and that copy, in the matmul dtype)
+            rows = tokens * model.experts_per_token
+            copies_in = 3 if num.mode == "autocast" else 2
+            temps = max(temps, recomputed + rows * model.hidden * (copies_in * num.residual + 3 * num.act))
     else:
         temps = recomputed + dense_mlp_backward_bytes(model, tokens, lay, num, fsdp_block > 0)
     # the output head's gradient in the parameter dtype, made in the loss's backward, waits for the root
