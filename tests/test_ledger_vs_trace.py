@@ -36,10 +36,13 @@ TESTED = [
     # first (FSDP's fp32 upcast of the embedding gradient): 3.0, 4.8, 3.9 s CPU
     "mha-gelu/4L tp1 cp2 pp2 1f1b z2 selective", "llama3-8b/4L tp2 cp2 pp2 gpipe z3 selective",
     "llama3-70b/4L tp8 cp2 pp2 gpipe z2 none",
+    # FSDP's post-backward (reduce-scatter input beside the block's gradients), ZeRO 3 under PP after a backward
+    # left every block gathered, EP's dispatch copies in a recomputed MoE (~2-4 s CPU each)
+    "llama3-405b/2L tp1 cp2 pp1 z3 none", "llama3-70b/4L tp1 cp1 pp2 1f1b z3 full", "tiny-moe tp1 cp2 pp1 z3 full ep4",
     # beside it
     "tiny dp8 z0 none", "tiny dp8 z1 selective", "tiny dp8 z2 none", "tiny dp8 z3 full", "tiny tp2 dp4 z3",
     "tiny cp2 dp4 z1", "tiny pp2 1f1b z2", "tiny pp2 gpipe z0", "tiny pp4 1f1b z1", "mha-gelu tp2 pp2 z3",
-    "tiny dp4 z2 fp32", "moe ep2 dp8 z2",
+    "tiny dp4 z2 fp32", "moe ep2 dp8 z2", "moe ep4 dp8 z0",
     # reduced llama3-8b shapes: autocast over several micro-batches, several loss chunks, TP's embedding
     # gradient; an uneven stage split
     "dense cp2 z1 full", "dense tp2 pp2 z2 chunks", "uneven pp4 1f1b z2",
