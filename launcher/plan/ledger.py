@@ -730,23 +730,32 @@ def interleaved_order(pp: int, v: int, m: int, r: int) -> tuple[tuple[int, int, 
 
 
 @lru_cache(maxsize=4096)
-def interleaved_moments(pp: int, v: int, m: int, r: int, chunk_layers: tuple[int, ...]) -> tuple[tuple, ...]:
+def interleaved_moments(pp: int, v: int, m: int, r: int, chunk_layers: tuple[int, ...],
+                        sharded: bool) -> tuple[tuple, ...]:
     """The backward actions of interleaved_order where rank r's peak can fall, as (local chunk, micro-batch,
     micro-batches in flight per chunk, backwards run per chunk): of those in the same chunk, first or not,
     and with the same chunks' gradients begun and finished, only the one holding the most activations; and
-    of those, none that another holds no more activations, gradients or in-flight head micro-batches than."""
+    of those, none that another holds no more activations, gradients or in-flight head micro-batches than
+    (the head chunk's only on the last rank; finished chunks only count when their gradient is then
+    `sharded`)."""
     held, done = [0] * v, [0] * v
     live, begun, finished = 0, 0, 0           # layer-micro-batches in flight; bitmasks of chunks
     best: dict[tuple, tuple] = {}
-    for k, j, backward in interleaved_order(pp, v, m, r):
-        if not backward:
+    rounds = max(1, m // pp)
+    per_round = m // rounds
+    warmup = min((v - 1) * per_round + 2 * (pp - 1 - r), m * v)
+    for op in range(m * v + warmup):          # interleaved_order, inline: the planner asks for thousands
+        if op < m * v:
+            k = (op // per_round) % v
             held[k] += 1
             live += chunk_layers[k]
+        if op < warmup:
             continue
-        key = (k, j == 0, begun, finished)
-        rank = (live, held[-1])
+        k = v - 1 - ((op - warmup) // per_round) % v
+        key = (k, done[k] == 0, begun, finished if sharded else 0)
+        rank = (live, held[-1] if r == pp - 1 else 0)
         if key not in best or best[key][0] < rank:
-            best[key] = (rank, (k, j, tuple(held), tuple(done)))
+            best[key] = (rank, (k, done[k], tuple(held), tuple(done)))
         held[k] -= 1
         live -= chunk_layers[k]
         done[k] += 1
@@ -791,21 +800,21 @@ def _interleaved_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, 
     block = {n: _block_peak(model, lay, num, tokens, 0.0, recomputed, rp.block if fsdp else 0.0, lay.zero,
                             per_layer, rp.block_mlp if fsdp else 0.0, rp.head if fsdp else 0.0, n)
              for n in set(chunk_layers)}
-    best: RankMemory | None = None
-    for k, j, held, done in interleaved_moments(pp, v, m, r, tuple(chunk_layers)):
+    best: tuple | None = None
+    for k, j, held, done in interleaved_moments(pp, v, m, r, tuple(chunk_layers), sharded < 1):
         kept = [g * (sharded if d == m else 1.0) for g, d in zip(chunk_grads, done)]
         cand = _chunk_backward_peak(model, lay, num, rp, state, tokens, per_layer, r, k, j, list(held),
                                     chunk_layers, layers, kept, list(done), autocast, whole_vocab,
                                     loss, block[chunk_layers[k]], fsdp)
-        best = cand if best is None or cand.total > best.total else best
+        best = cand if best is None or cand[0] > best[0] else best
     assert best is not None
-    return best
+    return RankMemory(*best[1:])
 
 
 def _chunk_backward_peak(model, lay: Layout, num: Numerics, rp: RankParams, state: RankMemory, tokens: float,
                          per_layer: float, r: int, k: int, j: int, held: list[int], chunk_layers: list[int],
                          layers: int, chunk_grads: list[float], done: list[int], autocast: bool, whole_vocab: float,
-                         loss: tuple[float, ...] | None, block: tuple[float, ...], fsdp: bool) -> RankMemory:
+                         loss: tuple[float, ...] | None, block: tuple[float, ...], fsdp: bool) -> tuple:
     """Rank r's peak in local chunk k's backward of micro-batch j (interleaved 1F1B), `held` micro-batches in
     flight per chunk, `done` backwards run per chunk: the top of the chunk (or the loss), its bottom block,
     and the end of its backward. `loss` and `block`: _loss_peak (one micro-batch) and _block_peak of the
@@ -823,7 +832,7 @@ def _chunk_backward_peak(model, lay: Layout, num: Numerics, rp: RankParams, stat
     acts_, temps, gathered_block, comm = max(peaks, key=sum)
     # the head's bf16 cast is made inside the loss's checkpointed chunks, never cached: none in backward
     base = state.params - (2 * rp.head if autocast else 0.0)
-    out = [RankMemory(base + gathered_block, before + own, state.optimizer, acts_, temps, comm, "forward/backward")]
+    out = [_moment(base + gathered_block, before + own, state.optimizer, acts_, temps, comm, "forward/backward")]
     # autocast: a chunk's cached bf16 weight casts were made in its first micro-batch's forward, so in a later
     # micro-batch's backward their ToCopyBackward nodes run last (autograd's ready queue): the chunk's bf16
     # weight gradients wait until its backward ends
@@ -838,16 +847,21 @@ def _chunk_backward_peak(model, lay: Layout, num: Numerics, rp: RankParams, stat
             if fsdp and lay.zero == 3 else 0.0
         # the first backward's embedding gradient is still the temporary above (AccumulateGrad then keeps it)
         fresh = 4 * param_counts(model).embedding / lay.tp + whole_vocab * 4 if first_stage and j == 0 else 0.0
-        out.append(RankMemory(base + end_gathered, before + chunk_grads[k] - fresh, state.optimizer,
+        out.append(_moment(base + end_gathered, before + chunk_grads[k] - fresh, state.optimizer,
                               acts - per_layer * n, end_temps, 0.0, "end of backward"))
     if n > 1:
         # the chunk's bottom block: the blocks above have freed this micro-batch's activations and left their
         # gradients (bf16 and waiting when stalled; accumulated on the first backward)
         bottom = chunk_grads[k] * (n - 1) / n if not stalled and j == 0 else own
-        out.append(RankMemory(base, before + bottom, state.optimizer, acts - per_layer * (n - 1),
+        out.append(_moment(base, before + bottom, state.optimizer, acts - per_layer * (n - 1),
                               (chunk_matmul * (n - 1) / n if stalled else 0.0) + block_temps, 0.0,
                               "bottom block's backward"))
-    return max(out, key=lambda c: c.total)
+    return max(out, key=lambda t: t[0])
+
+
+def _moment(*figures) -> tuple:
+    """(total, *RankMemory's fields): compared by total, and cheaper than a RankMemory per moment."""
+    return (sum(figures[:6]), *figures)
 
 
 def _loss_peak(model, train, lay: Layout, num: Numerics, tokens: float, acts: float,
