@@ -236,3 +236,26 @@ def test_interleaved_order_is_torchs(pp, v, m):
         torch_order = [(a.stage_index // pp, a.microbatch_index, a.computation_type == _ComputationType.FULL_BACKWARD)
                        for a in s._calculate_single_rank_operations(r) if a is not None]
         assert list(interleaved_order(pp, v, m, r)) == torch_order
+
+
+def test_interleaved_moments_of_a_long_schedule_are_a_short_ones():
+    """The ledger finds an interleaved rank's moments on a schedule with two steady periods (pp | m), not
+    on all m micro-batches: the same chunks, micro-batches in flight and what the pricing reads of the
+    backward counts (none run, some, all m) as the whole schedule's, for every rank."""
+    from launcher.plan.ledger import interleaved_moments, schedule_moments
+
+    def read(moments, m):
+        return [(k, j > 0, held, tuple((d > 0, d == m) for d in done)) for k, j, held, done in moments]
+
+    shortened = 0
+    for pp in (2, 3, 4, 6):
+        for v in (2, 3, 5):
+            layers = tuple(1 + (i % 3) for i in range(v))
+            for m in (pp, 4 * pp, 9 * pp, 10 * pp - 1):
+                for r in range(pp):
+                    for sharded in (False, True):
+                        got = interleaved_moments(pp, v, m, r, layers, sharded)
+                        assert read(got, m) == read(schedule_moments(pp, v, m, r, layers, sharded), m), \
+                            (pp, v, m, r, sharded)
+                        shortened += m > 6 * pp and m % pp == 0
+    assert shortened  # the shortcut was taken

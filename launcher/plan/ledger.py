@@ -732,6 +732,33 @@ def interleaved_order(pp: int, v: int, m: int, r: int) -> tuple[tuple[int, int, 
 @lru_cache(maxsize=4096)
 def interleaved_moments(pp: int, v: int, m: int, r: int, chunk_layers: tuple[int, ...],
                         sharded: bool) -> tuple[tuple, ...]:
+    """schedule_moments, found on a shorter schedule where that is exact. With pp | m each chunk runs pp
+    micro-batches per round, so between the same warm-up and cool-down the order repeats one period of pp·v
+    forwards and pp·v backwards (each chunk pp of each), which leaves every chunk's micro-batches in flight
+    as they were: a schedule with two such periods or more has the moments of the shortest one that has two
+    (the same keys, activations and in-flight counts, the first of equals in the same period), its backward
+    counts only later in the cool-down, so read as the pricing reads them (none, some, all m)."""
+    short = _short_microbatches(pp, v, m, r)
+    if short == m:
+        return schedule_moments(pp, v, m, r, chunk_layers, sharded)
+    return tuple((k, j, held, tuple(m if d == short else d for d in done))
+                 for k, j, held, done in schedule_moments(pp, v, short, r, chunk_layers, sharded))
+
+
+def _short_microbatches(pp: int, v: int, m: int, r: int) -> int:
+    """The fewest micro-batches (a multiple of pp) whose interleaved schedule on rank r has two whole
+    steady periods after its warm-up, or m itself where m is not a multiple of pp or not longer."""
+    if m % pp:
+        return m
+    warmup = (v - 1) * pp + 2 * (pp - 1 - r)
+    period = pp * v
+    short = pp * -(-(warmup + 2 * period) // period)
+    return min(m, short)
+
+
+@lru_cache(maxsize=4096)
+def schedule_moments(pp: int, v: int, m: int, r: int, chunk_layers: tuple[int, ...],
+                     sharded: bool) -> tuple[tuple, ...]:
     """The backward actions of interleaved_order where rank r's peak can fall, as (local chunk, micro-batch,
     micro-batches in flight per chunk, backwards run per chunk): of those in the same chunk, first or not,
     and with the same chunks' gradients begun and finished, only the one holding the most activations; and
