@@ -39,6 +39,7 @@ TESTED = [
     # FSDP's post-backward (reduce-scatter input beside the block's gradients), ZeRO 3 under PP after a backward
     # left every block gathered, EP's dispatch copies in a recomputed MoE (~2-4 s CPU each)
     "llama3-405b/2L tp1 cp2 pp1 z3 none", "llama3-70b/4L tp1 cp1 pp2 1f1b z3 full", "tiny-moe tp1 cp2 pp1 z3 full ep4",
+    "tiny-moe tp1 cp1 pp2 gpipe z0 none ep2",
     # beside it
     "tiny dp8 z0 none", "tiny dp8 z1 selective", "tiny dp8 z2 none", "tiny dp8 z3 full", "tiny tp2 dp4 z3",
     "tiny cp2 dp4 z1", "tiny pp2 1f1b z2", "tiny pp2 gpipe z0", "tiny pp4 1f1b z1", "mha-gelu tp2 pp2 z3",

@@ -243,7 +243,7 @@ def trainer_numerics(train, gpu, lay: Layout) -> Numerics:
 
 @lru_cache(maxsize=4096)  # the same (model, shape, degrees) recurs across ZeRO stages and pp
 def trainer_layer_activation_bytes(model, s: int, b: int, mode: str, num: Numerics, *, tp: int = 1,
-                                   cp: int = 1) -> float:
+                                   cp: int = 1, ep: int = 1) -> float:
     """Bytes one rank keeps for backward for one transformer layer and one micro-batch, as the
     trainer's Block saves them (model.py; SDPA never materialises the s×s scores)."""
     h, a = model.hidden, model.heads
@@ -274,7 +274,7 @@ def trainer_layer_activation_bytes(model, s: int, b: int, mode: str, num: Numeri
         attn += 2 * hkv / tp * e * s * b + hq / tp * e * tokens
     # under autocast each expert Linear casts its own rows of the (fp32) gathered input: w1 and w3 both
     casts = (2 if model.mlp == "swiglu" else 1) if num.mode == "autocast" else 1
-    return norms + linear_in + attn + mlp_activation_bytes(model, tokens, tp, e, input_copies=casts)
+    return norms + linear_in + attn + mlp_activation_bytes(model, tokens, tp, e, input_copies=casts, ep=ep)
 
 
 def selective_layer_bytes(model, tokens: float, tp: int, num: Numerics) -> float:
@@ -297,7 +297,7 @@ def selective_layer_bytes(model, tokens: float, tp: int, num: Numerics) -> float
     return kept + tokens * (model.experts * e + k * (mats * model.ffn_hidden + h) * e)
 
 
-def mlp_activation_bytes(model, tokens: float, tp: int, e: int, input_copies: int = 1) -> float:
+def mlp_activation_bytes(model, tokens: float, tp: int, e: int, input_copies: int = 1, ep: int = 1) -> float:
     """The MLP's saved tensors: SwiGLU w1 out, silu(w1), w3 out, their product (w2's input); GELU two.
     MoE: `input_copies` of each routed row in the matmul dtype (autocast: one bf16 cast per expert
     Linear that reads it; otherwise the gathered rows themselves, shared)."""
@@ -311,7 +311,10 @@ def mlp_activation_bytes(model, tokens: float, tp: int, e: int, input_copies: in
     # output kept for the gate multiply and the gated output index_add keeps. Every expert runs, on
     # however many rows it is routed (zero included), and the rows sum to tokens·k: nothing here
     # depends on the routing
-    return tokens * (E * 4 + 4 + k * (32 + (input_copies + 2) * h * e + per_row))
+    # with EP the experts' concatenated output (moe.MoE._experts: torch.cat, before its order is restored
+    # and sent back) is kept as well (traced)
+    kept_out = 3 if ep > 1 else 2
+    return tokens * (E * 4 + 4 + k * (32 + (input_copies + kept_out) * h * e + per_row))
 
 
 @dataclass(frozen=True)
@@ -544,7 +547,7 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
             cache = 2 * (rp.matmul - (rp.head if lay.tp > 1 else 0.0))
     # --- activations: per micro-batch × the schedule's in-flight micro-batches
     s, b = train.seq_len, lay.micro_batch
-    per_layer = trainer_layer_activation_bytes(model, s, b, lay.recompute, num, tp=lay.tp, cp=lay.cp)
+    per_layer = trainer_layer_activation_bytes(model, s, b, lay.recompute, num, tp=lay.tp, cp=lay.cp, ep=lay.ep)
     tokens = s / lay.cp * b
     layers = rank_layers(model, lay, role)
     held = in_flight_microbatches(lay.schedule, lay.pp, lay.grad_accum, lay.virtual_stages,
@@ -568,7 +571,7 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
     if lay.recompute == "full" or (lay.recompute == "selective" and model.experts > 1):
         # backward recomputes one block at a time: that block's whole activations exist meanwhile
         # (selective: less the outputs it kept, which the recompute reuses)
-        recomputed = trainer_layer_activation_bytes(model, s, b, "none", num, tp=lay.tp, cp=lay.cp)
+        recomputed = trainer_layer_activation_bytes(model, s, b, "none", num, tp=lay.tp, cp=lay.cp, ep=lay.ep)
         if lay.recompute == "selective":
             recomputed = max(0.0, recomputed - per_layer)
     elif lay.recompute == "selective":
@@ -951,24 +954,24 @@ def _block_peak(model, lay: Layout, num: Numerics, tokens: float, acts: float, r
         if lay.ep > 1 and recomputed > 0:
             # backward re-runs the MoE's forward: at its end, beside what it recomputed, EP's dispatch copies
             # of every routed row (moe.MoE._experts: the all-to-all receive buffer and its by-expert regrouping
-            # in the input dtype, and under autocast the fp32 gathered rows; the experts' concatenated output,
-            # the empty_like its restored order is copied into, and that copy, in the matmul dtype)
+            # in the input dtype, and under autocast the fp32 gathered rows; the empty_like the experts' output
+            # is copied into in its restored order, and that copy, in the matmul dtype)
             rows = tokens * model.experts_per_token
             copies_in = 3 if num.mode == "autocast" else 2
-            temps = max(temps, recomputed + rows * model.hidden * (copies_in * num.residual + 3 * num.act))
+            temps = max(temps, recomputed + rows * model.hidden * (copies_in * num.residual + 2 * num.act))
     else:
         temps = recomputed + dense_mlp_backward_bytes(model, tokens, lay, num, fsdp_block > 0)
     # the output head's gradient in the parameter dtype, made in the loss's backward, waits for the root
     # unit's FSDP post-backward at the end of the whole backward
     head_grad = num.gathered * fsdp_head
-    mlp_kept, after_mlp = _mlp_kept_bytes(model, tokens, lay.tp, num, lay.recompute), 0.0
+    mlp_kept, after_mlp = _mlp_kept_bytes(model, tokens, lay.tp, num, lay.recompute, lay.ep), 0.0
     if fsdp_mlp and model.experts > 1:
         # after the MoE's backward, before the block's FSDP post-backward: all its local experts' weight
         # gradients in the parameter dtype (FSDP casts them to the fp32 reduce dtype only then), beside
         # what the attention's backward still needs of the recomputed block, and the MoE's input norm's
         # backward (RMSNorm in fp32: the upcast input, its square, the normalised x and their gradients,
         # about six fp32 [tokens, hidden] tensors, traced)
-        mlp_recomputed = mlp_activation_bytes(model, tokens, lay.tp, num.act) - mlp_kept
+        mlp_recomputed = mlp_activation_bytes(model, tokens, lay.tp, num.act, ep=lay.ep) - mlp_kept
         norm_backward = 6 * 4 * model.hidden * tokens / lay.tp
         after_mlp = max(0.0, recomputed - mlp_recomputed) + num.gathered * fsdp_mlp + norm_backward
     gathered = num.gathered * fsdp_block if zero == 3 else 0.0
@@ -989,11 +992,11 @@ def _block_peak(model, lay: Layout, num: Numerics, tokens: float, acts: float, r
     return acts, max(temps, after_mlp) + head_grad, gathered, gathered
 
 
-def _mlp_kept_bytes(model, tokens: float, tp: int, num: Numerics, mode: str) -> float:
+def _mlp_kept_bytes(model, tokens: float, tp: int, num: Numerics, mode: str, ep: int = 1) -> float:
     """What one block keeps of its MLP for backward: all its saved tensors without recompute (as
     mlp_activation_bytes); under selective, the matmul outputs (selective_layer_bytes); none under full."""
     if mode == "none":
-        return mlp_activation_bytes(model, tokens, tp, num.act)
+        return mlp_activation_bytes(model, tokens, tp, num.act, ep=ep)
     if mode == "full":
         return 0.0
     mats, e = (2 if model.mlp == "swiglu" else 1), num.act
