@@ -689,6 +689,10 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
     temp = max(optimizer_temp_bytes(train, gpu, stepped, rp.largest / (n if fsdp else 1)),
                16 * rp.largest / (n if fsdp else 1))  # grad-norm clip: a float64 copy and its square
     held_params = params + buffers - (num.gathered * rp.root if fsdp else 0.0)
+    if fsdp and lay.zero == 2:
+        # ZeRO 2's gathered blocks are resharded by the last backward (FSDP's reshard-after-backward, which
+        # pipelining turns back on for the last micro-batch): the step holds the shards only
+        held_params -= num.gathered * (rp.blocks_dense + rp.blocks_expert)
     step = RankMemory(held_params, step_grads, optimizer, 0.0, temp, 0.0, "optimizer step")
     if flat > temp:
         step = RankMemory(held_params, step_grads, optimizer, 0.0, 0.0, flat, "gradient all-reduce")
