@@ -548,6 +548,10 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
     # --- activations: per micro-batch × the schedule's in-flight micro-batches
     s, b = train.seq_len, lay.micro_batch
     per_layer = trainer_layer_activation_bytes(model, s, b, lay.recompute, num, tp=lay.tp, cp=lay.cp, ep=lay.ep)
+    if num.mode == "fsdp-bf16":
+        # FSDP's MixedPrecisionPolicy casts each block's forward inputs to bf16, the RoPE tables [seq/cp, head_dim]
+        # too: kept until the block's backward (full recompute's checkpoint holds its inputs; RoPE's multiplies)
+        per_layer += 2 * 2 * s / lay.cp * (model.hidden // model.heads)
     tokens = s / lay.cp * b
     layers = rank_layers(model, lay, role)
     held = in_flight_microbatches(lay.schedule, lay.pp, lay.grad_accum, lay.virtual_stages,
@@ -556,7 +560,8 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
 
     def acts_at(in_flight: float) -> float:
         """The stored activations with `in_flight` micro-batches in flight, and what the pipeline keeps."""
-        a = per_layer * layers * in_flight
+        # the step's token ids and labels on the device, int64 (engine.step: shard_sequence(...).to(device))
+        a = per_layer * layers * in_flight + 2 * 8 * lay.grad_accum * b * s / lay.cp
         if lay.pp > 1:
             a += pipeline_buffer_bytes(model, lay, num, tokens, in_flight, r)
         if lay.cp > 1 and getattr(gpu, "name", "") == "cpu":
@@ -706,12 +711,13 @@ def pipeline_buffer_bytes(model, lay: Layout, num: Numerics, tokens: float, held
     receive buffer per micro-batch for every stage's input (not stage 0's) and for its output's
     gradient (not the last stage's), allocated once for the whole step; and each in-flight micro-batch's
     stage output, kept for its backward. In fp32 (autocast) the first block's norm saves that received
-    input itself (x.float() is x), already counted among the block's activations."""
+    input itself (x.float() is x), and full recompute's checkpoint keeps it as the block's input: already
+    counted among the block's activations."""
     v, m = max(1, lay.virtual_stages), lay.grad_accum
     recv = m * (2 * v - (r == 0) - (r == lay.pp - 1))
     chunks = list(held) if isinstance(held, list) else [held] * v    # in flight per local chunk (interleaved)
     kept = sum(chunks) - (chunks[-1] if r == lay.pp - 1 else 0.0)
-    shared = sum(chunks) - (chunks[0] if r == 0 else 0.0) if num.residual == 4 else 0.0
+    shared = sum(chunks) - (chunks[0] if r == 0 else 0.0) if num.residual == 4 or lay.recompute == "full" else 0.0
     return num.residual * model.hidden * tokens / lay.tp * (recv + kept - shared)
 
 
@@ -927,7 +933,10 @@ def loss_input_bytes(model, lay: Layout, num: Numerics, tokens: float) -> float:
     """What one micro-batch keeps for the loss's backward on the last stage: the final norm's fp32 input and
     normed output, and the final hidden states the chunked loss keeps (all-gathered under TP)."""
     h, r = model.hidden, num.residual
-    return (4 + r) * h * tokens / lay.tp + r * h * tokens
+    # under PP the schedule also keeps the stage's output (the final norm's, a sequence shard) for the loss's
+    # backward: without TP that is the loss's hidden states themselves, under TP they are its all-gather
+    stage_output = r * h * tokens / lay.tp if lay.tp > 1 and lay.pp > 1 else 0.0
+    return (4 + r) * h * tokens / lay.tp + r * h * tokens + stage_output
 
 
 def _head_grad_bytes(num: Numerics, rp: RankParams | None, elems: float = 0.0) -> float:
