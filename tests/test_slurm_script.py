@@ -34,7 +34,13 @@ done
 trap 'kill -$SIG "${pids[@]}" 2>/dev/null' $SIG
 rc=0
 for p in "${pids[@]}"; do
-  while :; do wait "$p"; r=$?; kill -0 "$p" 2>/dev/null || break; done
+  while :; do
+    wait "$p"; r=$?
+    if ! kill -0 "$p" 2>/dev/null; then
+      if [ "$r" -gt 128 ]; then wait "$p" 2>/dev/null; s=$?; [ "$s" = 127 ] || r=$s; fi
+      break
+    fi
+  done
   [ "$r" -gt "$rc" ] && rc=$r
 done
 exit $rc

@@ -33,10 +33,17 @@ CPUS_PER_NODE = 2
 PARTITION = "debug"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n: int) -> list[int]:
+    """n distinct free ports: all n sockets are held open while choosing, or the kernel may hand
+    the same just-closed port out twice (slurmctld and a slurmd then collide on it)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _which(name: str) -> str | None:
@@ -95,7 +102,7 @@ class SlurmCluster:
         for i in range(GPUS_PER_NODE):
             (gpu_dir / f"fakegpu{i}").touch()
         (self.root / "state").mkdir(exist_ok=True)
-        ctl_port = _free_port()
+        ctl_port, *node_ports = _free_ports(1 + len(self.nodes))
         lines = [
             "ClusterName=launch4d",
             f"SlurmctldHost={host}(127.0.0.1)",
@@ -125,9 +132,9 @@ class SlurmCluster:
             f"SlurmdPidFile={self.root}/slurmd.%n.pid",
             f"SlurmdLogFile={self.root}/slurmd.%n.log",
         ]
-        for name in self.nodes:
+        for name, port in zip(self.nodes, node_ports, strict=True):
             lines.append(f"NodeName={name} NodeHostname={name if self.separate_hostnames else host} "
-                         f"NodeAddr=127.0.0.1 Port={_free_port()} CPUs={CPUS_PER_NODE} RealMemory=4000 "
+                         f"NodeAddr=127.0.0.1 Port={port} CPUs={CPUS_PER_NODE} RealMemory=4000 "
                          f"Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN")
         lines.append(f"PartitionName={self.partition} Nodes={','.join(self.nodes)} Default=YES "
                      "MaxTime=INFINITE State=UP OverSubscribe=NO")
