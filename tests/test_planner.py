@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import subprocess
@@ -103,6 +104,20 @@ def test_fitting_ledger_is_the_ledger_where_it_fits(model, gpu):
             assert fitting_ledger(m, t, g, lay, headroom) == (full if full.fits else None)
             verdicts.add(full.fits)
     assert verdicts == {True, False}
+
+
+def test_the_lowest_fitting_zero_stage_is_kept_where_a_higher_one_does_not_fit():
+    """ZeRO 3's prefetch of the next block can outweigh what it reshards (two layers a stage): ZeRO 2 fits
+    where 3 does not, and the search keeps it rather than dropping the whole FSDP family."""
+    parallel = {"tp": 8, "cp": 2, "pp": 64, "schedule": "gpipe", "recompute": "full", "micro_batch": 64}
+    spec = job("llama3-405b", nodes=2048, seq=8192, gb=2048, parallel=parallel)
+    z2 = Layout(8, 2, 64, 16, 1, 2, "full", 64, 2, "gpipe", 1)
+    m, t, g, headroom = spec.model, spec.train, spec.gpu, spec.cluster.memory_headroom
+    assert memory_ledger(m, t, g, z2, headroom).fits
+    assert not memory_ledger(m, t, g, dataclasses.replace(z2, zero=3), headroom).fits
+    result = plan_job(spec, top=3)
+    assert any(p.zero_stage == 2 for p in [result.best, *result.alternatives] if p is not None)
+    assert result.rejected["dominated by a lower ZeRO stage that fits"] >= 1
 
 
 @pytest.mark.parametrize("name, tp_max", [

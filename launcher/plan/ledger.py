@@ -16,6 +16,7 @@ Conventions (the seed's, which are Korthikanti et al.'s and the ZeRO paper's):
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
@@ -352,6 +353,12 @@ def _rank_layer_counts(layers: int, pp: int, v: int) -> tuple[int, ...]:
     return tuple(sum(split[r::pp]) for r in range(pp))
 
 
+@lru_cache(maxsize=4096)
+def _chunk_layer_counts(layers: int, pp: int, v: int, r: int) -> tuple[int, ...]:
+    """The layers of each of pipeline rank r's v model chunks (stage_layers over pp·v stages)."""
+    return tuple(stage_layers(layers, pp * v)[r::pp])
+
+
 @lru_cache(maxsize=1024)
 def _candidate_ranks(layers: int, pp: int, v: int) -> tuple[int, ...]:
     """Pipeline ranks that can be the busiest (busiest_rank): both ends, and each middle layer count's
@@ -499,6 +506,15 @@ class RankMemory:
 
 def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
     """Peak memory of pipeline rank `role` ('first', 'last' or a rank) as the trainer runs the plan."""
+    m = _rank_memory(model, train, gpu, lay, role)
+    assert m is not None                             # no limit: always priced
+    return m
+
+
+def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: float = math.inf) -> RankMemory | None:
+    """rank_memory, or None as soon as the rank's state alone (params, optimizer state, autocast's casts: in
+    every moment rank_memory prices, less the head's cast interleaving does not keep) is over `limit_gb`
+    (as MemoryLedger.per_gpu_gb): many layouts the search rejects are rejected there, unpriced."""
     num = trainer_numerics(train, gpu, lay)
     rp = rank_params(model, lay, role)
     n = lay.dp * lay.cp                              # FSDP / ZeRO 1 group: dp·cp (mesh.dp_cp_mesh)
@@ -545,6 +561,8 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
             # autocast region around forward/backward ends, before the optimizer step
             # (under TP the loss multiplies with the head's to_local(), not a leaf: autocast does not cache its cast)
             cache = 2 * (rp.matmul - (rp.head if lay.tp > 1 else 0.0))
+    if _per_gpu_gb(params + buffers + cache + optimizer - (2 * rp.head if num.mode == "autocast" else 0.0)) > limit_gb:
+        return None
     # --- activations: per micro-batch × the schedule's in-flight micro-batches
     s, b = train.seq_len, lay.micro_batch
     per_layer = trainer_layer_activation_bytes(model, s, b, lay.recompute, num, tp=lay.tp, cp=lay.cp, ep=lay.ep)
@@ -581,6 +599,14 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
             recomputed = max(0.0, recomputed - per_layer)
     elif lay.recompute == "selective":
         recomputed = selective_recomputed_bytes(model, s / lay.cp * b, s * b, lay.tp, num)
+    step = _step_memory(train, gpu, lay, num, rp, fsdp, n, n_exp, dense, params + buffers, step_grads, optimizer)
+    if lay.pp > 1 and lay.virtual_stages > 1:
+        # interleaved 1F1B: the rank's model chunks are in flight and hold gradients unevenly: priced per chunk
+        state = RankMemory(params + buffers + cache, grads, optimizer, acts - per_layer * layers * held
+                           - pipeline_buffer_bytes(model, lay, num, tokens, held, r), 0.0, 0.0, "")
+        fwd_bwd = _interleaved_peak(model, train, lay, num, rp, state, tokens, per_layer, recomputed, fsdp, r,
+                                    whole_vocab, step_grads / grads if fsdp and grads else 1.0)
+        return fwd_bwd if fwd_bwd.total >= step.total else step
     has_head = r == lay.pp - 1
     # --- the forward/backward peak: the loss's backward (last stage) or the first block's backward
     # (on the last stage the other in-flight micro-batches' loss inputs wait beside a block's backward: GPipe)
@@ -681,19 +707,20 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
                                          held_grads, optimizer, acts - per_layer, peaks[-1][1], rs + below2,
                                          "second block's backward"))
     fwd_bwd = max(candidates, key=lambda c: c.total)
-    if lay.pp > 1 and lay.virtual_stages > 1:
-        # interleaved 1F1B: the rank's model chunks are in flight and hold gradients unevenly: priced per chunk
-        state = RankMemory(params + buffers + cache, grads, optimizer, acts - per_layer * layers * held
-                           - pipeline_buffer_bytes(model, lay, num, tokens, held, r), 0.0, 0.0, "")
-        fwd_bwd = _interleaved_peak(model, train, lay, num, rp, state, tokens, per_layer, recomputed, fsdp, r,
-                                    whole_vocab, step_grads / grads if fsdp and grads else 1.0)
+    return fwd_bwd if fwd_bwd.total >= step.total else step
+
+
+def _step_memory(train, gpu, lay: Layout, num: Numerics, rp: RankParams, fsdp: bool, n: int, n_exp: int,
+                 dense: float, params: float, step_grads: float, optimizer: float) -> RankMemory:
+    """The rank after backward: the flat all-reduce bucket (ZeRO 0/1), or the optimizer step's temporaries;
+    `params` with the buffers."""
     # the flat bucket fsdp.all_reduce_grads concatenates after backward (ZeRO 0/1): up to the bucket size,
     # or one tensor larger than that on its own; freed before the clip and the optimizer run
     flat = 4 * max(min(rp.total, ALLREDUCE_BUCKET_ELEMS), rp.largest) if not fsdp and n > 1 else 0.0
     stepped = dense / n + rp.blocks_expert / n_exp if fsdp or lay.zero == 1 else rp.total   # what step() updates
     temp = max(optimizer_temp_bytes(train, gpu, stepped, rp.largest / (n if fsdp else 1)),
                16 * rp.largest / (n if fsdp else 1))  # grad-norm clip: a float64 copy and its square
-    held_params = params + buffers - (num.gathered * rp.root if fsdp else 0.0)
+    held_params = params - (num.gathered * rp.root if fsdp else 0.0)
     if fsdp and lay.zero == 2:
         # ZeRO 2's gathered blocks are resharded by the last backward (FSDP's reshard-after-backward, which
         # pipelining turns back on for the last micro-batch): the step holds the shards only
@@ -701,7 +728,7 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
     step = RankMemory(held_params, step_grads, optimizer, 0.0, temp, 0.0, "optimizer step")
     if flat > temp:
         step = RankMemory(held_params, step_grads, optimizer, 0.0, 0.0, flat, "gradient all-reduce")
-    return fwd_bwd if fwd_bwd.total >= step.total else step
+    return step
 
 
 def pipeline_buffer_bytes(model, lay: Layout, num: Numerics, tokens: float, held: float | list[int],
@@ -811,6 +838,23 @@ def schedule_moments(pp: int, v: int, m: int, r: int, chunk_layers: tuple[int, .
     return tuple(moment for key, (rank, moment) in best.items() if not dominated(key, rank))
 
 
+@lru_cache(maxsize=4096)
+def _moment_features(pp: int, v: int, m: int, r: int, chunk_layers: tuple[int, ...],
+                     sharded: bool) -> tuple[tuple, ...]:
+    """interleaved_moments as what _interleaved_peak reads of each, all integers: (local chunk k, micro-batch
+    j, layer-micro-batches in flight Σ held·layers, stage outputs kept and received inputs shared in the
+    pipeline's buffers (pipeline_buffer_bytes' counts), micro-batches in flight of chunk k, the other chunks
+    whose backward has run, which chunks have finished theirs)."""
+    out = []
+    for k, j, held, done in interleaved_moments(pp, v, m, r, chunk_layers, sharded):
+        kept = sum(held) - (held[-1] if r == pp - 1 else 0)
+        shared = sum(held) - (held[0] if r == 0 else 0)
+        others = tuple(i for i in range(v) if done[i] and i != k)
+        out.append((k, j, sum(h * c for h, c in zip(held, chunk_layers)), kept, shared, held[k], others,
+                    tuple(d == m for d in done)))
+    return tuple(out)
+
+
 def _interleaved_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, state: RankMemory, tokens: float,
                       per_layer: float, recomputed: float, fsdp: bool, r: int, whole_vocab: float,
                       sharded: float) -> RankMemory:
@@ -820,10 +864,14 @@ def _interleaved_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, 
     run once (ZeRO 0/1 and, under PP, FSDP accumulate a chunk's whole gradient from its first backward on).
     `state` holds the rank's params (with autocast's casts), all its gradients, optimizer state and, as
     activations, what lives beside the blocks' (the CPU's CP masks). FSDP reduce-scatters a chunk's gradient
-    after its last micro-batch's backward: from then on it holds the `sharded` fraction of it."""
+    after its last micro-batch's backward: from then on it holds the `sharded` fraction of it.
+
+    At each moment (chunk k's backward of micro-batch j, with `held` micro-batches in flight per chunk): the
+    top of the chunk (or the loss), its bottom block, and the end of its backward; the first of the highest
+    is the peak. The planner prices thousands of these, so each moment is read from _moment_features and
+    only totals are summed (in RankMemory.total's order) until one is the highest so far."""
     pp, v, m = lay.pp, lay.virtual_stages, lay.grad_accum
-    counts = stage_layers(model.layers, pp * v)
-    chunk_layers = [counts[r + k * pp] for k in range(v)]
+    chunk_layers = _chunk_layer_counts(model.layers, pp, v, r)
     layers = sum(chunk_layers)
     c = param_counts(model)
     embedding = c.embedding / lay.tp if r == 0 else 0.0
@@ -840,68 +888,72 @@ def _interleaved_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, 
     block = {n: _block_peak(model, lay, num, tokens, 0.0, recomputed, rp.block if fsdp else 0.0, lay.zero,
                             per_layer, rp.block_mlp if fsdp else 0.0, rp.head if fsdp else 0.0, n)
              for n in set(chunk_layers)}
-    best: tuple | None = None
-    for k, j, held, done in interleaved_moments(pp, v, m, r, tuple(chunk_layers), sharded < 1):
-        kept = [g * (sharded if d == m else 1.0) for g, d in zip(chunk_grads, done)]
-        cand = _chunk_backward_peak(model, lay, num, rp, state, tokens, per_layer, r, k, j, list(held),
-                                    chunk_layers, layers, kept, list(done), autocast, whole_vocab,
-                                    loss, block[chunk_layers[k]], fsdp)
-        best = cand if best is None or cand[0] > best[0] else best
-    assert best is not None
-    return RankMemory(*best[1:])
-
-
-def _chunk_backward_peak(model, lay: Layout, num: Numerics, rp: RankParams, state: RankMemory, tokens: float,
-                         per_layer: float, r: int, k: int, j: int, held: list[int], chunk_layers: list[int],
-                         layers: int, chunk_grads: list[float], done: list[int], autocast: bool, whole_vocab: float,
-                         loss: tuple[float, ...] | None, block: tuple[float, ...], fsdp: bool) -> tuple:
-    """Rank r's peak in local chunk k's backward of micro-batch j (interleaved 1F1B), `held` micro-batches in
-    flight per chunk, `done` backwards run per chunk: the top of the chunk (or the loss), its bottom block,
-    and the end of its backward. `loss` and `block`: _loss_peak (one micro-batch) and _block_peak of the
-    chunk without the activations held beside them."""
-    v, n = lay.virtual_stages, chunk_layers[k]
-    head_chunk = r == lay.pp - 1 and k == v - 1
-    first_stage = r == 0 and k == 0
-    acts = state.activations + per_layer * sum(h * c for h, c in zip(held, chunk_layers)) + \
-        pipeline_buffer_bytes(model, lay, num, tokens, held, r)
-    before = sum(g for i, (g, d) in enumerate(zip(chunk_grads, done)) if d and i != k)   # the other chunks'
-    own = chunk_grads[k] if j > 0 else 0.0        # the chunk's gradient exists from its first backward on
-    share = n / max(1, layers)
-    peaks = ([(acts + loss[0] * held[k], *loss[1:])] if head_chunk and loss else []) + [(acts + block[0], *block[1:])]
-    block_temps = peaks[-1][1]
-    acts_, temps, gathered_block, comm = max(peaks, key=sum)
+    # pipeline_buffer_bytes per moment: a constant times received + kept - shared stage tensors
+    buffer_bytes = num.residual * model.hidden * tokens / lay.tp
+    received = m * (2 * v - (r == 0) - (r == pp - 1))
+    shares = num.residual == 4 or lay.recompute == "full"
     # the head's bf16 cast is made inside the loss's checkpointed chunks, never cached: none in backward
     base = state.params - (2 * rp.head if autocast else 0.0)
-    out = [_moment(base + gathered_block, before + own, state.optimizer, acts_, temps, comm, "forward/backward")]
-    # autocast: a chunk's cached bf16 weight casts were made in its first micro-batch's forward, so in a later
-    # micro-batch's backward their ToCopyBackward nodes run last (autograd's ready queue): the chunk's bf16
-    # weight gradients wait until its backward ends
-    stalled = autocast and j > 0
-    chunk_matmul = 2 * (rp.matmul - rp.head) * share
-    if stalled or first_stage:
-        end_temps = chunk_matmul if stalled else 0.0
-        if first_stage:
-            # embedding_dense_backward's [vocab, hidden] gradient (whole vocabulary under TP) and its incoming one
-            end_temps += num.gathered * model.vocab * model.hidden + num.residual * model.hidden * tokens
-        end_gathered = num.gathered * (rp.blocks_dense + rp.blocks_expert) * share \
-            if fsdp and lay.zero == 3 else 0.0
-        # the first backward's embedding gradient is still the temporary above (AccumulateGrad then keeps it)
-        fresh = 4 * param_counts(model).embedding / lay.tp + whole_vocab * 4 if first_stage and j == 0 else 0.0
-        out.append(_moment(base + end_gathered, before + chunk_grads[k] - fresh, state.optimizer,
-                              acts - per_layer * n, end_temps, 0.0, "end of backward"))
-    if n > 1:
-        # the chunk's bottom block: the blocks above have freed this micro-batch's activations and left their
-        # gradients (bf16 and waiting when stalled; accumulated on the first backward)
-        bottom = chunk_grads[k] * (n - 1) / n if not stalled and j == 0 else own
-        out.append(_moment(base, before + bottom, state.optimizer, acts - per_layer * (n - 1),
-                              (chunk_matmul * (n - 1) / n if stalled else 0.0) + block_temps, 0.0,
-                              "bottom block's backward"))
-    return max(out, key=lambda t: t[0])
-
-
-def _moment(*figures) -> tuple:
-    """(total, *RankMemory's fields): compared by total, and cheaper than a RankMemory per moment."""
-    return (sum(figures[:6]), *figures)
+    opt = state.optimizer
+    embedding_grad = 4 * c.embedding / lay.tp + whole_vocab * 4
+    # per chunk: layers, whether it ends in the loss, whether it starts the model, its share of the rank's
+    # layers, its bf16 weight casts, its gathered blocks at its backward's end (ZeRO 3 under PP)
+    per_chunk = []
+    for k, n in enumerate(chunk_layers):
+        share = n / max(1, layers)
+        per_chunk.append((n, r == pp - 1 and k == v - 1, r == 0 and k == 0, 2 * (rp.matmul - rp.head) * share,
+                          num.gathered * (rp.blocks_dense + rp.blocks_expert) * share if fsdp and lay.zero == 3
+                          else 0.0, block[n]))
+    first_end_temps = num.gathered * model.vocab * model.hidden + num.residual * model.hidden * tokens
+    kept_by_finished: dict[tuple, list[float]] = {}
+    best_total, best = float("-inf"), ()
+    for k, j, live, kept_n, shared_n, held_k, others, finished in _moment_features(
+            pp, v, m, r, chunk_layers, sharded < 1):
+        kept = kept_by_finished.get(finished)
+        if kept is None:
+            kept = kept_by_finished[finished] = [g * (sharded if f else 1.0) for g, f in zip(chunk_grads, finished)]
+        n, head_chunk, first_stage, chunk_matmul, end_gathered, blk = per_chunk[k]
+        acts = state.activations + per_layer * live + \
+            buffer_bytes * (received + kept_n - (shared_n if shares else 0))
+        before = 0.0
+        for i in others:                          # the other chunks' gradients, summed in chunk order
+            before += kept[i]
+        own = kept[k] if j > 0 else 0.0           # the chunk's gradient exists from its first backward on
+        # the top of the chunk (the loss's backward in the head chunk, when it holds more) ...
+        if head_chunk and loss is not None and \
+                acts + loss[0] * held_k + loss[1] + loss[2] + loss[3] >= acts + blk[0] + blk[1] + blk[2] + blk[3]:
+            top = (base + loss[2], before + own, opt, acts + loss[0] * held_k, loss[1], loss[3])
+        else:
+            top = (base + blk[2], before + own, opt, acts + blk[0], blk[1], blk[3])
+        total = top[0] + top[1] + top[2] + top[3] + top[4] + top[5]
+        if total > best_total:
+            best_total, best = total, (*top, "forward/backward")
+        # ... the end of its backward: autocast's cached bf16 weight casts were made in the chunk's first
+        # micro-batch's forward, so in a later micro-batch's backward their ToCopyBackward nodes run last
+        # (autograd's ready queue): the chunk's bf16 weight gradients wait until its backward ends
+        stalled = autocast and j > 0
+        if stalled or first_stage:
+            end_temps = chunk_matmul if stalled else 0.0
+            if first_stage:
+                # embedding_dense_backward's [vocab, hidden] gradient (whole vocabulary under TP), its incoming one
+                end_temps += first_end_temps
+            # the first backward's embedding gradient is still the temporary above (AccumulateGrad then keeps it)
+            fresh = embedding_grad if first_stage and j == 0 else 0.0
+            end = (base + end_gathered, before + kept[k] - fresh, opt, acts - per_layer * n, end_temps, 0.0)
+            total = end[0] + end[1] + end[2] + end[3] + end[4] + end[5]
+            if total > best_total:
+                best_total, best = total, (*end, "end of backward")
+        if n > 1:
+            # ... and its bottom block: the blocks above have freed this micro-batch's activations and left their
+            # gradients (bf16 and waiting when stalled; accumulated on the first backward)
+            bottom = kept[k] * (n - 1) / n if not stalled and j == 0 else own
+            low = (base, before + bottom, opt, acts - per_layer * (n - 1),
+                   (chunk_matmul * (n - 1) / n if stalled else 0.0) + blk[1], 0.0)
+            total = low[0] + low[1] + low[2] + low[3] + low[4] + low[5]
+            if total > best_total:
+                best_total, best = total, (*low, "bottom block's backward")
+    assert best
+    return RankMemory(*best)
 
 
 def _loss_peak(model, train, lay: Layout, num: Numerics, tokens: float, acts: float,
@@ -1078,7 +1130,9 @@ def fitting_ledger(model, train, gpu, lay: Layout, headroom: float = DEFAULT_HEA
     limit = _limit_gb(gpu, headroom)
     busiest, peak, most = 0, None, 0.0
     for r in _candidate_ranks(model.layers, lay.pp, max(1, lay.virtual_stages)):
-        m = rank_memory(model, train, gpu, lay, r)
+        m = _rank_memory(model, train, gpu, lay, r, limit)
+        if m is None:
+            return None
         total = m.total
         if _per_gpu_gb(total) > limit:
             return None
