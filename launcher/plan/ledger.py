@@ -906,7 +906,8 @@ def _interleaved_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, 
                           else 0.0, block[n]))
     first_end_temps = num.gathered * model.vocab * model.hidden + num.residual * model.hidden * tokens
     kept_by_finished: dict[tuple, list[float]] = {}
-    best_total, best = float("-inf"), ()
+    best_total: float = float("-inf")
+    best: tuple = ()
     for k, j, live, kept_n, shared_n, held_k, others, finished in _moment_features(
             pp, v, m, r, chunk_layers, sharded < 1):
         kept = kept_by_finished.get(finished)
