@@ -4,9 +4,8 @@ planning, every role), and per traced role.
 
 Target (issue 9): under a minute on this 2-core machine. Prints wall time and CPU time (user + sys
 of the process and its role workers): the machine is shared, so CPU time is the steadier figure.
-Measured (2026-12-01, 2 shared cores): the planner's pick, pp 32 x v 2 (tp 4, cp 8, ZeRO 2,
-selective, 128 micro-batches): 3 of 32 ranks traced, 22.6 s CPU, 74 s wall at load 16 (idle, measured
-earlier: 17.1 s CPU, 13.4 s wall); `--layout 4,8,32,2,interleaved-1f1b,4` (pp 32 x v 4, the pick before
+Measured (2026-12-01, 2 cores): the planner's pick, pp 32 x v 2 (tp 4, cp 8, ZeRO 2, selective,
+128 micro-batches): 3 of 32 ranks traced, 17.6 s CPU, 14.8 s wall idle (74 s wall at load 16); `--layout 4,8,32,2,interleaved-1f1b,4` (pp 32 x v 4, the pick before
 the ledger's latest correction): 3 of 32 traced, 24.6 s CPU, 82 s wall at load 14 (before more than 3
 stages per rank were replayed, every rank was traced in full: hours); `--layout 8,4,16,2,1f1b` 4 of 16
 traced, 37.1 s CPU, 64 s wall at load 5-7.
