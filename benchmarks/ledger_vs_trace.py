@@ -67,8 +67,8 @@ UNEVEN = {**MHA, "layers": 6}
 
 
 def case(model, nodes: int, gpn: int, seq: int, gb: int, precision: str = "bf16", loss_chunk: int | None = None,
-         **parallel) -> dict:
-    train = {"seq_len": seq, "global_batch": gb, "precision": precision}
+         train_extra: dict | None = None, **parallel) -> dict:
+    train = {"seq_len": seq, "global_batch": gb, "precision": precision, **(train_extra or {})}
     if loss_chunk is not None:
         train["loss_chunk"] = loss_chunk
     return {"model": model, "train": train,
@@ -156,6 +156,9 @@ EXTRA = [
                                  micro_batch=1, schedule="1f1b")),
     # autocast with several micro-batches: the stage's bf16 weight gradients wait for the end of backward
     ("dense cp2 z1 full", case(DENSE, 1, 8, 512, 32, tp=1, cp=2, pp=1, zero=1, recompute="full", micro_batch=1)),
+    # the optimizer step as the GPU runs it (foreach): SGD adds weight decay to a copy of every gradient
+    ("dense dp8 z0 sgd decay", case(DENSE, 1, 8, 512, 8, train_extra={"optimizer": "sgd", "weight_decay": 0.1},
+                                    tp=1, cp=1, pp=1, zero=0, recompute="full", micro_batch=1)),
     # several loss chunks (head-gradient accumulation), TP's whole-vocabulary embedding gradient,
     # selective recompute's backward under TP
     ("dense tp2 pp2 z2 chunks", case({**DENSE, "vocab": 65536}, 1, 8, 1024, 16, loss_chunk=256, tp=2, cp=1, pp=2,

@@ -51,6 +51,9 @@ TESTED = [
     "mixtral-mini dp8 z3 selective", "mixtral-mini pp2 z3 selective", "mixtral-mini ep4 pp2 z2 selective",
     # interleaved 1F1B, priced per model chunk from the rank's own action order (4.0 and 6.4 s CPU)
     "llama3-8b/8L tp1 cp2 pp2 interleaved z1 full", "mixtral-8x7b/8L tp1 cp2 pp2 interleaved z1 none ep8",
+    # the optimizer step as a GPU runs it (foreach): AdamW's sqrt(v) of every local parameter at once is the
+    # peak of a replicated 405B stage; SGD's weight decay on a copy of every gradient (3.5 and 1 s CPU)
+    "llama3-405b/8L tp1 cp2 pp2 interleaved z0 selective", "dense dp8 z0 sgd decay",
 ]
 #: layouts whose busiest pipeline rank is a middle one (uneven split): the trace's busiest is the ledger's
 BUSIEST = {"uneven pp4 1f1b z2": 1}

@@ -402,12 +402,15 @@ def _rank_params(model, t: int, pp: int, ep: int, v: int, r: int) -> RankParams:
 def optimizer_temp_bytes(train, gpu, local_params: float, largest: float) -> float:
     """What optimizer.step allocates beyond its state: torch's foreach AdamW on a GPU keeps one fp32
     sqrt(v) for every local parameter (_multi_tensor_adamw); on a CPU (no foreach) one parameter's
-    worth; 8-bit AdamW dequantises m, v and builds the update per parameter (optim8bit.py)."""
+    worth; 8-bit AdamW dequantises m, v and builds the update per parameter (optim8bit.py). SGD with
+    weight decay adds it to a copy of the fp32 gradients: all at once under foreach (GPU), one at a
+    time on a CPU; without weight decay it updates in place."""
+    foreach = getattr(gpu, "name", "") != "cpu"
     if train.optimizer == "adam8bit":
         return 20 * largest
     if train.optimizer == "sgd":
-        return 0.0
-    return 4 * local_params if getattr(gpu, "name", "") != "cpu" else 8 * largest
+        return 0.0 if not train.weight_decay else 4 * local_params if foreach else 4 * largest
+    return 4 * local_params if foreach else 8 * largest
 
 
 def logits_chunk_bytes(train, model, lay: Layout, num: Numerics) -> float:

@@ -23,7 +23,8 @@ What it takes to run the trainer unchanged in that world (notes/testbed.md lists
   bf16 copies of the weights are parameters (torch's tracker files them as activations), and the
   fp32 gradients FSDP accumulates unsharded while pipelining disables gradient sync are gradients
   (torch's files them as backward temporaries), and the grad-norm clip's float64 copies, made
-  between the backward and the optimizer, are temporaries (torch's files them as activations).
+  between the backward and the optimizer, and what optimizer.step makes beside the state it updates
+  are temporaries (torch's files them as activations and optimizer state).
   What recompute makes in backward is a temporary throughout (torch's files what an FSDP unit
   inside the checkpointed block, an EP expert, recomputes as activations), and FSDP's
   reduce-scatter input is a communication buffer from its allocation on (torch's re-files it so
@@ -305,6 +306,10 @@ class RankMemTracker(FSDPMemTracker):
             reftype = _FSDPRefType.REDUCE_SCATTER
         elif self._clipping and reftype == _FSDPRefType.ACT:
             reftype = _FSDPRefType.TEMP
+        elif self._in_opt and reftype == _FSDPRefType.OPT:
+            # made inside optimizer.step: its transients (foreach AdamW's sqrt(v)); the state it updates in
+            # place exists from step 2 on (init_optimizer_state), tracked as optimizer state already
+            reftype = _FSDPRefType.TEMP
         elif self._in_ac and reftype == _FSDPRefType.ACT and self._mod_tracker.is_bw:
             # recomputed in backward inside an FSDP unit's forward (an EP expert in a checkpointed block):
             # torch's tracker files those as activations, the rest of the same recompute as temporaries
@@ -490,6 +495,16 @@ def check_stage_output(eng: Engine, cfg: TrainerConfig) -> None:
                            f"expects {want} {hidden_dtype(eng)}")
 
 
+def step_as_on_the_nodes(eng: Engine, cfg: TrainerConfig) -> None:
+    """Run the optimizer's step as torch runs it on the plan's device: on a GPU, AdamW and SGD default to
+    their foreach implementations (one kernel over every local tensor: AdamW makes sqrt(v) for all of
+    them at once), on a CPU to one parameter at a time; the traced tensors live on this CPU."""
+    on_gpu = cfg.plan.gpu.name != "cpu"
+    for group in eng.optimizer.param_groups:
+        if "foreach" in group and group["foreach"] is None:
+            group["foreach"] = on_gpu
+
+
 def init_optimizer_state(eng: Engine) -> None:
     """Create the optimizer state as it exists from step 2 on (zero gradients, one step)."""
     for q in eng.params:
@@ -551,6 +566,7 @@ def trace_step(cfg: TrainerConfig, bf16: bool, micro_batches: int,
             check_stage_output(eng, cfg_m)
             if fewer:
                 run_fewer_micro_batches(eng, micro_batches)
+        step_as_on_the_nodes(eng, cfg)
         init_optimizer_state(eng)
         p = cfg_m.parallel
         batch = torch.randint(0, cfg.model.vocab, (p.micro_batch * micro_batches, cfg.train.seq_len + 1))
