@@ -434,8 +434,8 @@ def mlp_backward_bytes(model, tokens: float, tp: int, e: int) -> float:
 def selective_recomputed_bytes(model, tokens: float, seq_tokens: float, tp: int, num: Numerics) -> float:
     """What op-level selective recompute (recompute.py) makes again in a dense block's backward and holds
     while the MLP's backward runs (torch's checkpoint replays the whole block at its first unpack): the
-    norms' fp32 input and normalised output, the matmuls' inputs where they are not a kept collective's
-    output (autocast's bf16 casts per Linear; without TP the normed input itself), q and k after RoPE, and
+    norms' fp32 input and normalised output, the matmuls' inputs (autocast's bf16 casts per Linear; else the
+    normed input, all-gathered under TP), q and k after RoPE, and
     SwiGLU's silu(w1 x) (the gate's backward needs it). The gate product (GELU: the activation), w2's
     input, is counted in dense_mlp_backward_bytes: it is freed once w2's backward has run."""
     h, a, e, r = model.hidden, model.heads, num.act, num.residual
@@ -443,8 +443,10 @@ def selective_recomputed_bytes(model, tokens: float, seq_tokens: float, tp: int,
     out = 2 * (4 + r) * h * tokens / tp                      # both RMSNorms (sequence-parallel under TP)
     if num.mode == "autocast":
         out += (3 + (2 if model.mlp == "swiglu" else 1)) * e * h * tokens     # autocast's casts, per Linear
-    elif tp == 1:
-        out += 2 * e * h * tokens                            # the normed input (norm weight's product)
+    else:
+        # the matmuls' input: the norm weight's product, under TP the sequence all-gather's output, which
+        # DTensor puts in sequence order with a cat (all_gather_tensor, gather_dim 1): not a kept op
+        out += 2 * e * h * tokens
     out += (hq + hkv) / tp * e * tokens                      # apply_rope's q and k
     if seq_tokens > tokens:
         # CP: _GatherKV's all_gather is not a kept op: the gathered keys and values are made again
