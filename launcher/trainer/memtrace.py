@@ -202,12 +202,16 @@ class RankMemTracker(FSDPMemTracker):
         runs, after the copy-in; the peak of a post-backward is at the allocation, beside the unsharded
         gradients it copies, and was filed as a backward temporary there (the ledger and torch's own
         categories call it a reduce-scatter buffer)."""
+        return self._flagged("_rs_input_next", foreach_reduce)
+
+    def _flagged(self, flag: str, fn):
+        """`fn` with this tracker's `flag` set while it runs."""
         def run(*args, **kwargs):
-            self._rs_input_next = True
+            setattr(self, flag, True)
             try:
-                return foreach_reduce(*args, **kwargs)
+                return fn(*args, **kwargs)
             finally:
-                self._rs_input_next = False
+                setattr(self, flag, False)
 
         return run
 
@@ -318,14 +322,7 @@ class RankMemTracker(FSDPMemTracker):
 
     def clipping(self, clip):
         """`clip` (the engine's clip_grad_norm) with what it makes filed as temporaries."""
-        def run(*args, **kwargs):
-            self._clipping = True
-            try:
-                return clip(*args, **kwargs)
-            finally:
-                self._clipping = False
-
-        return run
+        return self._flagged("_clipping", clip)
 
     def _fsdp_state_pre_forward(self, fsdp_mod, orig):
         inner = super()._fsdp_state_pre_forward(fsdp_mod, orig)
