@@ -471,14 +471,14 @@ def dense_mlp_backward_bytes(model, tokens: float, lay: Layout, num: Numerics, f
     at_w2 = row + wgrad + (h * e * tokens if lay.tp > 1 else 0.0) + (row if selective else 0.0)
     at_act = (3 if model.mlp == "swiglu" else 2) * row + (wgrad if fsdp else 0.0) - (0.0 if selective else row)
     # w1's (and w3's) backward: the activation's gradients and the MLP input's gradient, summed over its
-    # consumers in autograd's input buffer (out of place: the running sum, the new one, their total), each
+    # consumers in autograd's input buffer (in place: the running sum and the new one at once), each
     # upcast to fp32 by the autocast cast's ToCopyBackward (all-gathered tokens under TP); by then the
     # MLP's own saved tensors are freed (stored: w1, w3 outputs, silu, product; selective: w1, w3
     # outputs and the recomputed silu), which the activations or the recomputed block count
     mats = 2 if model.mlp == "swiglu" else 1
     freed = (2 * mats if not selective else 2 * mats - 1) * row
     if num.mode == "autocast":
-        at_in = mats * row + (3 * 4 * h * tokens if mats > 1 else 0.0) - freed
+        at_in = mats * row + (2 * 4 * h * tokens if mats > 1 else 0.0) - freed
     else:
         # w1's backward: the gradient of its output, w3's and w1's input gradients [tokens, hidden] (w3's done, w1's
         # being made) and, under FSDP, every MLP weight's unsharded gradient (w2, w3, w1) until the block's post-backward

@@ -15,6 +15,8 @@ What it takes to run the trainer unchanged in that world (notes/testbed.md lists
 - The pipeline's start-up vote and metadata exchange need peers; under the fake group each
   stage is given its input/output metadata up front (static mode), computed from the plan.
 - The optimizer state is created before the traced step, as it exists from step 2 on.
+- What the plan's GPU runs differently from this CPU is run its way: the optimizer's foreach step
+  (step_as_on_the_nodes) and CP's prefix attention without a mask tensor (attention_as_on_the_nodes).
 - The tracker is entered inside the fake mode (it only counts ops run under the mode it was
   entered in), counts every part of a rank (virtual pipeline stages), counts parameters and
   gradients that FSDP does not manage (ZeRO 0/1, dp·cp = 1), and accepts one forward per
@@ -411,6 +413,28 @@ def assumed_routing():
 
 
 @contextlib.contextmanager
+def attention_as_on_the_nodes(cfg: TrainerConfig):
+    """CP's attention against a longer prefix of keys (context_parallel.CPAttention._prefix) as a GPU runs
+    it: the bottom-right causal bias is applied inside the kernel (causal_lower_right), no mask tensor.
+    On this CPU it takes a cached boolean mask [s/2cp, up to s], which SDPA copies to the query's dtype
+    and keeps for backward: GBs at long context that a GPU never allocates. The outputs and the rest of
+    what SDPA saves are the same without it."""
+    if cfg.plan.gpu.name == "cpu":
+        yield
+        return
+    import torch.nn.functional as F
+
+    from launcher.trainer import context_parallel
+
+    def prefix(attn, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[2] == k.shape[2],
+                                              enable_gqa=q.shape[1] != k.shape[1])
+
+    with mock.patch.object(context_parallel.CPAttention, "_prefix", prefix):
+        yield
+
+
+@contextlib.contextmanager
 def untracked_sharding_propagation():
     """DTensor's sharding propagation derives an output's metadata by running the op on fake
     tensors of every operand's GLOBAL shape, in whatever fake mode is active: under ours the tracker
@@ -555,7 +579,7 @@ def trace_step(cfg: TrainerConfig, bf16: bool, micro_batches: int,
     # no data and no memory here
     with FakeTensorMode(allow_non_fake_inputs=True), mock.patch.object(engine_mod, "timed_sync", lambda device: 0.0), \
             mock.patch.object(engine_mod, "Transformer", MetaBuiltTransformer), assumed_routing(), \
-            untracked_sharding_propagation():
+            untracked_sharding_propagation(), attention_as_on_the_nodes(cfg):
         with allow_few:
             eng = Engine(cfg_m, mesh, bf16=bf16)
         if eng.schedule is not None:
