@@ -736,21 +736,27 @@ def _step_memory(train, gpu, lay: Layout, num: Numerics, rp: RankParams, fsdp: b
     return step
 
 
-def pipeline_buffer_bytes(model, lay: Layout, num: Numerics, tokens: float, held: float | list[int],
-                          r: int) -> float:
+def pipeline_buffer_bytes(model, lay: Layout, num: Numerics, tokens: float, held: float, r: int) -> float:
     """What torch's pipelining keeps beside the blocks' own activations on pipeline rank `r`
     (pipelining/stage.py), each [micro_batch, seq/cp/tp, hidden] in the stage-boundary dtype: one
     receive buffer per micro-batch for every stage's input (not stage 0's) and for its output's
     gradient (not the last stage's), allocated once for the whole step; and each in-flight micro-batch's
-    stage output, kept for its backward. In fp32 (autocast) the first block's norm saves that received
-    input itself (x.float() is x), and full recompute's checkpoint keeps it as the block's input: already
-    counted among the block's activations."""
-    v, m = max(1, lay.virtual_stages), lay.grad_accum
-    recv = m * (2 * v - (r == 0) - (r == lay.pp - 1))
-    chunks = list(held) if isinstance(held, list) else [held] * v    # in flight per local chunk (interleaved)
-    kept = sum(chunks) - (chunks[-1] if r == lay.pp - 1 else 0.0)
-    shared = sum(chunks) - (chunks[0] if r == 0 else 0.0) if num.residual == 4 or lay.recompute == "full" else 0.0
-    return num.residual * model.hidden * tokens / lay.tp * (recv + kept - shared)
+    stage output, kept for its backward (`held` in flight per local model chunk)."""
+    each, recv, shares = _pipeline_buffers(model, lay, num, tokens, r)
+    v = max(1, lay.virtual_stages)
+    kept = held * v - (held if r == lay.pp - 1 else 0.0)
+    shared = held * v - (held if r == 0 else 0.0) if shares else 0.0
+    return each * (recv + kept - shared)
+
+
+def _pipeline_buffers(model, lay: Layout, num: Numerics, tokens: float, r: int) -> tuple[float, int, bool]:
+    """pipeline_buffer_bytes' terms: the bytes of one stage tensor, the receive buffers rank r allocates, and
+    whether a received input is shared with the blocks' activations: in fp32 (autocast) the first block's
+    norm saves it itself (x.float() is x), and full recompute's checkpoint keeps it as the block's input
+    (so a kept stage input that was received is not counted twice)."""
+    each = num.residual * model.hidden * tokens / lay.tp
+    recv = lay.grad_accum * (2 * max(1, lay.virtual_stages) - (r == 0) - (r == lay.pp - 1))
+    return each, recv, num.residual == 4 or lay.recompute == "full"
 
 
 def interleaved_order(pp: int, v: int, m: int, r: int) -> tuple[tuple[int, int, bool], ...]:
@@ -813,17 +819,11 @@ def schedule_moments(pp: int, v: int, m: int, r: int, chunk_layers: tuple[int, .
     held, done = [0] * v, [0] * v
     live, begun, finished = 0, 0, 0           # layer-micro-batches in flight; bitmasks of chunks
     best: dict[tuple, tuple] = {}
-    rounds = max(1, m // pp)
-    per_round = m // rounds
-    warmup = min((v - 1) * per_round + 2 * (pp - 1 - r), m * v)
-    for op in range(m * v + warmup):          # interleaved_order, inline: the planner asks for thousands
-        if op < m * v:
-            k = (op // per_round) % v
+    for k, _, backward in interleaved_order(pp, v, m, r):
+        if not backward:
             held[k] += 1
             live += chunk_layers[k]
-        if op < warmup:
             continue
-        k = v - 1 - ((op - warmup) // per_round) % v
         key = (k, done[k] == 0, begun, finished if sharded else 0)
         rank = (live, held[-1] if r == pp - 1 else 0)
         if key not in best or best[key][0] < rank:
@@ -893,10 +893,8 @@ def _interleaved_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, 
     block = {n: _block_peak(model, lay, num, tokens, 0.0, recomputed, rp.block if fsdp else 0.0, lay.zero,
                             per_layer, rp.block_mlp if fsdp else 0.0, rp.head if fsdp else 0.0, n)
              for n in set(chunk_layers)}
-    # pipeline_buffer_bytes per moment: a constant times received + kept - shared stage tensors
-    buffer_bytes = num.residual * model.hidden * tokens / lay.tp
-    received = m * (2 * v - (r == 0) - (r == pp - 1))
-    shares = num.residual == 4 or lay.recompute == "full"
+    # pipeline_buffer_bytes per moment: one stage tensor's bytes times received + kept - shared stage tensors
+    buffer_bytes, received, shares = _pipeline_buffers(model, lay, num, tokens, r)
     # the head's bf16 cast is made inside the loss's checkpointed chunks, never cached: none in backward
     base = state.params - (2 * rp.head if autocast else 0.0)
     opt = state.optimizer
