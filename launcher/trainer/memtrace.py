@@ -206,14 +206,14 @@ class RankMemTracker(FSDPMemTracker):
         categories call it a reduce-scatter buffer)."""
         return self._flagged("_rs_input_next", foreach_reduce)
 
-    def _flagged(self, flag: str, fn):
-        """`fn` with this tracker's `flag` set while it runs."""
+    def _flagged(self, flag: str, fn, on=True, off=False):
+        """`fn` with this tracker's attribute `flag` set to `on` while it runs (`off` after)."""
         def run(*args, **kwargs):
-            setattr(self, flag, True)
+            setattr(self, flag, on)
             try:
                 return fn(*args, **kwargs)
             finally:
-                setattr(self, flag, False)
+                setattr(self, flag, off)
 
         return run
 
@@ -239,13 +239,7 @@ class RankMemTracker(FSDPMemTracker):
         unshard, wait = FSDPParamGroup.unshard, FSDPParamGroup.wait_for_unshard
         self._group_methods = {"unshard": unshard, "wait_for_unshard": wait}
         tracker = self
-
-        def filed_unshard(group, *args, **kwargs):
-            tracker._filing = _FSDPRefType.ALL_GATHER
-            try:
-                return unshard(group, *args, **kwargs)
-            finally:
-                tracker._filing = None
+        filed_unshard = self._flagged("_filing", unshard, _FSDPRefType.ALL_GATHER, None)
 
         def filed_wait(group):
             copies = group._all_gather_result is not None
@@ -257,7 +251,7 @@ class RankMemTracker(FSDPMemTracker):
                 for fp in group.fsdp_params if copies else ():
                     tracker._update_and_maybe_create_winfos(fp.unsharded_param, _FSDPRefType.UNSHARDED_PARAM)
 
-        FSDPParamGroup.unshard = filed_unshard  # type: ignore[method-assign, assignment]
+        FSDPParamGroup.unshard = filed_unshard  # type: ignore[method-assign]
         FSDPParamGroup.wait_for_unshard = filed_wait  # type: ignore[method-assign]
 
     def _grad_hook(self, p: torch.Tensor) -> None:
