@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -18,6 +17,7 @@ from launcher.diagnose import diagnose
 from launcher.diagnose.heartbeat import Heartbeats, parse_beat
 from tests.conftest import REPO
 from tests.job_helpers import tiny_plan
+from tests.trainer_helpers import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -66,12 +66,6 @@ def test_heartbeat_missing_rank_and_done():
     assert all(f.severity == "info" for f in done.findings(2, {}))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 FR_WORKER = textwrap.dedent("""
     import os, sys, torch, torch.distributed as dist
     from datetime import timedelta
@@ -99,7 +93,7 @@ def test_real_flight_recorder_dumps_name_missing_rank(tmp_path):
     flight.mkdir(parents=True)
     worker = tmp_path / "worker.py"
     worker.write_text(FR_WORKER)
-    port = _free_port()
+    port = free_port()
     procs = []
     for r in range(2):
         env = {**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
@@ -158,7 +152,7 @@ def test_trainer_stalled_rank_is_named_with_its_host(tmp_path):
     tiny_plan(run_dir, name="stall", steps=5, timeout_s=60)
     torchrun = Path(PY).with_name("torchrun")
     cmd = [str(torchrun), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
-           str(_free_port()), "-m", "launcher.trainer", "--plan", str(run_dir / "plan.json"),
+           str(free_port()), "-m", "launcher.trainer", "--plan", str(run_dir / "plan.json"),
            "--run-dir", str(run_dir), "--inject-stall", "1:3", "--step-timeout-s", "3"]
     with open(run_dir / "logs" / "node0.log", "w") as log:
         p = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
