@@ -780,7 +780,6 @@ def interleaved_order(pp: int, v: int, m: int, r: int) -> tuple[tuple[int, int, 
     return tuple(out)
 
 
-@lru_cache(maxsize=4096)
 def interleaved_moments(pp: int, v: int, m: int, r: int, chunk_layers: tuple[int, ...],
                         sharded: bool) -> tuple[tuple, ...]:
     """schedule_moments, found on a shorter schedule where that is exact. With pp | m each chunk runs pp
