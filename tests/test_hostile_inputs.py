@@ -127,6 +127,14 @@ def alias_bomb(w: World, base: Path) -> Path:
     return w.raw("bomb.yaml", re.sub(r"seq_len: \d+", "seq_len: *a6", text).encode())
 
 
+def _planted_script(w: World) -> str:
+    """A script that would leave a mark under the test's directory if anything ran it."""
+    p = w.path("planted.sh")
+    p.write_text(f"touch {w.root / 'cwd' / 'pwned'}\n")
+    p.chmod(0o755)
+    return str(p)
+
+
 #: name -> (how to build the job file from a base, what the error line must name)
 JOB_INPUTS: dict[str, tuple[Callable[[World, Path], Path], str]] = {
     "invalid-utf8": (lambda w, b: w.raw("bad.yaml", b.read_bytes() + b"\n# \xff\xfe\n"), "UTF-8"),
@@ -149,6 +157,18 @@ JOB_INPUTS: dict[str, tuple[Callable[[World, Path], Path], str]] = {
                           "backend.slurm.partition"),
     "lr-nan": (lambda w, b: w.job("nan.yaml", b, _set("train.lr", float("nan"))), "train.lr"),
     "memory-inf": (lambda w, b: w.job("inf.yaml", b, _set("gpu.memory_gb", float("inf"))), "gpu"),
+    # issue 23: YAML 1.1 and repeated keys; environment variables that run code (refused when the job
+    # file is read, so nothing is rendered, started or sourced)
+    "duplicate-section": (lambda w, b: w.raw("dups.yaml", b.read_bytes() + b"\nmodel: tiny\n"),
+                          "duplicate key 'model'"),
+    "duplicate-key": (lambda w, b: w.raw("dupk.yaml", b.read_bytes().replace(b"train:\n", b"train:\n  seq_len: 8\n", 1)),
+                      "duplicate key 'seq_len'"),
+    "zero-true": (lambda w, b: w.job("zt.yaml", b, _set("parallel.zero", True)), "parallel.zero"),
+    "zero-float": (lambda w, b: w.job("zf.yaml", b, _set("parallel.zero", 1.0)), "parallel.zero"),
+    **{f"env-{k.lower().replace('%', '')}": (
+        lambda w, b, k=k: w.job("code.yaml", b, _set("backend.env", {k: _planted_script(w)})), f"backend.env.{k[:9]}")
+       for k in ("BASH_ENV", "ENV", "PROMPT_COMMAND", "PS4", "SHELLOPTS", "LD_PRELOAD", "LD_AUDIT", "PYTHONSTARTUP",
+                 "PYTHONHOME", "BASH_FUNC_launch4d_node%%")},
 }
 
 #: command -> (base job file, argv with {job} and {out})
@@ -206,6 +226,11 @@ OUTPUTS: dict[str, tuple[list[str], str]] = {
     "run-dir-under-a-file": (["run", str(CPU_JOB), "--run-dir", "{afile}/rd"], "afile"),
     "run-dir-unwritable": (["run", str(CPU_JOB), "--run-dir", "{ro}/rd"], "run dir"),
     "run-dir-another-job": (["run", str(CPU_JOB), "--run-dir", "{other}"], "different job"),
+    # issue 23: links planted in a run dir (a resume would write through them to their targets)
+    **{f"run-dir-planted-{what.replace('/', '-')}": (["run", str(CPU_JOB), "--run-dir",
+                                                      "{planted_" + re.sub(r"\W", "_", what) + "}",
+                                                      "--resume", "auto"], "symbolic link")
+       for what in ("logs/node0.log", "logs/exit_code.tmp", "checkpoints/.latest.tmp", "logs")},
     # Slurm here (sbatch on PATH or not): the run dir is refused before anything is submitted
     "submit-run-dir-under-a-file": (["submit", str(SLURM_JOB), "--backend", "slurm", "--run-dir", "{afile}/rd"],
                                     "afile|sbatch not found"),
@@ -241,6 +266,13 @@ def test_bad_output(tmp_path, case):
            "tfifo": tfifo}
     if "another" in case:
         fmt["other"] = _other_job_dir(w)
+    for what in ("logs/node0.log", "logs/exit_code.tmp", "checkpoints/.latest.tmp", "logs"):
+        rd = w.path(f"planted-{what.replace('/', '-')}")
+        (rd / "checkpoints").mkdir(parents=True)
+        if what != "logs":
+            (rd / "logs").mkdir()
+        (rd / what).symlink_to(w.path("target.json"))
+        fmt["planted_" + re.sub(r"\W", "_", what)] = rd
     argv, expect = OUTPUTS[case]
     assert_refused(w, [a.format(**fmt) for a in argv], expect)
     assert not w.path("target.json").exists() and not w.path("elsewhere.json").exists()
@@ -318,3 +350,24 @@ def test_bad_state_file(tmp_path, command, state):
     w = World(tmp_path)
     STATES[state](w.root / "state" / "jobs.json")
     assert_refused(w, STATE_COMMANDS[command], "jobs.json")
+
+
+# --- run-dir links the job itself would meet (issue 23) ---------------------------------------------
+def test_local_wrapper_records_the_exit_code_without_following_a_link(tmp_path):
+    """The local run's wrapper writes logs/exit_code through a new file (O_EXCL) renamed into place: an
+    exit_code.tmp link planted while the job ran is replaced, its target untouched; backend.env's
+    trainer-only names reach the command, not the wrapper shell."""
+    import subprocess
+
+    from launcher.backends.local import LocalBackend
+
+    target, exit_file = tmp_path / "target", tmp_path / "exit_code"
+    target.write_text("precious\n")
+    probe = ["bash", "-c", 'echo "LDLP=$LD_LIBRARY_PATH"; exit 3']
+    script = LocalBackend.wrapper(probe, exit_file, {"LD_LIBRARY_PATH": "/opt/x y"})
+    script = script.replace("rc=$?\n", f'rc=$?\nln -s {target} {exit_file}.tmp\necho "SHELL=${{LD_LIBRARY_PATH-unset}}"\n')
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True,
+                         env={k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"})
+    assert out.returncode == 3 and out.stdout.splitlines() == ["LDLP=/opt/x y", "SHELL=unset"], out
+    assert exit_file.read_text() == "3\n" and not exit_file.is_symlink()
+    assert target.read_text() == "precious\n" and not os.path.lexists(f"{exit_file}.tmp")

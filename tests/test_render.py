@@ -147,7 +147,8 @@ def _run_node_logic(script: str, tmp_path: Path, nodes: list[tuple[str, int]]) -
         "#!/bin/bash\nif [ \"$1 $2\" = 'show hostnames' ]; then echo " + " ".join(sorted(n for n, _ in nodes))
         + "; else echo \"NodeName=$3 Arch=x NodeAddr=10.0.0.$((${#3})) NodeHostName=$3\"; fi\n")
     (bin_dir / "fakepython").write_text(
-        "#!/bin/bash\necho \"RUN $SLURMD_NODENAME CVD=$CUDA_VISIBLE_DEVICES MASTER=$MASTER_ADDR:$MASTER_PORT $*\"\n")
+        "#!/bin/bash\necho \"RUN $SLURMD_NODENAME CVD=$CUDA_VISIBLE_DEVICES MASTER=$MASTER_ADDR:$MASTER_PORT $* "
+        "LDLP=${LD_LIBRARY_PATH-unset} PYP=${PYTHONPATH-unset}\"\n")
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     script = script.replace(shlex.quote("python3") + " -m", str(bin_dir / "fakepython") + " -m")
@@ -156,6 +157,47 @@ def _run_node_logic(script: str, tmp_path: Path, nodes: list[tuple[str, int]]) -
     out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
     return [ln for ln in out.stdout.splitlines() if ln.startswith("RUN ")]
+
+
+def test_library_and_module_paths_reach_the_trainer_only(tmp_path):
+    """backend.env's LD_LIBRARY_PATH / PYTHONPATH (allowed on purpose, for containers) are given to the
+    trainer's command, never exported in the batch script or the pods' shell (issue 23)."""
+    libs, mods = "/opt/site lib/$(touch PWNED)", "/opt/mods"
+    spec, plan = spec_plan(**{"backend.env": {"LD_LIBRARY_PATH": libs, "PYTHONPATH": mods, "OMP_NUM_THREADS": "2"}})
+    s = render_slurm(spec, plan, str(tmp_path / "run")).files["train.sbatch"]
+    assert "export OMP_NUM_THREADS=2" in s
+    assert not re.search(r"^\s*export (LD_LIBRARY_PATH|PYTHONPATH)", s, re.M)
+    runs = _run_node_logic(s, tmp_path, [("n1", 0), ("n2", 1)])
+    assert len(runs) == 2 and all(ln.endswith(f"LDLP={libs} PYP={mods}") for ln in runs)
+    assert not (tmp_path / "PWNED").exists()
+    k8s_spec, k8s_plan = spec_plan(**{"backend.env": {"LD_LIBRARY_PATH": libs, "PYTHONPATH": mods},
+                                      "backend.k8s": {"api": "pytorchjob", "image": "ghcr.io/example/launch4d:0.1.0"}})
+    docs = [d for d in yaml.safe_load_all(render_k8s(k8s_spec, k8s_plan).files["manifest.yaml"]) if d]
+    for rs in docs[-1]["spec"]["pytorchReplicaSpecs"].values():
+        c = rs["template"]["spec"]["containers"][0]
+        assert not {"LD_LIBRARY_PATH", "PYTHONPATH"} & {e["name"] for e in c["env"]}
+        assert f"exec env LD_LIBRARY_PATH={shlex.quote(libs)} PYTHONPATH={mods} python -m torch" in c["command"][2]
+
+
+def test_batch_script_stops_at_a_link_planted_in_the_run_dir(tmp_path):
+    """A requeued job meets its run dir again: a symbolic link planted in it (a checkpoint's .tmp dir, a
+    log) stops the job before anything writes through it (issue 23)."""
+    rd = tmp_path / "run"
+    (rd / "checkpoints").mkdir(parents=True)
+    (rd / "checkpoints" / "step-2.tmp").symlink_to(tmp_path / "elsewhere")
+    spec, plan = spec_plan()
+    s = render_slurm(spec, plan, str(rd)).files["train.sbatch"]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("srun", "scontrol"):
+        (bin_dir / tool).write_text(f"#!/bin/bash\ntouch {tmp_path}/ran-{tool}\n")
+        (bin_dir / tool).chmod(0o755)
+    out = subprocess.run(["bash", "-c", s], env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+                                                 "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1"},
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 3 and "run dir holds a symbolic link" in out.stderr and "step-2.tmp" in out.stderr
+    assert not list(tmp_path.glob("ran-*")) and not (tmp_path / "elsewhere").exists()
+    assert sorted(p.name for p in rd.iterdir()) == ["checkpoints"]   # not even logs/ made
 
 
 def test_node_rank_follows_the_plans_hosts_not_slurms_order(tmp_path):

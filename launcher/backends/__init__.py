@@ -257,13 +257,18 @@ def default_run_dir(spec: JobSpec, now: float | None = None) -> Path:
 
 
 def check_run_dir(run_dir: str | Path, plan: Plan) -> None:
-    """Refuse a run dir that is not a directory or holds another job's plan (before touching it)."""
+    """Refuse a run dir that is not a directory, holds a symbolic link anywhere inside, or holds another
+    job's plan (before touching it)."""
     from launcher.formats import rundir
     from launcher.plan.model import Plan as PlanCls
 
     rd = Path(run_dir)
     if rd.exists() and not rd.is_dir():
         raise UserError(f"--run-dir: {rd} exists and is not a directory")
+    link = rundir.planted_link(rd) if rd.is_dir() else None
+    if link:
+        raise UserError(f"--run-dir: {rd} holds a symbolic link ({link}); launch4d never writes through one: "
+                        "remove it, or give a new run directory")
     old = rd / rundir.PLAN
     if old.exists():
         prev = PlanCls.load(old)
@@ -291,12 +296,15 @@ def prepare_run_dir(run_dir: str | Path, plan: Plan, job_text: str | None) -> Pa
 def trainer_env(spec: JobSpec, run_dir: str | Path) -> dict[str, str]:
     """Environment for every trainer process of a local run: the diagnostics every backend sets
     (launcher.render.env: NCCL debug, flight recorder, timeouts) pointed into the run dir, then the
-    job's backend.env (the user has the last word)."""
+    job's backend.env (the user has the last word). LD_LIBRARY_PATH, PATH and PYTHONPATH from
+    backend.env are not here: the backend gives them to the trainer's command only
+    (launcher.plan.spec_backend.split_env)."""
+    from launcher.plan.spec_backend import split_env
     from launcher.render.env import diagnostics_env
 
     env = {"PYTHONUNBUFFERED": "1", "LAUNCH4D_RUN_DIR": str(Path(run_dir))}
     env.update(diagnostics_env(spec, str(Path(run_dir))))
-    env.update({str(k): str(v) for k, v in spec.backend.env.items()})
+    env.update(split_env(spec.backend.env)[0])
     return env
 
 

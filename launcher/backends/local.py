@@ -54,6 +54,7 @@ from launcher.backends import (
 from launcher.errors import UserError
 from launcher.formats import rundir
 from launcher.formats.files import read_text
+from launcher.plan.spec_backend import split_env
 from launcher.transport import CHUNK_LIMIT
 from launcher.transport.lines import LineSplitter
 
@@ -163,9 +164,23 @@ class LocalBackend(Backend):
         files = {rundir.PLAN: plan.to_json() + "\n"}
         if job_text is not None:
             files[rundir.JOB] = job_text
-        command = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())) + " " + shlex.join(cmd)
+        # backend.env's LD_LIBRARY_PATH / PATH / PYTHONPATH: torchrun's only, never the wrapper shell's
+        trainer_only = split_env(job.backend.env)[1]
+        command = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted({**env, **trainer_only}.items())) \
+            + " " + shlex.join(cmd)
         return Request(self.name, job.name, str(rd), command, files, env=env,
-                       extra={"argv": cmd, "world": plan.world_size, "keep_fds": tuple(keep_fds)})
+                       extra={"argv": cmd, "world": plan.world_size, "keep_fds": tuple(keep_fds),
+                              "trainer_env": trainer_only})
+
+    @staticmethod
+    def wrapper(cmd: list[str], exit_file: Path, trainer_env: dict[str, str]) -> str:
+        """The bash script around torchrun: it outlives Ctrl-C and records torchrun's exit code. The
+        exit code goes to a new file (noclobber: O_EXCL, so never through a link) renamed into place;
+        backend.env's LD_LIBRARY_PATH / PATH / PYTHONPATH are torchrun's alone, not this shell's."""
+        prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in sorted(trainer_env.items()))
+        tmp, final = shlex.quote(f"{exit_file}.tmp"), shlex.quote(str(exit_file))
+        return (f"trap ':' TERM INT USR1 USR2\n{prefix}{shlex.join(cmd)}\nrc=$?\n"
+                f"rm -f -- {tmp} && (set -C; echo $rc > {tmp}) && mv -fT -- {tmp} {final}\nexit $rc\n")
 
     def submit(self, request: Request) -> JobHandle:
         """Write the run dir (refusing one that holds another job), then start the command detached."""
@@ -185,11 +200,13 @@ class LocalBackend(Backend):
         env = dict(request.env)
         token = uuid.uuid4().hex
         env[procs.MARKER] = token
-        wrapper = (f"trap ':' TERM INT USR1 USR2\n{shlex.join(cmd)}\nrc=$?\n"
-                   f"echo $rc > {shlex.quote(str(exit_file))}.tmp && mv {shlex.quote(str(exit_file))}.tmp "
-                   f"{shlex.quote(str(exit_file))}\nexit $rc\n")
+        wrapper = self.wrapper(cmd, exit_file, request.extra.get("trainer_env") or {})
         started = time.time()
-        with open(log, "ab") as out:
+        try:  # never through a link planted since the run dir was checked
+            log_fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise UserError(f"{log}: cannot write the job's log ({exc.strerror})") from None
+        with open(log_fd, "ab") as out:
             out.write(f"# launch4d local {time.strftime('%Y-%m-%dT%H:%M:%S')}: {shlex.join(cmd)}\n".encode())
             out.flush()
             offset = out.tell()  # this submission's output starts here (the file is appended to)

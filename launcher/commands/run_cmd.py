@@ -26,12 +26,10 @@ LOG_LEVEL_LINE = re.compile(r"^[EW]\d{4} ")
 
 def load_job(job: str, nproc: int | None):
     """The validated spec (with --nproc applied, a relative train.data made absolute) and the text."""
-    import yaml
-
-    from launcher.plan.spec import load_spec_text, spec_from_dict
+    from launcher.plan.spec import load_spec_text, parse_yaml, spec_from_dict
 
     spec, text = load_spec_text(job)  # read once; validates the file as written, with its own messages
-    data = yaml.safe_load(text)
+    data = parse_yaml(text, job)  # the same YAML 1.2 reading as the validation's
     changed = []
     if nproc is not None:
         if nproc < 1:

@@ -92,6 +92,23 @@ class RunDir:
         return f"{self.nccl_logs}/%h.%p.log"
 
 
+def planted_link(root: str | Path) -> str | None:
+    """The first symbolic link anywhere inside the run dir `root` ("path -> target"), or None. A run dir
+    holds none of its own making, and every writer in it (the trainer's checkpoints and their .tmp dirs,
+    logs/, logs/exit_code.tmp, the node scripts) would write through one to its target: a job refuses
+    to start, or resume, in a run dir that holds one."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            if os.path.islink(p):
+                try:
+                    target = os.readlink(p)
+                except OSError:
+                    target = "?"
+                return f"{p} -> {target}"
+    return None
+
+
 def slurm_log(run_dir: str, job_id: str = "%j", task: int | None = None) -> str:
     """Where sbatch writes a job's output (`%j` in the script; the job id, or id_task of an array, after).
     A string: the run dir may be on a login node reached over SSH."""

@@ -17,6 +17,7 @@ import typing
 from typing import Any, Literal, TypeVar, Union, cast, get_args, get_origin, get_type_hints
 
 from launcher.errors import SpecError
+from launcher.plan.yaml_core import YamlFloat, YamlInt, source_text
 
 T = TypeVar("T")
 
@@ -87,9 +88,12 @@ def convert(value: Any, tp: Any, path: str) -> Any:
         raise SpecError(path, f"{show(value)} is not {_type_name(tp)}")
     if origin is Literal:
         choices = get_args(tp)
-        if value in choices:
-            return value
+        for choice in choices:  # by type too: `zero: true` or `zero: 1.0` is not stage 1
+            if value == choice and type(value) in (type(choice), _CORE_TYPES.get(type(choice))):
+                return choice
         hint = did_you_mean(str(value), [str(c) for c in choices]) if isinstance(value, str) else ""
+        if isinstance(value, str) and value in [str(c) for c in choices]:
+            hint = " (a number, written without quotes)"
         raise SpecError(path, f"{show(value)} is not valid; choose {_type_name(tp)}{hint}")
     if origin is list:
         if not isinstance(value, list):
@@ -117,6 +121,8 @@ def convert(value: Any, tp: Any, path: str) -> Any:
 
 
 _SCALARS = (bool, int, float, str)
+#: numbers read from a job file carry the text they were written as (launcher.plan.yaml_core)
+_CORE_TYPES: dict[type, type] = {int: YamlInt, float: YamlFloat}
 
 
 def _scalar(value: Any, tp: type, path: str) -> Any:
@@ -129,7 +135,7 @@ def _scalar(value: Any, tp: type, path: str) -> Any:
             if isinstance(value, float) and value.is_integer():
                 return int(value)
             raise SpecError(path, f"{show(value)} is not an integer")
-        return value
+        return int(value)
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SpecError(path, f"{show(value)} is not a number")
@@ -139,6 +145,11 @@ def _scalar(value: Any, tp: type, path: str) -> Any:
     if tp is str:
         if isinstance(value, (dict, list)) or value is None:
             raise SpecError(path, f"{show(value)} is not a string")
+        written = source_text(value)
+        if written is not None:     # `account: 0777` is "0777", `version: 1.10` is "1.10"
+            return check_text(written, path)
+        if isinstance(value, bool):
+            return "true" if value else "false"
         if isinstance(value, float) and not math.isfinite(value):
             raise SpecError(path, f"{value} is not a string")
         return check_text(str(value), path)

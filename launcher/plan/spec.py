@@ -1,6 +1,6 @@
 """JobSpec: the validated job file (model, train, cluster, parallel, backend, diagnostics).
 
-`load_spec(path)` reads YAML with `yaml.safe_load`, resolves presets and checks every value;
+`load_spec(path)` reads YAML 1.2 (a safe loader, launcher.plan.yaml_core), resolves presets and checks every value;
 any problem is a SpecError naming the dotted path and what would be valid.
 """
 
@@ -282,11 +282,17 @@ def spec_from_text(text: str, source: str) -> JobSpec:
 
 
 def parse_yaml(text: str, name: str) -> Any:
-    """yaml.safe_load with a one-line error for bad YAML and for structures nested too deep."""
+    """The job file as YAML 1.2 (launcher.plan.yaml_core: `no`, `0777`, `1:00:00` stay what they
+    say; a repeated key is refused), with a one-line error for bad YAML and for structures nested
+    too deep."""
     import yaml
 
+    from launcher.plan import yaml_core
+
     try:
-        data = yaml.safe_load(text)
+        data = yaml_core.load(text)
+    except yaml_core.DuplicateKeyError as exc:
+        raise UserError(f"{name}: {exc.message}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

@@ -5,10 +5,66 @@ Kept apart from spec.py because they only matter to the renderer and the backend
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from launcher.plan.schema import bounded
+from launcher.errors import SpecError
+from launcher.plan.schema import bounded, show
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: backend.env names that make a shell, the dynamic loader or an interpreter run code of the value's
+#: choosing in every process that inherits them, launch4d's own scripts first (the sbatch script, the
+#: local run's wrapper, the pods' command): refused, with what each one does.
+ENV_RUNS_CODE: dict[str, str] = {
+    **dict.fromkeys(("BASH_ENV", "ENV"), "makes every non-interactive shell source the file it names"),
+    **dict.fromkeys(("PROMPT_COMMAND", "PS0", "PS1", "PS2", "PS3", "PS4"),
+                    "is a command (or a prompt expanded like one) that the shell runs"),
+    **dict.fromkeys(("SHELLOPTS", "BASHOPTS", "BASH_XTRACEFD", "IFS", "CDPATH", "GLOBIGNORE", "EXECIGNORE",
+                     "BASH_LOADABLES_PATH", "BASH_COMPAT"), "changes how every bash script runs"),
+    **dict.fromkeys(("LD_PRELOAD", "LD_AUDIT", "GLIBC_TUNABLES"),
+                    "makes the dynamic loader run code in every program that starts"),
+    **dict.fromkeys(("PYTHONSTARTUP", "PYTHONINSPECT", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONEXECUTABLE",
+                     "PERL5OPT", "PERL5LIB", "PERLLIB", "RUBYOPT", "RUBYLIB", "NODE_OPTIONS",
+                     "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS"),
+                    "makes an interpreter run or load code of its choosing"),
+}
+#: Allowed on purpose (a container's or a site's own libraries and modules): they reach the trainer's
+#: command only (`NAME=value python -m torch.distributed.run ...`), never launch4d's own shells.
+ENV_TRAINER_ONLY = ("LD_LIBRARY_PATH", "PATH", "PYTHONPATH")
+
+
+def env_problem(key: str) -> str | None:
+    """Why backend.env may not set `key`, or None."""
+    if key.startswith("BASH_FUNC_"):
+        why: str | None = "defines a bash function every bash script imports"
+    elif not ENV_NAME.fullmatch(key):
+        return "not a valid environment variable name (letters, digits and '_', not starting with a digit)"
+    elif key in ENV_TRAINER_ONLY:
+        return None
+    else:
+        why = ENV_RUNS_CODE.get(key)
+    if why is None and key.startswith("LD_"):
+        why = "changes how the dynamic loader starts every program"
+    if why:
+        return (f"{why}; backend.env may not set it (put setup steps in backend.slurm.setup or the image; "
+                f"{', '.join(ENV_TRAINER_ONLY)} are passed to the trainer only)")
+    return None
+
+
+def check_env(env: dict[str, str]) -> None:
+    for key, value in env.items():
+        why = env_problem(key)
+        if why:
+            raise SpecError(f"backend.env.{key if ENV_NAME.fullmatch(key.rstrip('%')) else show(key)}", why)
+        if "\x00" in value:
+            raise SpecError(f"backend.env.{key}", "a NUL byte cannot be in an environment variable")
+
+
+def split_env(env: dict[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """backend.env as (exported to every process of the job, given to the trainer's command only)."""
+    return ({k: v for k, v in env.items() if k not in ENV_TRAINER_ONLY},
+            {k: v for k, v in env.items() if k in ENV_TRAINER_ONLY})
 
 
 @dataclass(frozen=True)
@@ -126,6 +182,9 @@ class BackendSpec:
     slurm: SlurmSpec = field(default_factory=SlurmSpec)
     k8s: K8sSpec = field(default_factory=K8sSpec)
     env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_env(self.env)
 
 
 @dataclass(frozen=True)

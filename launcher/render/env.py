@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 from launcher.errors import UserError
 from launcher.formats import rundir
 from launcher.formats.shell import quote as shell_quote
+from launcher.plan.spec_backend import ENV_TRAINER_ONLY, env_problem, split_env
 
 if TYPE_CHECKING:
     from launcher.plan.model import Plan
     from launcher.plan.spec import JobSpec
 
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Names that look like credentials are refused in backend.env: reference a Secret instead.
 SECRET_WORDS = re.compile(r"(SECRET|PASSWORD|PASSWD|TOKEN|API_?KEY|CREDENTIAL|PRIVATE_KEY)", re.I)
 
@@ -67,15 +67,26 @@ def trainer_args(spec: JobSpec, plan_path: str, run_dir: str) -> str:
 
 
 def user_env(spec: JobSpec) -> list[tuple[str, str]]:
+    """backend.env as exported to every process of the job (the names that run code were refused when
+    the job file was read; LD_LIBRARY_PATH, PATH and PYTHONPATH go to trainer_env_prefix instead)."""
     out = []
     for key, value in sorted(spec.backend.env.items()):
-        if not ENV_NAME.fullmatch(key):
-            raise UserError(f"backend.env.{key}: not a valid environment variable name")
+        why = env_problem(key)
+        if why:
+            raise UserError(f"backend.env.{key}: {why}")
         if SECRET_WORDS.search(key):
             raise UserError(f"backend.env.{key}: looks like a secret and would be written into the rendered "
                             "file; pass it from the submitting shell (Slurm exports it) or name a Kubernetes "
                             "Secret in backend.k8s.env_from_secrets")
         if "\x00" in str(value):
             raise UserError(f"backend.env.{key}: a NUL byte cannot be in an environment variable")
-        out.append((key, value))
+        if key not in ENV_TRAINER_ONLY:
+            out.append((key, value))
     return out
+
+
+def trainer_env_prefix(spec: JobSpec) -> str:
+    """The backend.env names passed to the trainer's command only, as shell assignments in front of
+    it ("LD_LIBRARY_PATH=... PYTHONPATH=... "; empty when there are none): launch4d's own shells
+    never run with them."""
+    return "".join(f"{k}={shell_quote(v)} " for k, v in sorted(split_env(spec.backend.env)[1].items()))

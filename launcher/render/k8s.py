@@ -14,7 +14,7 @@ from launcher.formats.shell import quote as shell_quote
 from launcher.plan.model import Plan
 from launcher.plan.spec import JobSpec
 from launcher.render import RFC1123_SUBDOMAIN, bash_syntax_check, check_k8s_name, render_template
-from launcher.render.env import diagnostics_env, measured_nccl_env, trainer_args, user_env
+from launcher.render.env import diagnostics_env, measured_nccl_env, trainer_args, trainer_env_prefix, user_env
 from launcher.render.rendered import Rendered, check_plan, gpu_lists
 
 PLAN_MOUNT = "/etc/launch4d"
@@ -68,6 +68,8 @@ def k8s_context(spec: JobSpec, plan: Plan, run_dir: str) -> dict[str, Any]:
     job_env = user_env(spec)  # the user has the last word: a name set there replaces ours, never doubles it
     env += [(k, v) for k, v in diagnostics_env(spec, run_dir, measured_nccl_env(plan)) if k not in dict(job_env)]
     env += job_env
+    # LD_LIBRARY_PATH / PATH / PYTHONPATH from backend.env: the trainer's command only, not this script
+    trainer_only = "env " + trainer_env_prefix(spec) if trainer_env_prefix(spec) else ""
     lists = gpu_lists(plan)
     if any(lst != ",".join(str(i) for i in range(g)) for lst in lists):
         env.append(("LAUNCH4D_GPU_LISTS", " ".join(lists)))
@@ -87,7 +89,7 @@ def k8s_context(spec: JobSpec, plan: Plan, run_dir: str) -> dict[str, Any]:
         *rendezvous,
         "if [ -n \"${LAUNCH4D_GPU_LISTS:-}\" ]; then lists=( $LAUNCH4D_GPU_LISTS ); "
         "export CUDA_VISIBLE_DEVICES=${lists[$node_rank]}; fi",
-        f"exec python -m torch.distributed.run --nnodes={plan.nodes} --nproc-per-node={g} "
+        f"exec {trainer_only}python -m torch.distributed.run --nnodes={plan.nodes} --nproc-per-node={g} "
         "--node-rank=\"$node_rank\" --rdzv-backend=static --master-addr=\"$master_addr\" "
         "--master-port=\"$master_port\" --max-restarts=0 --tee=3 "
         f"--shutdown-timeout={shutdown_timeout(k.termination_grace_s)} "

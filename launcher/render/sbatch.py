@@ -13,7 +13,7 @@ from launcher.formats.shell import sbatch_value
 from launcher.plan.model import Plan
 from launcher.plan.spec import JobSpec
 from launcher.render import bash_syntax_check, render_template
-from launcher.render.env import diagnostics_env, measured_nccl_env, trainer_args, user_env
+from launcher.render.env import diagnostics_env, measured_nccl_env, trainer_args, trainer_env_prefix, user_env
 from launcher.render.rendered import Rendered, check_plan, gpu_lists
 
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
@@ -140,6 +140,7 @@ def slurm_context(spec: JobSpec, plan: Plan, run_dir: str, exclude: list[str] | 
         "grace_seconds": max(s.signal_seconds - 10, 5),
         "diag_env": diagnostics_env(spec, run_dir, {**measured_nccl_env(plan), **(measured_env or {})}),
         "user_env": user_env(spec),
+        "trainer_env": trainer_env_prefix(spec),
     }
 
 
