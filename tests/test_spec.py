@@ -153,3 +153,59 @@ def test_virtual_stages_llama3_split_accepted_others_named():
     msg = error_of(dict(base, parallel={"tp": 8, "pp": 16, "dp": 16, "schedule": "interleaved-1f1b",
                                         "virtual_stages": 3}))
     assert "parallel.virtual_stages" in msg and "126" in msg and "48" in msg
+
+
+# --- YAML 1.2, not 1.1 (issue 23) ------------------------------------------------------------------
+SLURM_TEXT = (EXAMPLES / "tiny-slurm.yaml").read_text()
+
+
+@pytest.mark.parametrize("written", ["1:00:00", "no", "yes", "off", "on", "0777", "010", "0x1F", "0o17", "1_000",
+                                     "2024-01-01", "1.10", "=", "NO", "Yes", "1e3", ".inf", "~x"])
+def test_yaml_11_scalars_stay_what_was_written_in_text_fields(written):
+    """`partition: no` is "no", `account: 0777` is "0777", `time: 1:00:00` is "1:00:00": a job file is
+    YAML 1.2, and a text field keeps the number's text as written."""
+    from launcher.plan.spec import spec_from_text
+
+    text = SLURM_TEXT.replace("partition: debug", f"partition: {written}\n    account: {written}")
+    text = text.replace('time: "00:20:00"', "time: 1:00:00").replace('OMP_NUM_THREADS: "1"', f"OMP_NUM_THREADS: {written}")
+    spec = spec_from_text(text, "job.yaml")
+    assert (spec.backend.slurm.partition, spec.backend.slurm.account) == (written, written)
+    assert spec.backend.slurm.time == "1:00:00" and spec.backend.env["OMP_NUM_THREADS"] == written
+
+
+@pytest.mark.parametrize("written, value", [("0x10", 16), ("0o10", 8), ("016", 16), ("+8", 8), ("8e1", 80)])
+def test_yaml_12_numbers_in_number_fields(written, value):
+    from launcher.plan.spec import spec_from_text
+
+    spec = spec_from_text(SLURM_TEXT.replace("global_batch: 8", f"global_batch: {written}"), "job.yaml")
+    assert spec.train.global_batch == value and type(spec.train.global_batch) is int
+
+
+@pytest.mark.parametrize("text, expected", [
+    (SLURM_TEXT + "\nmodel: tiny\n", r"job.yaml: duplicate key 'model' \(line 8 and again on line \d+\)"),
+    (SLURM_TEXT.replace("  steps: 6\n", "  steps: 6\n  steps: 7\n"), "duplicate key 'steps'"),
+    (SLURM_TEXT.replace("zero: 3", "zero: true"), r"parallel.zero: True is not valid"),
+    (SLURM_TEXT.replace("zero: 3", "zero: 1.0"), r"parallel.zero: 1.0 is not valid"),
+    (SLURM_TEXT.replace("zero: 3", "zero: '1'"), r"parallel.zero: '1' is not valid.*without quotes"),
+    (SLURM_TEXT.replace("exclusive: true", "exclusive: yes"), r"backend.slurm.exclusive: 'yes' is not true or false"),
+])
+def test_repeated_keys_and_wrong_scalar_types_are_one_line(text, expected):
+    from launcher.errors import UserError
+    from launcher.plan.spec import spec_from_text
+
+    with pytest.raises(UserError, match=expected):
+        spec_from_text(text, "job.yaml")
+
+
+@pytest.mark.parametrize("name", ["BASH_ENV", "ENV", "PROMPT_COMMAND", "PS4", "SHELLOPTS", "BASH_FUNC_f%%",
+                                  "BASH_FUNC_f", "LD_PRELOAD", "LD_AUDIT", "LD_DEBUG_OUTPUT", "GLIBC_TUNABLES",
+                                  "PYTHONSTARTUP", "PYTHONHOME", "PYTHONINSPECT", "PERL5OPT", "NODE_OPTIONS"])
+def test_env_names_that_run_code_are_refused_when_read(name):
+    assert error_of(with_("backend", {"env": {name: "/tmp/x"}})).startswith(f"backend.env.{name}: ")
+
+
+def test_library_paths_are_allowed_for_the_trainer():
+    from launcher.plan.spec_backend import split_env
+
+    spec = spec_from_dict(with_("backend", {"env": {"LD_LIBRARY_PATH": "/opt/l", "PYTHONPATH": "/opt/p", "A": "1"}}))
+    assert split_env(spec.backend.env) == ({"A": "1"}, {"LD_LIBRARY_PATH": "/opt/l", "PYTHONPATH": "/opt/p"})
