@@ -79,11 +79,13 @@ def test_site_options_render_as_sbatch_reads_them(tmp_path):
                               "backend.slurm.mail_type": "END,FAIL", "backend.slurm.comment": 'run "7" # ok',
                               "backend.slurm.segment": 4, "backend.slurm.switches": 1,
                               "backend.slurm.switches_wait": "02:00:00",
-                              "backend.slurm.extra": ["--hint=nomultithread", "--contiguous", "--wckey=a b\\c"]})
+                              "backend.slurm.extra": ["--hint=nomultithread", "--contiguous", "--wckey=a b\\c",
+                                                      "--reserv=r2", "--container-image=x"]})
     s = render_slurm(spec, plan, str(tmp_path / "run")).files["train.sbatch"]
     for line in ("--reservation=maint-2026", '--constraint="a100&ib"', "--gres=nvme:1", "--mail-user=me@example.org",
                  "--mail-type=END,FAIL", '--comment="run \\"7\\" # ok"', "--segment=4", "--switches=1@02:00:00",
-                 "--hint=nomultithread", "--contiguous", '--wckey="a b\\\\c"'):
+                 "--hint=nomultithread", "--contiguous", '--wckey="a b\\\\c"', "--reserv=r2",
+                 "--container-image=x"):   # an unambiguous abbreviation; a SPANK plugin's option
         assert f"#SBATCH {line}\n" in s, line
 
 
@@ -93,6 +95,16 @@ def test_site_options_render_as_sbatch_reads_them(tmp_path):
     (["--ok", "--Bad"], r"backend.slurm.extra\[1\]: '--Bad' is not one sbatch option"),
     (["--nodes=3"], r"backend.slurm.extra\[0\]: --nodes is set by launch4d itself; use cluster.nodes"),
     (["--signal=USR1@60"], r"backend.slurm.extra\[0\]: --signal is set by launch4d itself; use backend.slurm.checkpoint_signal"),
+    # issue 23: sbatch takes any unambiguous prefix of a long option (getopt_long)
+    *[([f"--{abbr}"], rf"backend.slurm.extra\[0\]: --{abbr.split('=')[0]} \(sbatch reads it as --{full}\) is set by "
+                    "launch4d itself")
+      for abbr, full in (("arr=0-2", "array"), ("sig=B:KILL@5", "signal"), ("job-n=other", "job-name"),
+                         ("ntasks-per-n=4", "ntasks-per-node"), ("gpus-per-n=1", "gpus-per-node"),
+                         ("open-m=truncate", "open-mode"), ("no-req", "no-requeue"), ("ch=/tmp", "chdir"),
+                         ("outp=/tmp/x", "output"), ("wr=id", "wrap"), ("tasks-per-n=2", "tasks-per-node"))],
+    (["--n=2"], r"--n \(an abbreviation sbatch may read as --no-requeue\) is set by launch4d itself"),
+    (["--o=/tmp/x"], r"--o \(an abbreviation sbatch may read as --open-mode\)"),
+    (["--ex=n1"], r"backend.slurm.extra\[0\]: --ex is ambiguous to sbatch \(--exclude, --exclusive, "),
 ])
 def test_bad_extra_options_are_refused_with_their_path(tmp_path, extra, message):
     with pytest.raises(UserError, match=message):    # the job file's loader or the renderer

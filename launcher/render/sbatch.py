@@ -25,7 +25,29 @@ SBATCH_MANAGED = {"job-name": "name", "nodes": "cluster.nodes", "ntasks-per-node
                   "output": None, "error": None, "chdir": None, "open-mode": None,
                   "signal": "backend.slurm.checkpoint_signal / signal_seconds", "requeue": "backend.slurm.requeue",
                   "no-requeue": "backend.slurm.requeue", "gpus-per-node": "cluster.gpus_per_node",
-                  "array": None, "wrap": None, "parsable": None}
+                  "array": None, "wrap": None, "parsable": None, "tasks-per-node": None, "workdir": None}
+#: sbatch's long options (Slurm's src/common/slurm_opt.c: the common_options with an sbatch setter, Slurm
+#: 25.x; "workdir": chdir's name before 17.11). sbatch reads them with getopt_long, which takes any
+#: unambiguous prefix ("--arr=0-2" is --array): an option in backend.slurm.extra is matched the same way
+#: before it is allowed. A name outside this list (a SPANK plugin's, such as pyxis' --container-image)
+#: is passed on as written.
+SBATCH_LONG_OPTIONS = frozenset((
+    "account", "acctg-freq", "array", "autocomplete", "batch", "bb", "bbf", "begin", "chdir", "cluster",
+    "cluster-constraint", "clusters", "comment", "consolidate-segments", "constraint", "container",
+    "container-id", "context", "contiguous", "core-spec", "cores-per-socket", "cpu-freq", "cpus-per-gpu",
+    "cpus-per-task", "deadline", "delay-boot", "dependency", "distribution", "error", "exclude", "exclusive",
+    "export", "export-file", "external", "extra", "extra-node-info", "get-user-env", "gid", "gpu-bind",
+    "gpu-freq", "gpus", "gpus-per-node", "gpus-per-socket", "gpus-per-task", "gres", "gres-flags", "help",
+    "hint", "hold", "ignore-pbs", "input", "job-name", "kill-on-invalid-dep", "licenses", "mail-type",
+    "mail-user", "mcs-label", "mem", "mem-bind", "mem-per-cpu", "mem-per-gpu", "mem-update", "mincpus",
+    "network", "nice", "no-kill", "no-requeue", "nodefile", "nodelist", "nodes", "ntasks", "ntasks-per-core",
+    "ntasks-per-gpu", "ntasks-per-node", "ntasks-per-socket", "ntasks-per-tres", "oom-kill-step", "open-mode",
+    "output", "overcommit", "oversubscribe", "parsable", "partition", "prefer", "priority", "profile",
+    "propagate", "qos", "quiet", "reboot", "requeue", "reservation", "resources", "resv-ports", "runtime",
+    "segment", "signal", "sockets-per-node", "spread-job", "spread-segments", "stepmgr", "switches",
+    "tasks-per-node", "test-only", "thread-spec", "threads-per-core", "time", "time-min", "tmp", "tres-bind",
+    "tres-per-task", "uid", "usage", "use-min-nodes", "verbose", "version", "wait", "wait-all-nodes", "wckey",
+    "wrap", "workdir"))
 SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}")
 
 
@@ -43,6 +65,28 @@ def _check_sbatch_fields(spec: JobSpec) -> None:
             sbatch_value(value)
         except UserError as exc:
             raise UserError(f"{path}: {exc}") from None
+
+
+def sbatch_candidates(flag: str) -> list[str]:
+    """The sbatch options `--flag` may stand for, as getopt_long reads it: itself when it is one, else
+    every option it is a prefix of (one: an abbreviation; several: ambiguous; none: not sbatch's own)."""
+    if flag in SBATCH_LONG_OPTIONS:
+        return [flag]
+    return sorted(o for o in SBATCH_LONG_OPTIONS if o.startswith(flag))
+
+
+def _check_extra_flag(flag: str, path: str) -> None:
+    """Refuse an option launch4d sets itself, however it is abbreviated, and an ambiguous abbreviation."""
+    cands = sbatch_candidates(flag)
+    managed = [c for c in cands if c in SBATCH_MANAGED]
+    if managed:
+        full, hint = managed[0], SBATCH_MANAGED[managed[0]]
+        what = (f"--{flag}" if flag == full else f"--{flag} (sbatch reads it as --{full})" if len(cands) == 1
+                else f"--{flag} (an abbreviation sbatch may read as --{full})")
+        raise UserError(f"{path}: {what} is set by launch4d itself" + (f"; use {hint}" if hint else ""))
+    if len(cands) > 1:
+        shown = ", ".join(f"--{c}" for c in cands[:6]) + (" ..." if len(cands) > 6 else "")
+        raise UserError(f"{path}: --{flag} is ambiguous to sbatch ({shown}); write the option in full")
 
 
 def site_options(spec: JobSpec) -> list[tuple[str, str | None, str]]:
@@ -63,10 +107,7 @@ def site_options(spec: JobSpec) -> list[tuple[str, str | None, str]]:
             raise UserError(f"{path}: {opt!r} is not one sbatch option; write it as \"--flag=value\" or "
                             "\"--flag\" (long form, no newlines or control characters)")
         flag = m.group(1)
-        if flag in SBATCH_MANAGED:
-            field_hint = SBATCH_MANAGED[flag]
-            raise UserError(f"{path}: --{flag} is set by launch4d itself"
-                            + (f"; use {field_hint}" if field_hint else ""))
+        _check_extra_flag(flag, path)
         out.append((f"--{flag}", m.group(2), path))
     for _, value, path in out:
         if value is not None and CONTROL_CHARS.search(value):
