@@ -4,6 +4,8 @@ only when invoked, so `launch --help` starts fast on a login node."""
 from __future__ import annotations
 
 import importlib
+import json
+import re
 import sys
 
 import click
@@ -35,13 +37,75 @@ def one_line(message: str) -> str:
     return "".join(c if c.isprintable() or c == "\t" else repr(c)[1:-1] for c in message)
 
 
+#: An error message's leading field: `cluster.gpu: ...`, `--plan: ...`, after a file name (`job.yaml: model.x: ...`).
+FIELD = re.compile(r"^(?:(?P<file>[^\s:]+\.(?:ya?ml|json)): )?"
+                   r"(?P<field>--[a-z][a-z0-9-]*|[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_\[\]-]+)*):")
+
+#: `--json` was given (before or after the command): errors then go to stdout as JSON too.
+JSON_KEY = "launch4d.json"
+_json_seen = [False]
+
+
+def error_payload(message: str, field: str | None = None, exit_code: int = 2) -> dict:
+    """What an error is under --json: {"error": the line, "field": the job-file field or option it names}."""
+    m = FIELD.match(message)
+    file = m.group("file") if m else None
+    if field is None and m:
+        field = m.group("field")
+        if re.search(r"\.(?:ya?ml|json)$", field):    # a file name, not a field
+            file, field = field, None
+    out = {"error": message, "field": field, "exit_code": exit_code}
+    if file:
+        out["file"] = file
+    return out
+
+
+def json_requested(ctx: click.Context | None = None) -> bool:
+    return _json_seen[0] or bool(ctx is not None and ctx.find_root().meta.get(JSON_KEY))
+
+
 class UserFacingError(click.ClickException):
-    """A UserError on its way out of click: one line, exit 2, no traceback."""
+    """A UserError on its way out of click: one line, exit 2, no traceback (under --json, also as
+    JSON on stdout)."""
 
     exit_code = 2
 
+    def __init__(self, message: str, field: str | None = None, as_json: bool = False):
+        super().__init__(message)
+        self.field, self.as_json = field, as_json
+
     def show(self, file=None) -> None:
-        click.echo(f"error: {one_line(self.format_message())}", err=True, file=file)
+        line = one_line(self.format_message())
+        if self.as_json:
+            click.echo(json.dumps(error_payload(line, self.field, self.exit_code)))
+        click.echo(f"error: {line}", err=True, file=file)
+
+
+def _verbosity(ctx: click.Context, param: click.Parameter, value: int) -> None:
+    """-v/-q after the command: added to those before it."""
+    if not value or ctx.resilient_parsing:
+        return
+    from launcher.commands import set_verbosity
+
+    root = ctx.find_root()
+    v, q = root.meta.get("launch4d.verbosity", (0, 0))
+    v, q = (v + value, q) if param.name == "verbose" else (v, q + value)
+    root.meta["launch4d.verbosity"] = (v, q)
+    set_verbosity(v, q)
+
+
+def _global_options(cmd: click.Command) -> click.Command:
+    """Give a command the group's -v/-q (so `launch plan job.yaml -v` works as `launch -v plan ...`)."""
+    if getattr(cmd, "_launch4d_globals", False):
+        return cmd
+    names = {o for p in cmd.params for o in getattr(p, "opts", [])}
+    for short, long_, help_ in (("-v", "--verbose", "As before the command: more detail on stderr."),
+                                ("-q", "--quiet", "As before the command: less on stderr.")):
+        if short not in names and long_ not in names:
+            cmd.params.append(click.Option([short, long_], count=True, expose_value=False, callback=_verbosity,
+                                           help=help_, hidden=True))
+    cmd._launch4d_globals = True  # type: ignore[attr-defined]
+    return cmd
 
 
 class LazyGroup(click.Group):
@@ -56,7 +120,7 @@ class LazyGroup(click.Group):
         target, _ = COMMANDS[name]
         module, attr = target.split(":")
         try:
-            return getattr(importlib.import_module(module), attr)
+            return _global_options(getattr(importlib.import_module(module), attr))
         except (ImportError, AttributeError):
             if ctx.resilient_parsing:
                 return None
@@ -66,7 +130,7 @@ class LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except UserError as exc:
-            raise UserFacingError(str(exc)) from None
+            raise UserFacingError(str(exc), getattr(exc, "path", None), json_requested(ctx)) from None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         with formatter.section("Commands"):
@@ -77,16 +141,30 @@ class LazyGroup(click.Group):
 @click.version_option(__version__, prog_name="launch4d")
 @click.option("-v", "--verbose", count=True, help="More detail on stderr (-v: every command run, ...).")
 @click.option("-q", "--quiet", count=True, help="Less on stderr (-q: warnings and errors only; -qq: errors).")
-def cli(verbose: int, quiet: int) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON (as the command's own --json); "
+                                                      "errors too, on stdout.")
+@click.pass_context
+def cli(ctx: click.Context, verbose: int, quiet: int, as_json: bool) -> None:
     """launch4d: preflight, plan and launch 4D-parallel LLM training on Slurm and Kubernetes.
 
-    Shell completion (bash, zsh or fish): eval "$(_LAUNCH_COMPLETE=bash_source launch)"."""
+    -v, -q and --json work before or after the command. Shell completion (bash, zsh or fish):
+    eval "$(_LAUNCH_COMPLETE=bash_source launch)"."""
     from launcher.commands import set_verbosity
 
+    _json_seen[0] = False
+    ctx.meta["launch4d.verbosity"] = (verbose, quiet)
+    ctx.meta[JSON_KEY] = as_json
     set_verbosity(verbose, quiet)
 
 
+def _argv_json(args: list[str]) -> bool:
+    """--json among the arguments (before a `--`): for errors click raises before any command ran."""
+    head = args[:args.index("--")] if "--" in args else args
+    return "--json" in head
+
+
 def main() -> None:
+    args = sys.argv[1:]
     try:
         rv = cli.main(standalone_mode=False, prog_name="launch")  # also under python -m launcher
         if isinstance(rv, int):
@@ -95,9 +173,15 @@ def main() -> None:
         click.echo("aborted", err=True)
         sys.exit(130)
     except click.exceptions.ClickException as exc:
+        if not isinstance(exc, UserFacingError) and (_json_seen[0] or _argv_json(args)):
+            click.echo(json.dumps(error_payload(one_line(exc.format_message()), None, exc.exit_code)))
+        elif isinstance(exc, UserFacingError) and not exc.as_json and _argv_json(args):
+            exc.as_json = True
         exc.show()
         sys.exit(exc.exit_code)
     except UserError as exc:
+        if _json_seen[0] or _argv_json(args):
+            click.echo(json.dumps(error_payload(one_line(str(exc)), getattr(exc, "path", None), exc.exit_code)))
         click.echo(f"error: {one_line(str(exc))}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:

@@ -10,7 +10,20 @@ from typing import Any
 
 import click
 
-json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+
+def _json_flag(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    """The command's --json, or the group's (`launch --json plan ...`); remembered for the errors."""
+    from launcher.cli import JSON_KEY, _json_seen
+
+    value = bool(value) or bool(ctx.find_root().meta.get(JSON_KEY))
+    if value:
+        ctx.find_root().meta[JSON_KEY] = True
+        _json_seen[0] = True
+    return value
+
+
+json_option = click.option("--json", "as_json", is_flag=True, callback=_json_flag,
+                           help="Print machine-readable JSON (errors too: {\"error\", \"field\"} on stdout).")
 
 
 def emit(payload: Any, as_json: bool, human: Callable[[], str] | None = None) -> None:

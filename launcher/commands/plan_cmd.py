@@ -69,17 +69,15 @@ def render_result(spec, result) -> str:
         out.append(result.calibration["line"])
     out.append("")
     if result.best is None:
-        out.append("no layout fits.")
+        from launcher.plan.explain import nothing_fits_text
+
+        out.append(f"no layout fits: {nothing_fits_text(spec, result)}.")
     else:
         out.append(render_plan(result.best))
     if result.budget:
         out += ["", budget_line(result.budget["best"], result.budget["source"])]
-    if result.choice.get("reason"):
-        ch = result.choice
-        out += ["", f"why: {ch['equal_plans']} plan(s) within {ch['band']:.0%} of the fastest estimate "
-                    f"({ch['fastest_step_s']:.3f} s) count as equal (the time model's error); the simplest was "
-                    f"chosen. It {ch['reason']}." if "simpler" in ch else
-                f"why: {ch['equal_plans']} plan(s) within {ch['band']:.0%} of the fastest; {ch['reason']}."]
+    if result.choice.get("line"):
+        out += ["", f"why: {result.choice['line']}"]
     priced = spec.cluster.price_per_gpu_hour is not None
     if result.alternatives:
         from launcher.plan.costs import duration

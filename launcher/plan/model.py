@@ -19,8 +19,8 @@ from typing import Any
 from launcher.errors import SpecError, UserError
 from launcher.plan.capabilities import ZERO_REFUSED, PlanSchedule, Recompute, ZeroStage
 from launcher.plan.schema import bounded, json_schema, load_dataclass
-from launcher.plan.spec import GpuSpec, ModelSpec, TrainSpec
-from launcher.plan.spec_backend import DiagnosticsSpec
+from launcher.plan.spec import ClusterSpec, GpuSpec, ModelSpec, TrainSpec
+from launcher.plan.spec_backend import BackendSpec, DiagnosticsSpec
 
 #: 2: typed sections, `layout` replaces degrees/zero_stage/recompute/... at the top level.
 PLAN_VERSION = 2
@@ -129,6 +129,9 @@ class Plan:
     tp_node_local: bool = bounded(True, doc="every TP group sits on one node")
     forced: bool = bounded(False, doc="a TP group spans nodes because the job file allowed it")
     memory_traced: bool = bounded(False, doc="set by `launch verify` once the real trainer was traced")
+    cluster: ClusterSpec | None = bounded(None, doc="the job file's cluster section (with the backend section: "
+                                                    "what `launch run`, `render` and `submit` launch a plan.json with)")
+    backend: BackendSpec | None = bounded(None, doc="the job file's backend section")
     version: int = bounded(PLAN_VERSION, doc="plan.json format version")
 
     # --- views of the layout (read-only; the layout is the one copy) ------------------------

@@ -97,6 +97,7 @@ class PlanResult:
     choice: dict[str, Any] = field(default_factory=dict)
     budget: dict[str, Any] = field(default_factory=dict)     # time to train and cost, best and alternatives
     calibration: dict[str, Any] = field(default_factory=dict)  # the cluster profile used, if any
+    nothing_fits: dict[str, Any] = field(default_factory=dict)  # no plan: how close the nearest came, what would fit
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -109,6 +110,7 @@ class PlanResult:
             "choice": self.choice,
             "budget": self.budget,
             **({"calibration": self.calibration} if self.calibration else {}),
+            **({"nothing_fits": self.nothing_fits} if self.nothing_fits else {}),
         }
 
 
@@ -432,6 +434,7 @@ def to_plan(spec: JobSpec, cand: Candidate, cluster: Cluster, with_ranks: bool =
         model=spec.model, train=spec.train, gpu=spec.gpu, diagnostics=spec.diagnostics,
         hosts=cluster.hosts, gpu_order=cluster.gpu_order, tp_node_local=tp_local,
         forced=spec.parallel.allow_cross_node_tp and not tp_local,
+        cluster=spec.cluster, backend=spec.backend,
     )
 
 
@@ -447,23 +450,100 @@ def rank(candidates: list[Candidate], seq_len: int) -> tuple[list[Candidate], in
     return band + ordered[len(band):], len(band)
 
 
-def why_chosen(best: Candidate, ordered: list[Candidate], band: int) -> dict[str, Any]:
-    """Why the chosen plan beat the fastest strictly simpler one: the cost terms that differ most."""
+def why_chosen(best: Candidate, ordered: list[Candidate], band: int, seq_len: int = 0,
+               fixed: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Why the chosen plan won, as the rule that decided it and its numbers: the fastest estimate; or a
+    faster plan within TIE_BAND (the time model's error) lost to a simpler one; or a faster plan with CP
+    below CP_SHORT_SEQ tokens, charged one more band, lost; or the job file fixed the layout. Then the
+    fastest strictly simpler layout it beat, by how much and on which cost terms. `line` is the sentence."""
+    t_best = best.estimate.step_time_s
     out: dict[str, Any] = {"band": TIE_BAND, "equal_plans": band,
                            "fastest_step_s": round(min(c.estimate.step_time_s for c in ordered[:band]), 6)}
-    # nothing simpler is in the band (the band is sorted simplest first); the rest is in time order
+    fastest = min(ordered, key=lambda c: (c.estimate.step_time_s,) + c.sort_key())
+    t_fast = fastest.estimate.step_time_s
+    fixed_note = (f" (the job file fixed {', '.join(fixed)}; the rest was searched)" if fixed else "")
+    if len(ordered) == 1 and fixed:
+        out.update(rule="forced", fixed=list(fixed))
+        line = (f"forced: the job file's parallel section fixed {', '.join(fixed)}, which leaves this one "
+                f"layout ({t_best:.3f} s); nothing was chosen")
+    elif fastest is best or t_fast >= t_best:
+        out.update(rule="fastest")
+        line = (f"the fastest estimate ({t_best:.3f} s)"
+                + (f"; of the {band} plans within {TIE_BAND:.0%} of it (the time model's error) none is simpler"
+                   if band > 1 else f"; no other plan is within {TIE_BAND:.0%} of it") + fixed_note)
+    else:
+        faster_by = t_best / t_fast - 1
+        how = _simpler_how(best, fastest)
+        anchor = min(ordered[:band], key=lambda c: c.ranked_time(seq_len))
+        limit = anchor.ranked_time(seq_len) * (1 + TIE_BAND)
+        out.update(fastest=_describe(fastest.layout), fastest_faster_by=round(faster_by, 4),
+                   band_limit_s=round(limit, 6))
+        tie = (f"plans within {TIE_BAND:.0%} of the fastest (the time model's error)"
+               + f", up to {limit:.3f} s, count as equal, and this "
+               f"plan ({t_best:.3f} s) is the simplest of those {band} ({how})")
+        if fastest.layout.cp > 1 and seq_len < CP_SHORT_SEQ and t_best > t_fast * (1 + TIE_BAND):
+            counted = fastest.ranked_time(seq_len)
+            out.update(rule="cp_short_seq", penalty=TIE_BAND, counted_step_s=round(counted, 6))
+            line = (f"the fastest estimate, {_describe(fastest.layout)} ({t_fast:.3f} s), is {faster_by:.1%} faster, "
+                    f"but it uses context parallelism below {CP_SHORT_SEQ // 1024}k tokens (seq_len {seq_len}), "
+                    f"which must win by a further {TIE_BAND:.0%} (counted as {counted:.3f} s); then " + tie
+                    + fixed_note)
+        else:
+            out.update(rule="tie_band")
+            line = (f"the fastest estimate, {_describe(fastest.layout)} ({t_fast:.3f} s), is only {faster_by:.1%} "
+                    f"faster: " + tie + fixed_note)
+    # the fastest strictly simpler layout, outside the band (the band is sorted simplest first)
     other = next((c for c in ordered[band:] if c.complexity[:5] < best.complexity[:5]), None)
     if other is None:
-        out["reason"] = "no simpler layout fits in GPU memory"
+        if out["rule"] != "forced" and (best.complexity[0] or best.layout.zero):
+            line += ". No simpler layout fits in GPU memory"
+        out["reason"] = line
+        out["line"] = line + "."
         return out
     mine, theirs = best.estimate.terms(), other.estimate.terms()
     diffs = sorted(((k, theirs[k] - mine[k]) for k in mine), key=lambda kv: -abs(kv[1]))
-    slower = other.estimate.step_time_s / best.estimate.step_time_s - 1
+    slower = other.estimate.step_time_s / t_best - 1
     terms = ", ".join(f"{k} {d:+.3g} s" for k, d in diffs[:3] if abs(d) > 1e-9)
     out["simpler"] = _describe(other.layout)
     out["simpler_slower_by"] = round(slower, 4)
-    out["reason"] = f"beats the simpler {_describe(other.layout)} by {slower:.1%} ({terms} there)"
+    line += (f". It beats the simpler {_describe(other.layout)} ({other.estimate.step_time_s:.3f} s, outside the "
+             f"band) by "
+             f"{slower:.1%} ({terms} there)")
+    out["reason"] = line
+    out["line"] = line + "."
     return out
+
+
+def _simpler_how(best: Candidate, other: Candidate) -> str:
+    """In what way `best` is simpler than `other`: the first term of Candidate.complexity they differ in."""
+    a, b = best.complexity, other.complexity
+    la, lb = best.layout, other.layout
+
+    def dims(lay: Layout) -> str:
+        names = [n for n in ("tp", "cp", "pp", "ep") if getattr(lay, n) > 1]
+        return ", ".join(names) or "none"
+
+    words = [f"fewer model-parallel dimensions: {dims(la)} against {dims(lb)}", f"less CP: cp={la.cp} against {lb.cp}",
+             f"fewer pipeline stages: pp={la.pp} against {lb.pp}", f"a lower ZeRO stage: {la.zero} against {lb.zero}",
+             f"smaller TP: tp={la.tp} against {lb.tp}",
+             f"fewer chunks: v={la.virtual_stages} against {lb.virtual_stages}",
+             f"less recompute: {la.recompute} against {lb.recompute}", "more memory headroom"]
+    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(words) - 1)
+    return words[min(i, len(words) - 1)]
+
+
+def forced_choice(fixed: tuple[str, ...], ledger: MemoryLedger) -> dict[str, Any]:
+    """The why of a fixed layout that does not fit: it was forced, and by how much it is over."""
+    line = (f"forced: the job file's parallel section fixed {', '.join(fixed)}; this layout does not fit: "
+            f"{ledger.per_gpu_gb:.1f} GB needed per GPU, {ledger.limit_gb:.1f} GB allowed.")
+    return {"rule": "forced", "fixed": list(fixed), "fits": False, "reason": line, "line": line}
+
+
+def fixed_fields(spec: JobSpec) -> tuple[str, ...]:
+    """The parallel fields the job file fixed (None: searched)."""
+    p = spec.parallel
+    return tuple(k for k in ("tp", "cp", "pp", "dp", "ep", "zero", "recompute", "micro_batch", "schedule",
+                             "virtual_stages") if getattr(p, k) is not None)
 
 
 def _describe(lay: Layout) -> str:
@@ -490,13 +570,15 @@ def plan_job(spec: JobSpec, bwmap: BandwidthMap | None = None, top: int = 5,
             forced = min(search.unfit, key=lambda c: c.ledger.per_gpu_gb)
             notes.append("the fixed layout does not fit in GPU memory")
             return PlanResult(to_plan(spec, forced, cluster), [], search.searched, dict(search.rejected),
-                              cluster.bandwidth, notes, calibration=calibration)
+                              cluster.bandwidth, notes, forced_choice(fixed_fields(spec), forced.ledger),
+                              calibration=calibration)
+        from launcher.plan.explain import nothing_fits
+
         return PlanResult(None, [], search.searched, dict(search.rejected), cluster.bandwidth, notes,
-                          calibration=calibration)
+                          calibration=calibration, nothing_fits=nothing_fits(spec, cluster, search))
     best = ranked[0]
-    choice = why_chosen(best, ranked, band)
-    notes.append(f"{band} plan(s) within {TIE_BAND:.0%} of the fastest estimate (the time model's error) count "
-                 f"as equal; the simplest was chosen. Choice: {choice['reason']}")
+    choice = why_chosen(best, ranked, band, spec.train.seq_len, fixed_fields(spec))
+    notes.append(f"why: {choice['line']}")
     seen = {_shape(best.layout)}
     alts: list[Plan] = []
     for cand in ranked[1:]:

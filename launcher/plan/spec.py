@@ -215,6 +215,40 @@ def _check_parallel(p: ParallelSpec, m: ModelSpec, t: TrainSpec, c: ClusterSpec)
             raise SpecError("parallel.virtual_stages", why)
     if p.micro_batch is not None and t.global_batch % p.micro_batch:
         raise SpecError("parallel.micro_batch", f"{p.micro_batch} does not divide train.global_batch={t.global_batch}")
+    _check_degrees(p, t, c)
+
+
+def _check_degrees(p: ParallelSpec, t: TrainSpec, c: ClusterSpec) -> None:
+    """The degrees given must multiply to a divisor of the GPU count, and where they fix dp the global
+    batch must split over dp × micro_batch: a field and the numbers, not an empty search."""
+    world = c.world_size
+    where = f"{c.nodes} node{'s' if c.nodes > 1 else ''} × {c.gpus_per_node} GPUs"
+    given: list[str] = []
+    product = 1
+    for name in ("tp", "cp", "pp", "dp"):
+        v = getattr(p, name)
+        if v is None:
+            continue
+        product *= v
+        given.append(f"{name}={v}")
+        if world % product:
+            others = f" with {' '.join(given[:-1])}" if given[:-1] else ""
+            raise SpecError(f"parallel.{name}", f"{v}{others} makes {product} GPUs, which does not divide the "
+                                                f"world size {world} ({where})")
+    dp = p.dp
+    if dp is None and None not in (p.tp, p.cp, p.pp):
+        dp = world // product
+    if dp is None:
+        return
+    how = "parallel.dp" if p.dp is not None else f"dp = {world} GPUs / tp·cp·pp {product}"
+    if t.global_batch % dp:
+        raise SpecError("train.global_batch", f"{t.global_batch} is not divisible by dp={dp} ({how}); "
+                                              f"make it a multiple of {dp}")
+    mb = p.micro_batch
+    if mb is not None and t.global_batch % (dp * mb):
+        raise SpecError("train.global_batch", f"{t.global_batch} is not divisible by dp × micro_batch = {dp} × {mb} "
+                                              f"= {dp * mb} ({how}); make it a multiple of {dp * mb} or change "
+                                              "parallel.micro_batch")
 
 
 def check_name(name: Any, derived_from: str | None = None) -> str:

@@ -1,0 +1,113 @@
+"""When no layout fits: how close the nearest came, and how many GPUs would do.
+
+Only run when a search found nothing, so it may search again: the closest candidate is the least
+memory-hungry layout of the same search, priced in full (the search itself stops pricing a layout at
+the first rank over the limit, so it does not know by how much it missed); the smallest world size
+is found by searching the same job on more nodes of the same size (doubling, then bisecting: the fit
+is close to monotone in the node count, not exactly, since the global batch must split over dp).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from launcher.plan.spec import JobSpec
+
+#: The world sizes tried for "fits from N GPUs" stop here.
+MAX_WORLD = 1 << 17
+MEMORY = "does not fit in GPU memory"
+
+
+def _frugal(spec: JobSpec) -> JobSpec:
+    """The job with every searched memory choice at its most frugal (ZeRO 3, full recompute, one
+    sequence a micro-batch) and memory without bound: each layout is priced in full."""
+    p = spec.parallel
+    parallel = dataclasses.replace(p, zero=p.zero if p.zero is not None else 3, recompute=p.recompute or "full",
+                                   micro_batch=p.micro_batch or 1)
+    gpu = dataclasses.replace(spec.gpu, memory_gb=1e5)
+    return dataclasses.replace(spec, parallel=parallel, gpu=gpu)
+
+
+def closest(spec: JobSpec, cluster: Any) -> dict[str, Any] | None:
+    """The layout nearest to fitting: its need per GPU against the job's limit."""
+    from launcher.plan.planner import Search, _describe
+
+    search = Search(_frugal(spec), cluster)
+    search.run()
+    if not search.candidates:
+        return None
+    best = min(search.candidates, key=lambda c: c.ledger.per_gpu_gb)
+    limit = spec.gpu.memory_gb * (1 - spec.cluster.memory_headroom)
+    led = best.ledger
+    return {"layout": _describe(best.layout), "per_gpu_gb": round(led.per_gpu_gb, 2), "limit_gb": round(limit, 2),
+            "over_by": round(led.per_gpu_gb / limit - 1, 4),
+            "categories_gb": {k: round(getattr(led, f"{k}_gb"), 2) for k in
+                              ("params", "grads", "optimizer", "activations") if hasattr(led, f"{k}_gb")}}
+
+
+def _fits_on(spec: JobSpec, cluster: Any, nodes: int) -> bool:
+    from launcher.plan.planner import Search
+
+    par = dataclasses.replace(spec.parallel, dp=None)          # dp follows the world size
+    s = dataclasses.replace(spec, parallel=par, cluster=dataclasses.replace(spec.cluster, nodes=nodes))
+    search = Search(s, dataclasses.replace(cluster, nodes=nodes))
+    search.run()
+    return bool(search.candidates)
+
+
+def smallest_world(spec: JobSpec, cluster: Any) -> dict[str, Any] | None:
+    """The fewest nodes (of the job's gpus_per_node) on which some layout fits, or None up to MAX_WORLD."""
+    g = spec.cluster.gpus_per_node
+    lo, hi = spec.cluster.nodes, None           # lo: known not to fit
+    n = lo * 2
+    while n * g <= MAX_WORLD:
+        if _fits_on(spec, cluster, n):
+            hi = n
+            break
+        lo, n = n, n * 2
+    if hi is None:
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _fits_on(spec, cluster, mid):
+            hi = mid
+        else:
+            lo = mid
+    return {"nodes": hi, "gpus_per_node": g, "world_size": hi * g}
+
+
+def nothing_fits(spec: JobSpec, cluster: Any, search: Any) -> dict[str, Any]:
+    """What PlanResult.nothing_fits holds: the reasons every layout was rejected, and where memory was
+    the reason, the closest candidate and the smallest world size that fits."""
+    rejected = sorted(search.rejected.items(), key=lambda kv: -kv[1])
+    out: dict[str, Any] = {"rejected": [{"reason": r, "layouts": n} for r, n in rejected[:3]]}
+    if search.rejected.get(MEMORY):
+        near = closest(spec, cluster)
+        if near is not None:
+            out["closest"] = near
+        out["smallest_world"] = smallest_world(spec, cluster)
+        out["max_world_tried"] = MAX_WORLD
+    return out
+
+
+def nothing_fits_text(spec: JobSpec, result: Any) -> str:
+    """The explanation as one line (no trailing full stop)."""
+    nf = result.nothing_fits or {}
+    parts = []
+    near = nf.get("closest")
+    if near:
+        parts.append(f"the closest, {near['layout']}, needs {near['per_gpu_gb']:.1f} GB per GPU against a limit of "
+                     f"{near['limit_gb']:.1f} GB ({spec.gpu.memory_gb:g} GB less "
+                     f"{spec.cluster.memory_headroom:.0%} headroom), {near['over_by']:.0%} over")
+    if "smallest_world" in nf:
+        w = nf["smallest_world"]
+        if w:
+            parts.append(f"it fits from {w['world_size']} GPUs ({w['nodes']} nodes × {w['gpus_per_node']}; "
+                         f"set cluster.nodes: {w['nodes']})")
+        else:
+            parts.append(f"it fits on no world size up to {nf.get('max_world_tried', MAX_WORLD)} GPUs")
+    if not parts or not near:
+        reasons = "; ".join(f"{r['reason']} ({r['layouts']})" for r in nf.get("rejected", []))
+        parts.insert(0, f"every layout was rejected: {reasons or 'none matches the fixed parallel section'}")
+    return "; ".join(parts)
