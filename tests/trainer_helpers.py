@@ -193,12 +193,16 @@ def _capture_engines() -> list:
 
 def optimizer_bytes_per_rank(eng) -> list[int]:
     """Every rank's optimizer-state bytes (local shards), by global rank. Collective over the world."""
+    import torch
     import torch.distributed as dist
 
-    from launcher.trainer.zero1 import state_bytes
+    def local(v):
+        return v._local_tensor if hasattr(v, "_local_tensor") else v
 
+    mine = sum(local(v).numel() * local(v).element_size() for st in eng.optimizer.state.values()
+               for v in st.values() if torch.is_tensor(v))
     every: list = [None] * dist.get_world_size()
-    dist.all_gather_object(every, state_bytes(eng.optimizer))
+    dist.all_gather_object(every, mine)
     return every
 
 

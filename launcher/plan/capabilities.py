@@ -21,13 +21,18 @@ if TYPE_CHECKING:
     from launcher.plan.spec import ModelSpec
 
 #: ZeRO stages the trainer runs as the ledger counts them: 0 replicated, 1 optimizer state sharded
-#: over dp·cp (zero1.py), 2 and 3 FSDP2 (fsdp.py). A stage the trainer cannot run goes into
+#: over dp·cp (dist_optim.py), 2 and 3 FSDP2 (fsdp.py). A stage the trainer cannot run goes into
 #: ZERO_REFUSED with the reason, and out of ZERO_STAGES: the job file and the planner follow.
 ZERO_STAGES = (0, 1, 2, 3)
 ZERO_REFUSED: dict[int, str] = {}
-#: Compute precisions (engine.py: bf16 autocast/FSDP mixed precision, or fp32). fp16 would need
-#: loss scaling, which the trainer does not do.
+#: Compute precisions (engine.py: bf16 weights and activations with fp32 masters — FSDP's mixed
+#: precision under ZeRO 2/3, dist_optim.py under 0/1 — or fp32). fp16 would need loss scaling,
+#: which the trainer does not do.
 PRECISIONS = ("bf16", "fp32")
+#: Where gradients accumulate over micro-batches without FSDP: in the weights' dtype (the seed's
+#: 2 B/param), or an fp32 buffer per weight (Megatron's main_grad, 4 B/param). FSDP (ZeRO 2/3)
+#: reduces in fp32 either way.
+GRAD_DTYPES = ("bf16", "fp32")
 PRECISION_REFUSED = {"fp16": "is not run by the bundled trainer (no loss scaling); choose bf16 or fp32"}
 OPTIMIZERS = ("adam", "sgd", "adam8bit")
 RECOMPUTE = ("none", "selective", "full")
@@ -42,6 +47,7 @@ CP_ATTENTION = "all-gather"
 
 ZeroStage = Literal[ZERO_STAGES]            # type: ignore[valid-type]
 Precision = Literal[PRECISIONS]             # type: ignore[valid-type]
+GradDtype = Literal[GRAD_DTYPES]            # type: ignore[valid-type]
 Optimizer = Literal[OPTIMIZERS]             # type: ignore[valid-type]
 Recompute = Literal[RECOMPUTE]              # type: ignore[valid-type]
 Schedule = Literal[SCHEDULES]               # type: ignore[valid-type]

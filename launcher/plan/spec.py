@@ -15,7 +15,7 @@ from typing import Any
 
 from launcher.errors import SpecError, UserError
 from launcher.plan import capabilities, presets
-from launcher.plan.capabilities import Mlp, Optimizer, Precision, Recompute, Schedule, ZeroStage
+from launcher.plan.capabilities import GradDtype, Mlp, Optimizer, Precision, Recompute, Schedule, ZeroStage
 from launcher.plan.schema import bounded, did_you_mean, json_schema, key_name, load_dataclass, show
 from launcher.plan.spec_backend import BackendSpec, DiagnosticsSpec
 
@@ -63,6 +63,8 @@ class TrainSpec:
                                                         "steps = ⌈tokens / (global_batch·seq_len)⌉ (not both)")
     optimizer: Optimizer = bounded("adam", doc="adam (AdamW), adam8bit (block-wise 8-bit AdamW) or sgd")
     precision: Precision = bounded("bf16", why_not=capabilities.PRECISION_REFUSED, doc="compute precision")
+    grad_dtype: GradDtype = bounded("bf16", doc="where gradients accumulate over micro-batches under ZeRO 0/1: "
+                                                "bf16 (2 B/param, the seed's count) or an fp32 buffer (4 B/param)")
     lr: float = bounded(3e-4, 0.0, 10.0, doc="peak learning rate")
     warmup_steps: int = bounded(0, 0, 1 << 40, doc="linear warm-up steps")
     weight_decay: float = bounded(0.0, 0.0, 10.0, doc="decoupled weight decay")

@@ -143,10 +143,29 @@ def _optim_options():
     return StateDictOptions(flatten_optimizer_state_dict=True)
 
 
+def _lean(optims: list):
+    """The trainer's MixedPrecisionOptimizer (ZeRO 0/1: flat fp32 masters beside bf16 weights), if that is it."""
+    return next((o for o in optims if hasattr(o, "checkpoint_state")), None)
+
+
+def _state_dict(module: nn.Module, optims: list, aliases: dict[str, str]) -> dict:
+    """What DCP saves or loads into: the model's and the optimizer's entries under torch's keys. The
+    lean optimizer offers its fp32 masters as the model entries (the bf16 weights follow from them)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    lean = _lean(optims)
+    if lean is not None:
+        model, optim = lean.checkpoint_state(aliases)
+        return {"model": model, "optim": optim}
+    return {"model": _rename(get_model_state_dict(module), aliases),
+            "optim": _rename(get_optimizer_state_dict(module, optims, options=_optim_options()), aliases)
+            if _has_params(optims) else {}}
+
+
 def _has_params(optims: list) -> bool:
     """False for a ZeRO 1 rank that owns no parameter: it has no optimizer state to save or load
     (torch's get_optimizer_state_dict refuses an empty optimizer)."""
-    return any(g["params"] for o in optims for g in o.param_groups)
+    return _lean(optims) is not None or any(g["params"] for o in optims for g in o.param_groups)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -234,7 +253,6 @@ class Checkpointer:
              data_state: dict | None) -> Path:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
         final = self.dir / f"step-{step}"
         tmp = self.dir / f"step-{step}.tmp"
@@ -252,10 +270,7 @@ class Checkpointer:
         _barrier()
         module = merge_parts(model)
         aliases = _tied_aliases(model)
-        optims = _as_list(optimizer)
-        state = {"model": _rename(get_model_state_dict(module), aliases),
-                 "optim": _rename(get_optimizer_state_dict(module, optims, options=_optim_options()), aliases)
-                 if _has_params(optims) else {}}
+        state = _state_dict(module, _as_list(optimizer), aliases)
         failed: BaseException | None = None
         try:
             dcp.save(state, checkpoint_id=str(tmp))
@@ -371,12 +386,7 @@ class Checkpointer:
     def _load(self, path: Path, model: nn.Module | Sequence[nn.Module], optimizer: Any,
               scheduler: Any) -> tuple[int, dict | None]:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import (
-            get_model_state_dict,
-            get_optimizer_state_dict,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
         module = merge_parts(model)
         optims = _as_list(optimizer)
@@ -388,13 +398,16 @@ class Checkpointer:
             int(extra["step"])
         except Exception as exc:  # noqa: BLE001 - any unreadable extras: this checkpoint is bad
             raise CheckpointError(f"{path / EXTRA}: not a readable checkpoint file ({type(exc).__name__})") from exc
-        state = {"model": _rename(get_model_state_dict(module), aliases),
-                 "optim": _rename(get_optimizer_state_dict(module, optims, options=opts), aliases)
-                 if with_optim else {}}
+        state = _state_dict(module, optims, aliases)
         dcp.load(state, checkpoint_id=str(path))
-        set_model_state_dict(module, _rename(state["model"], aliases, reverse=True))
-        if with_optim:
-            set_optimizer_state_dict(module, optims, _rename(state["optim"], aliases, reverse=True), options=opts)
+        lean = _lean(optims)
+        if lean is not None:
+            lean.after_load(state["optim"], aliases)
+        else:
+            set_model_state_dict(module, _rename(state["model"], aliases, reverse=True))
+            if with_optim:
+                set_optimizer_state_dict(module, optims, _rename(state["optim"], aliases, reverse=True),
+                                         options=opts)
         scheds = _as_list(scheduler)
         if scheds and extra.get("scheduler") is not None:
             saved = extra["scheduler"] if isinstance(scheduler, (list, tuple)) else [extra["scheduler"]]

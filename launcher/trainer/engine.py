@@ -19,9 +19,10 @@ import torch.distributed as dist
 
 from launcher.errors import UserError
 from launcher.trainer import context_parallel as cpar
-from launcher.trainer import fsdp, moe, zero1
+from launcher.trainer import fsdp, moe
 from launcher.trainer.config import TrainerConfig
-from launcher.trainer.loss import ChunkedLoss, clip_grad_norm
+from launcher.trainer.dist_optim import MixedPrecisionOptimizer
+from launcher.trainer.loss import ChunkedLoss, clip_grad_norm, clip_to_global_norm
 from launcher.trainer.mesh import MeshInfo, build_mesh, check_hosts, hostname, log_startup, set_timeouts
 from launcher.trainer.model import Transformer
 from launcher.trainer.pipeline import (
@@ -53,8 +54,11 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
-def build_parts(cfg: TrainerConfig, mesh: MeshInfo, bf16_fsdp: bool) -> tuple[list[Transformer], list[int]]:
-    """This rank's model part(s): one per local pipeline stage, initialised and parallelized."""
+def build_parts(cfg: TrainerConfig, mesh: MeshInfo, bf16: bool) -> tuple[list[Transformer], list[int]]:
+    """This rank's model part(s): one per local pipeline stage, initialised and parallelized.
+
+    bf16 under FSDP: fp32 sharded parameters (the masters), bf16 gathered by FSDP's policy. bf16
+    without FSDP: the weights themselves in bf16, their fp32 masters in the optimizer (dist_optim)."""
     p = cfg.parallel
     n_stages = p.pp * p.virtual_stages
     stage_ids = local_stage_ids(mesh.coords["pp"], p.pp, p.virtual_stages)
@@ -74,8 +78,10 @@ def build_parts(cfg: TrainerConfig, mesh: MeshInfo, bf16_fsdp: bool) -> tuple[li
         # seeded full value (so a model larger than one device can still be initialised).
         apply_tp(m, mesh.tp_mesh)
         apply_recompute(m, p.recompute)
+        if bf16 and dp_mode != "fsdp":
+            m.to(torch.bfloat16)
         if dp_mode == "fsdp":
-            fsdp.apply_fsdp(m, mesh.dp_cp_mesh, p.zero_stage, bf16_fsdp,
+            fsdp.apply_fsdp(m, mesh.dp_cp_mesh, p.zero_stage, bf16,
                             expert_mesh=mesh.ep.replica_mesh if mesh.ep is not None else None)
         m.to_empty(device=mesh.device)
         cpar.apply_cp(m, mesh.group("cp"), mesh.coords["cp"], p.cp, cfg.train.seq_len)
@@ -100,9 +106,8 @@ class Engine:
         cuda = mesh.device.type == "cuda"
         bf16 = self.bf16 if self.bf16 is not None else cfg.train.precision == "bf16" and cuda
         self.dp_mode = fsdp.mode(p.zero_stage, mesh.dp_cp_size)
-        self.parts, self.stage_ids = build_parts(cfg, mesh, bf16_fsdp=bf16)
-        # FSDP's policy casts parameters; without FSDP, bf16 means autocast around forward
-        self.autocast = bf16 and self.dp_mode != "fsdp"
+        self.compute_dtype = torch.bfloat16 if bf16 else torch.float32   # activations, stage boundaries
+        self.parts, self.stage_ids = build_parts(cfg, mesh, bf16=bf16)
         if mesh.rank == 0:
             log.info("data parallel over dp·cp = %d ranks: %s", mesh.dp_cp_size,
                      fsdp.describe(p.zero_stage, mesh.dp_cp_size))
@@ -111,7 +116,9 @@ class Engine:
                          "summed over dp·cp/ep = %d replicas (%s)", p.ep, cfg.model.experts // p.ep,
                          cfg.model.experts, mesh.ep.replica_size,
                          "fully_shard per expert" if self.dp_mode == "fsdp" else "all-reduce")
-            log.info("precision: %s", "bf16 params, fp32 reduce/optimizer" if bf16 else
+            log.info("precision: %s", ("bf16 gathered params, fp32 shards/reduce/optimizer" if self.dp_mode == "fsdp"
+                                       else f"bf16 weights and activations, {cfg.train.grad_dtype} gradients, fp32 "
+                                            "master/optimizer") if bf16 else
                      ("fp32 (CPU runs fp32; plan asked bf16)" if cfg.train.precision == "bf16" else "fp32"))
             log.info("tp=%d (sequence parallel) cp=%d (all-gather KV, head/tail chunks) pp=%d schedule=%s "
                      "virtual_stages=%d stage_layers=%s recompute=%s micro_batch=%d grad_accum=%d",
@@ -121,15 +128,16 @@ class Engine:
         experts = {id(q) for m in self.parts for q in moe.expert_params(m)}
         self.expert_params = [q for q in self.params if id(q) in experts]    # summed over the EP replicas
         self.dense_params = [q for q in self.params if id(q) not in experts]
-        # ZeRO 1: this rank's optimizer steps (and holds state for) the parameters it owns only
-        self.zero1 = zero1_split(mesh, self.dense_params, self.expert_params) \
-            if p.zero_stage == 1 and self.dp_mode == "replicate" else None
-        self.optimizer = make_optimizer(cfg, self.zero1.owned if self.zero1 is not None else self.params)
-        if self.zero1 is not None and mesh.rank == 0:
-            owned = self.zero1.owned
-            log.info("ZeRO 1: rank 0 holds optimizer state for %d of its %d parameter tensors (%.1f%% of the "
-                     "elements)", len(owned), len(self.params),
-                     100 * sum(q.numel() for q in owned) / max(1, sum(q.numel() for q in self.params)))
+        self.lean: MixedPrecisionOptimizer | None = None
+        if self.dp_mode == "fsdp":
+            self.optimizer = make_optimizer(cfg, self.params)
+        else:
+            self.lean = lean_optimizer(cfg, mesh, self.parts, experts)
+            self.optimizer = self.lean.inner
+            if mesh.rank == 0 and p.zero_stage == 1 and mesh.dp_cp_size > 1:
+                log.info("ZeRO 1: fp32 master weights and optimizer state of every tensor split evenly over "
+                         "dp·cp = %d ranks (%d elements on rank 0)", mesh.dp_cp_size,
+                         sum(m.numel() for m in self.lean.masters))
         self.scheduler = make_scheduler(cfg, self.optimizer)
         n_stages = p.pp * p.virtual_stages
         last = next((m for m, s in zip(self.parts, self.stage_ids) if s == n_stages - 1), None)
@@ -147,6 +155,11 @@ class Engine:
         self.ranks_per_stage = dist.get_world_size() // p.pp
         self.fwd_collective, self.bwd_collective = phase_collectives(p, self.dp_mode)
 
+    @property
+    def checkpointable(self):
+        """What the checkpointer saves and loads the optimizer through."""
+        return self.lean if self.lean is not None else self.optimizer
+
     wait_s: float = 0.0  # this step's time blocked in timed_sync (what a straggler's peers spend)
 
     def train_step(self, batch: torch.Tensor, beat) -> tuple[float, float]:
@@ -161,37 +174,40 @@ class Engine:
         inputs = cpar.shard_sequence(batch[:, :-1], mesh.coords["cp"], p.cp).to(mesh.device)
         labels = cpar.shard_sequence(batch[:, 1:], mesh.coords["cp"], p.cp).to(mesh.device)
         local = torch.zeros((), dtype=torch.float32, device=mesh.device)
-        with torch.autocast(mesh.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            if self.schedule is not None:
-                beat("forward", self.fwd_collective)     # the schedule interleaves fwd/bwd itself
-                losses: list[torch.Tensor] = []
-                self.schedule.step(inputs, target=labels, losses=losses, return_outputs=False)
-                for x in losses:
-                    local += x.detach().float()
-            else:
-                model = self.parts[0]
-                for inp, lab in zip(inputs.chunk(p.grad_accum), labels.chunk(p.grad_accum)):
-                    beat("forward", self.fwd_collective)
-                    loss = self.loss_fn(model(inp), lab)
-                    beat("backward", self.bwd_collective)
-                    loss.backward()
-                    local += loss.detach()
-        beat("optimizer", "all_reduce(grads, dp·cp)" if self.dp_mode == "replicate" else "all_reduce(grad_norm)")
-        if self.dp_mode == "replicate":
+        if self.schedule is not None:
+            beat("forward", self.fwd_collective)     # the schedule interleaves fwd/bwd itself
+            losses: list[torch.Tensor] = []
+            self.schedule.step(inputs, target=labels, losses=losses, return_outputs=False)
+            for x in losses:
+                local += x.detach().float()
+        else:
+            model = self.parts[0]
+            for inp, lab in zip(inputs.chunk(p.grad_accum), labels.chunk(p.grad_accum)):
+                beat("forward", self.fwd_collective)
+                loss = self.loss_fn(model(inp), lab)
+                beat("backward", self.bwd_collective)
+                loss.backward()
+                local += loss.detach()
+        lean = self.lean
+        beat("optimizer", "reduce_scatter(grads, dp·cp)" if lean is not None and p.zero_stage == 1
+             else "all_reduce(grads, dp·cp)" if lean is not None else "all_reduce(grad_norm)")
+        if lean is not None:
             self.wait_s += timed_sync(mesh.device)   # own compute done; the rest is waiting for peers
-            fsdp.all_reduce_grads(self.dense_params, self.mesh.dp_cp_mesh.get_group())
-            if self.expert_params and self.mesh.ep is not None and self.mesh.ep.replica_size > 1:
-                fsdp.all_reduce_grads(self.expert_params, self.mesh.ep.replica_group)
-        if self.tied_group is not None:
-            sum_tied_grads(self.tied, self.tied_group)
-        norm = clip_grad_norm(self.params, self.cfg.train.grad_clip, self.ranks_per_stage,  # type: ignore[arg-type]
-                              exclude=self.norm_exclude)
-        self.optimizer.step()
-        if self.zero1 is not None:
-            beat("optimizer", "broadcast(params, dp·cp)")
-            self.zero1.broadcast()
+            if self.tied_group is not None:
+                sum_tied_grads(lean.grads_of(self.tied), self.tied_group)
+            lean.reduce_grads()
+            norm = clip_to_global_norm(lean.grad_sq(self.ranks_per_stage, self.norm_exclude),
+                                       lean.shard_grads(), self.cfg.train.grad_clip)
+            beat("optimizer", "all_gather(params, dp·cp)")
+            lean.step()
+        else:
+            if self.tied_group is not None:
+                sum_tied_grads([g for _, g in fsdp.local_grads(self.tied)], self.tied_group)
+            norm = clip_grad_norm(self.params, self.cfg.train.grad_clip, self.ranks_per_stage,  # type: ignore[arg-type]
+                                  exclude=self.norm_exclude)
+            self.optimizer.step()
         self.scheduler.step()
-        for q in self.params:       # the optimizer may hold only some of them (ZeRO 1)
+        for q in self.params:
             q.grad = None
         dist.all_reduce(local)                      # non-last pp stages add 0; tp ranks hold copies
         return local, norm
@@ -221,12 +237,24 @@ def phase_collectives(p, dp_mode: str) -> tuple[str | None, str | None]:
     return fwd, bwd
 
 
-def zero1_split(mesh: MeshInfo, dense: list, experts: list) -> zero1.Zero1:
-    """Dense parameters partitioned over dp·cp, expert parameters over their dp·cp/ep replicas."""
-    splits = [(dense, mesh.dp_cp_mesh.get_group())]
-    if experts:
-        splits.append((experts, mesh.ep.replica_group if mesh.ep is not None else mesh.dp_cp_mesh.get_group()))  # type: ignore[arg-type]
-    return zero1.Zero1(splits)  # type: ignore[arg-type]
+def lean_optimizer(cfg: TrainerConfig, mesh: MeshInfo, parts: list[Transformer],
+                   experts: set[int]) -> MixedPrecisionOptimizer:
+    """ZeRO 0/1 (and dp·cp = 1): dense weights over dp·cp, EP experts over their dp·cp/ep replicas."""
+    from launcher.trainer.checkpoint import merge_parts
+
+    named = list(merge_parts(parts).named_parameters())
+    dense = [(n, q) for n, q in named if id(q) not in experts]
+    expert = [(n, q) for n, q in named if id(q) in experts]
+    several = mesh.dp_cp_size > 1
+    groups = [(dense, mesh.dp_cp_mesh.get_group() if several else None, mesh.dp_cp_mesh if several else None)]
+    if expert and mesh.ep is None:
+        groups[0] = (named, *groups[0][1:])
+    elif expert:
+        rep = mesh.ep.replica_size > 1  # type: ignore[union-attr]
+        groups.append((expert, mesh.ep.replica_group if rep else None,  # type: ignore[union-attr]
+                       mesh.ep.replica_mesh if rep else None))  # type: ignore[union-attr]
+    return MixedPrecisionOptimizer(groups, lambda masters: make_optimizer(cfg, masters),
+                                   shard=cfg.parallel.zero_stage == 1, grad_dtype=cfg.train.grad_dtype)
 
 
 def make_optimizer(cfg: TrainerConfig, params: list) -> torch.optim.Optimizer:
@@ -299,7 +327,7 @@ def train(cfg: TrainerConfig, run_dir: str | Path, resume: str = "never",
         start = 0
         if resume != "never":
             loader = ckpt if resume == "auto" else _loader_for(resume)
-            found = loader.load_latest(eng.parts, eng.optimizer, eng.scheduler)
+            found = loader.load_latest(eng.parts, eng.checkpointable, eng.scheduler)
             if found is not None:
                 start, data_state = found
                 if data_state is not None:
@@ -328,12 +356,12 @@ def train(cfg: TrainerConfig, run_dir: str | Path, resume: str = "never",
             losses.append(loss)
             if ckpt.stop_requested(device):
                 beat("checkpoint", "dcp.save")
-                ckpt.maybe_save(step, eng.parts, eng.optimizer, eng.scheduler, data.state_dict(), force=True)
+                ckpt.maybe_save(step, eng.parts, eng.checkpointable, eng.scheduler, data.state_dict(), force=True)
                 beat("done", None)
                 raise SystemExit(PREEMPT_EXIT_CODE)
             if ckpt.due(step) or (step == cfg.train.steps and cfg.train.checkpoint_every > 0):
                 beat("checkpoint", "dcp.save")
-                ckpt.maybe_save(step, eng.parts, eng.optimizer, eng.scheduler, data.state_dict(), force=True)
+                ckpt.maybe_save(step, eng.parts, eng.checkpointable, eng.scheduler, data.state_dict(), force=True)
         beat("done", None)
         return losses
     except SystemExit:

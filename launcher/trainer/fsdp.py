@@ -4,10 +4,9 @@
   after forward, gathered again for backward).
 - ZeRO 2: `fully_shard` with reshard_after_forward=False (parameters stay gathered from
   forward to backward; gradients and optimizer state sharded).
-- ZeRO 1: as ZeRO 0, but each rank's optimizer holds and steps only the parameters it owns,
-  then broadcasts them (zero1.py).
-- ZeRO 0: replicated parameters and optimizer state; gradients all-reduced (sum) after the
-  last micro-batch, DDP-style.
+- ZeRO 0 and 1 (no FSDP): bf16 weights, fp32 masters and optimizer state in the lean optimizer
+  (dist_optim.py): gradients all-reduced (ZeRO 0) or reduce-scattered into even shards (ZeRO 1)
+  after the last micro-batch, updated weights all-gathered.
 
 `fully_shard` goes on each transformer block, then on the root — never on the root alone
 (seed failure mode 2). Gradients are summed, not averaged (divide factor 1), because the loss
@@ -19,7 +18,6 @@ from __future__ import annotations
 import logging
 
 import torch
-import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from launcher.trainer.model import Transformer
@@ -35,9 +33,9 @@ def describe(zero: int, dp_size: int) -> str:
     if zero == 2:
         return "ZeRO 2: fully_shard per block + root, reshard_after_forward=False"
     if zero == 1:
-        return ("ZeRO 1: replicated parameters, gradients all-reduced (sum); optimizer state sharded "
-                "(whole tensors per owner), owners broadcast updated parameters")
-    return "ZeRO 0: replicated parameters (DDP-style), gradients all-reduced (sum) after backward"
+        return ("ZeRO 1: replicated weights; gradients reduce-scattered (sum) into even fp32 shards, "
+                "master weights and optimizer state sharded, updated weights all-gathered")
+    return "ZeRO 0: replicated weights and optimizer state, gradients all-reduced (sum) after backward"
 
 
 def mode(zero: int, dp_size: int) -> str:
@@ -80,31 +78,3 @@ def local_grads(params: list[torch.nn.Parameter]) -> list[tuple[torch.nn.Paramet
             p.grad = g
         out.append((p, g._local_tensor if hasattr(g, "_local_tensor") else g))
     return out
-
-
-def all_reduce_grads(params: list[torch.nn.Parameter], group, bucket_elems: int = 1 << 25) -> None:
-    """ZeRO 0/1: sum every gradient over the dp×cp group, in flat buckets (per dtype, ≤ bucket_elems)."""
-    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for _, local in local_grads(params):
-        by_dtype.setdefault(local.dtype, []).append(local)
-    for tensors in by_dtype.values():
-        bucket: list[torch.Tensor] = []
-        size = 0
-        for t in tensors + [None]:
-            if t is not None and (not bucket or size + t.numel() <= bucket_elems):
-                bucket.append(t)
-                size += t.numel()
-                continue
-            _reduce_bucket(bucket, group)
-            bucket, size = ([t], t.numel()) if t is not None else ([], 0)
-
-
-def _reduce_bucket(tensors: list[torch.Tensor], group) -> None:
-    if not tensors:
-        return
-    flat = torch.cat([t.reshape(-1) for t in tensors])
-    dist.all_reduce(flat, group=group)
-    offset = 0
-    for t in tensors:
-        t.copy_(flat[offset:offset + t.numel()].view_as(t))
-        offset += t.numel()

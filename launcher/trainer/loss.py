@@ -147,6 +147,12 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float, ranks_per_stage:
         device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
             else torch.device("cpu")
         sq = sq.to(device)
+    return clip_to_global_norm(sq, grads, max_norm)
+
+
+def clip_to_global_norm(sq: torch.Tensor, grads: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """This rank's share of the squared norm summed over the whole mesh; every gradient tensor scaled
+    by min(1, max_norm / norm) on the device. The norm, as a tensor."""
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(sq)
     total = sq.sqrt()

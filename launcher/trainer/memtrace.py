@@ -21,8 +21,9 @@ What it takes to run the trainer unchanged in that world (notes/testbed.md lists
   entered in), counts every part of a rank (virtual pipeline stages), counts parameters and
   gradients that FSDP does not manage (ZeRO 0/1, dp·cp = 1), and accepts one forward per
   micro-batch.
-- Categories follow what a tensor is, not when it was made (as the ledger files them): autocast's
-  bf16 copies of the weights are parameters (torch's tracker files them as activations), and the
+- Categories follow what a tensor is, not when it was made (as the ledger files them): the lean
+  optimizer's fp32 masters (ZeRO 0/1) are optimizer state and its fp32 gradient shards gradients,
+  its packed reduce buffers and gathered weights communication buffers, and the
   fp32 gradients FSDP accumulates unsharded while pipelining disables gradient sync are gradients
   (torch's files them as backward temporaries), and the grad-norm clip's float64 copies, made
   between the backward and the optimizer, and what optimizer.step makes beside the state it updates
@@ -159,16 +160,15 @@ class RankMemTracker(FSDPMemTracker):
     and much cheaper per op).
     """
 
-    def __init__(self, parts: list[nn.Module], optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, parts: list[nn.Module], optimizer: torch.optim.Optimizer, lean=None) -> None:
         MemTracker.__init__(self)
+        self._lean = lean                  # dist_optim.MixedPrecisionOptimizer (ZeRO 0/1), or None
         self._root_mod = nn.ModuleList(parts)  # type: ignore[assignment]
         self._optm = optimizer
         self._fsdp_mod_to_saved_methods = WeakIdKeyDictionary()
         self._fsdp_state = _FSDPState.PRE_FW
         self._ref_class = _FSDPRefType
         self._plain_hooks: list = []
-        self._param_storages: set[int] = set()
-        self._weight_cast = False
         self._clipping = False
         self._rs_input_next = False        # foreach_reduce entered: its first allocation is the RS input
         self._rs_input = False             # that allocation is running
@@ -184,7 +184,6 @@ class RankMemTracker(FSDPMemTracker):
             if isinstance(m, FSDPModule) and (group := m._get_fsdp_state()._fsdp_param_group):
                 managed.update(id(fp.sharded_param) for fp in group.fsdp_params)
         for p in self._root_mod.parameters():
-            self._param_storages.update(id(st) for st in get_untyped_storages(p))
             if id(p) in managed:
                 continue
             self._update_and_maybe_create_winfos(p, _FSDPRefType.SHARDED_PARAM)
@@ -197,6 +196,28 @@ class RankMemTracker(FSDPMemTracker):
         for patch in self._rs_patches:
             patch.start()
         self._file_gathers()
+        if self._lean is not None:
+            self._file_lean(self._lean)
+
+    def _file_lean(self, lean) -> None:
+        """The lean optimizer's tensors by what they are: masters as optimizer state; what reduce_grads
+        packs and all-reduces or reduce-scatters as communication buffers, the fp32 shard it leaves as
+        gradients; the weights' gathers as communication buffers; the clip's float64 copies as
+        temporaries; grad_dtype fp32's accumulation buffers as gradients."""
+        for m in lean.masters:
+            self._update_and_maybe_create_winfos(m, _FSDPRefType.OPT)
+        reduce = self._flagged("_filing", lean.reduce_grads, _FSDPRefType.REDUCE_SCATTER, None)
+
+        def reduce_grads():
+            reduce()
+            for m in lean.masters:
+                if m.grad is not None:
+                    self._update_and_maybe_create_winfos(m.grad, _FSDPRefType.SHARDED_GRAD)
+
+        lean.reduce_grads = reduce_grads
+        lean.gather_params = self._flagged("_filing", lean.gather_params, _FSDPRefType.ALL_GATHER, None)
+        lean.grad_sq = self.clipping(lean.grad_sq)
+        lean._accumulate = self._flagged("_filing", lean._accumulate, _FSDPRefType.SHARDED_GRAD, None)
 
     def _reducing(self, foreach_reduce):
         """FSDP's foreach_reduce, its reduce-scatter input filed as a communication buffer from its
@@ -287,20 +308,8 @@ class RankMemTracker(FSDPMemTracker):
 
         return post_backward
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        # autocast's cast of a parameter (a weight in bf16, cached until the autocast region ends)
-        self._weight_cast = (func is torch.ops.aten._to_copy.default and not self._in_opt and bool(args)
-                             and isinstance(args[0], torch.Tensor)
-                             and any(id(st) in self._param_storages for st in get_untyped_storages(args[0])))
-        try:
-            return super().__torch_dispatch__(func, types, args, kwargs)
-        finally:
-            self._weight_cast = False
-
     def _track(self, reftype, t: torch.Tensor) -> None:
-        if self._weight_cast:
-            reftype = _FSDPRefType.UNSHARDED_PARAM
-        elif self._filing is not None and reftype in (_FSDPRefType.ACT, _FSDPRefType.TEMP):
+        if self._filing is not None and reftype in (_FSDPRefType.ACT, _FSDPRefType.TEMP):
             reftype = self._filing
         elif self._rs_input:
             reftype = _FSDPRefType.REDUCE_SCATTER
@@ -464,9 +473,8 @@ def with_micro_batches(cfg: TrainerConfig, m: int) -> TrainerConfig:
 
 
 def hidden_dtype(eng: Engine) -> torch.dtype:
-    """What one pipeline stage sends the next: bf16 when FSDP casts the parameters to bf16;
-    otherwise the fp32 residual stream (autocast leaves the embedding output in fp32)."""
-    return torch.bfloat16 if eng.dp_mode == "fsdp" and eng.bf16 else torch.float32
+    """What one pipeline stage sends the next: the compute dtype (bf16 weights or FSDP's bf16 gathers)."""
+    return eng.compute_dtype
 
 
 def make_pipeline_static(eng: Engine, cfg: TrainerConfig) -> None:
@@ -499,7 +507,7 @@ def check_stage_output(eng: Engine, cfg: TrainerConfig) -> None:
     p = cfg.parallel
     part = eng.parts[eng.stage_ids.index(0)]
     x = torch.zeros(p.micro_batch, cfg.train.seq_len // p.cp, dtype=torch.long, device=eng.mesh.device)
-    with torch.no_grad(), torch.autocast(eng.mesh.device.type, dtype=torch.bfloat16, enabled=eng.autocast):
+    with torch.no_grad():
         y = part(x)
     for m in part.modules():
         if isinstance(m, FSDPModule):
@@ -522,6 +530,9 @@ def step_as_on_the_nodes(eng: Engine, cfg: TrainerConfig) -> None:
 
 def init_optimizer_state(eng: Engine) -> None:
     """Create the optimizer state as it exists from step 2 on (zero gradients, one step)."""
+    if eng.lean is not None:
+        eng.lean.init_state()
+        return
     for q in eng.params:
         if q.requires_grad:
             q.grad = torch.zeros_like(q)
@@ -545,9 +556,14 @@ def computed_state(eng: Engine) -> dict[str, int]:
     Gradients: one per trainable parameter, local shard in the parameter's dtype."""
     params = [q for m in eng.parts for q in m.parameters()]
     buffers = [b for m in eng.parts for b in m.buffers()]
+    width = params[0].dtype.itemsize if params else 4
+    if eng.lean is not None and eng.cfg.train.grad_dtype == "fp32":
+        width = 4                               # the fp32 accumulation buffers (dist_optim: main_grad)
     grads = sum(q.to_local().numel() if hasattr(q, "to_local") else q.numel() for q in params
-                if q.requires_grad) * (params[0].dtype.itemsize if params else 4)
+                if q.requires_grad) * width
     opt = [v for s in eng.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    if eng.lean is not None:
+        opt += eng.lean.masters                 # the fp32 masters are optimizer state (the seed's 4 of 12 B)
     return {"params": storage_bytes(params) + storage_bytes(buffers), "grads": grads, "optimizer": storage_bytes(opt)}
 
 
@@ -585,7 +601,7 @@ def trace_step(cfg: TrainerConfig, bf16: bool, micro_batches: int,
         init_optimizer_state(eng)
         p = cfg_m.parallel
         batch = torch.randint(0, cfg.model.vocab, (p.micro_batch * micro_batches, cfg.train.seq_len + 1))
-        tracker = RankMemTracker(eng.parts, eng.optimizer)  # type: ignore[arg-type]
+        tracker = RankMemTracker(eng.parts, eng.optimizer, eng.lean)  # type: ignore[arg-type]
         tracker.track_inputs((batch,))
         log = None
         if replay:

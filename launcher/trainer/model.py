@@ -217,8 +217,11 @@ class Transformer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+        # the fp32 tables in the compute dtype once per forward, shared by every block (bf16 weights, or
+        # FSDP's bf16 gathers, whose input cast then finds them cast)
+        cos, sin = self.rope_cos.to(h.dtype), self.rope_sin.to(h.dtype)
         for layer in self.layers.values():
-            h = layer(h, self.rope_cos, self.rope_sin)
+            h = layer(h, cos, sin)
         if self.norm is not None:
             h = self.norm(h)
         if hasattr(h, "to_local"):      # sequence-parallel DTensor -> this rank's sequence shard

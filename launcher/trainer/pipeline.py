@@ -18,7 +18,6 @@ from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGP
 from launcher.plan import layout
 from launcher.plan.capabilities import check_microbatches
 from launcher.plan.model import Plan
-from launcher.trainer.fsdp import local_grads
 
 
 def local_stage_ids(pp_rank: int, pp: int, virtual_stages: int) -> list[int]:
@@ -76,11 +75,12 @@ def tied_params(parts: list[torch.nn.Module], stage_ids: list[int], n_stages: in
     return out  # type: ignore[return-value]
 
 
-def sum_tied_grads(params: list[torch.nn.Parameter], group) -> None:
-    """Sum the two copies' gradients over the embedding group (after the dp·cp reduction, before
-    clipping): both copies then take the same optimizer step from the same values and stay equal.
-    Both copies have the same TP/FSDP placements, so their local shards line up element for element."""
-    for _, g in local_grads(params):
+def sum_tied_grads(grads: list[torch.Tensor], group) -> None:
+    """Sum the two copies' gradients over the embedding group (before clipping): both copies then take
+    the same optimizer step from the same values and stay equal. Both copies have the same TP/FSDP
+    placements, so their local shards line up element for element. `grads`: the local gradient
+    tensors (fsdp.local_grads, or the lean optimizer's fp32 buffers)."""
+    for g in grads:
         buf = g if g.is_contiguous() else g.contiguous()
         dist.all_reduce(buf, group=group)
         if buf is not g:
