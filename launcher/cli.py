@@ -37,9 +37,9 @@ def one_line(message: str) -> str:
     return "".join(c if c.isprintable() or c == "\t" else repr(c)[1:-1] for c in message)
 
 
-#: An error message's leading field: `cluster.gpu: ...`, `--plan: ...`, after a file name (`job.yaml: model.x: ...`).
-FIELD = re.compile(r"^(?:(?P<file>[^\s:]+\.(?:ya?ml|json)): )?"
-                   r"(?P<field>--[a-z][a-z0-9-]*|[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_\[\]-]+)*):")
+#: An error message's leading file name (`job.yaml: ...`) and field (`cluster.gpu: ...`, `--plan: ...`).
+FILE = re.compile(r"^(?P<file>[^\s:]+\.(?:ya?ml|json)): ")
+FIELD = re.compile(r"^(?P<field>--[a-z][a-z0-9-]*|[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_\[\]-]+)*):")
 
 #: `--json` was given (before or after the command): errors then go to stdout as JSON too.
 JSON_KEY = "launch4d.json"
@@ -48,12 +48,11 @@ _json_seen = [False]
 
 def error_payload(message: str, field: str | None = None, exit_code: int = 2) -> dict:
     """What an error is under --json: {"error": the line, "field": the job-file field or option it names}."""
-    m = FIELD.match(message)
-    file = m.group("file") if m else None
+    f = FILE.match(message)
+    file = f.group("file") if f else None
+    m = FIELD.match(message[f.end():] if f else message)
     if field is None and m:
         field = m.group("field")
-        if re.search(r"\.(?:ya?ml|json)$", field):    # a file name, not a field
-            file, field = field, None
     out = {"error": message, "field": field, "exit_code": exit_code}
     if file:
         out["file"] = file
@@ -130,7 +129,7 @@ class LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except UserError as exc:
-            raise UserFacingError(str(exc), getattr(exc, "path", None), json_requested(ctx)) from None
+            raise UserFacingError(str(exc), getattr(exc, "path", None) or None, json_requested(ctx)) from None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         with formatter.section("Commands"):
@@ -181,7 +180,7 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except UserError as exc:
         if _json_seen[0] or _argv_json(args):
-            click.echo(json.dumps(error_payload(one_line(str(exc)), getattr(exc, "path", None), exc.exit_code)))
+            click.echo(json.dumps(error_payload(one_line(str(exc)), getattr(exc, "path", None) or None, exc.exit_code)))
         click.echo(f"error: {one_line(str(exc))}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:

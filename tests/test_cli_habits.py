@@ -3,6 +3,7 @@ user-facing text that speaks of the product alone."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -33,6 +34,12 @@ def test_verbosity(tmp_path):
     assert quiet.stderr == ""
     assert "[probe]" in verbose.stderr and "debug: launcher.transport.local: run here:" in verbose.stderr
     assert plain.stdout == quiet.stdout == verbose.stdout  # stdout (the report) never depends on -v/-q
+    # the global flags work after the command too
+    quiet_after, verbose_after = launch(*args, "-q"), launch(*args, "-v")
+    assert quiet_after.stderr == ""
+    assert "debug: launcher.transport.local: run here:" in verbose_after.stderr
+    both = launch("-v", *args, "-q").stderr                # counted together, wherever they stand: the default
+    assert "[probe]" in both and "debug:" not in both
     assert launch("-q", "plan", "no-such.yaml").stderr.startswith("error: ")  # errors are never quieted
 
 
@@ -60,3 +67,23 @@ def test_docs_speak_of_the_product():
     found = [f"{p.name}: {m}" for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
              for m in INTERNAL.findall(p.read_text())]
     assert found == []
+
+
+def test_errors_under_json_are_json_on_stdout(tmp_path):
+    """--json (the command's, or the group's before it): an error is {"error", "field"} on stdout, as well
+    as the one line on stderr, exit 2."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: tiny\ntrain: {seq_len: 64, global_batch: 8}\ncluster: {gpus_per_node: 4, gpu: cpu}\n"
+                   "parallel: {tp: 2, pp: 4}\n")
+    for args in (["plan", str(bad), "--json"], ["--json", "plan", str(bad)], ["render", str(bad), "--json"]):
+        r = launch(*args)
+        assert r.returncode == 2, args
+        assert r.stderr.startswith("error: parallel.pp: 4 with tp=2 makes 8 GPUs") and len(r.stderr.splitlines()) == 1
+        out = json.loads(r.stdout)
+        assert out["field"] == "parallel.pp" and out["error"] == r.stderr.removeprefix("error: ").rstrip("\n")
+    r = launch("plan", str(tmp_path / "none.yaml"), "--json")
+    assert r.returncode == 2 and json.loads(r.stdout)["file"] == str(tmp_path / "none.yaml")
+    r = launch("plan", str(bad), "--top", "x", "--json")       # click's own usage errors too
+    assert r.returncode == 2 and "--top" in json.loads(r.stdout)["error"]
+    r = launch("plan", str(bad))                                # without --json stdout stays empty
+    assert r.returncode == 2 and r.stdout == ""

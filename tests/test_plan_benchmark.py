@@ -44,3 +44,9 @@ def test_benchmark_runs_top_plans_and_picks_by_measurement(tmp_path):
     assert written["layout"] == plans[fastest["index"]]["layout"]
     assert written["train"]["steps"] == 50             # the plan to run keeps the job's length
     assert "measured" in proc.stderr or "benchmark" in proc.stderr
+    # the measured pick is the launchable artefact: `launch run plan.json` runs exactly it, not a re-plan
+    assert len(written["ranks"]["node"]) == written["world_size"]
+    run = subprocess.run([sys.executable, "-m", "launcher.cli", "run", str(out), "--run-dir", str(tmp_path / "rd"),
+                          "--dry-run", "--json"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["plan"]["layout"] == written["layout"]

@@ -409,3 +409,76 @@ def test_submit_dry_run_writes_and_records_nothing(tmp_path, monkeypatch):
     assert out["request"].startswith(f"cd {tmp_path}/runs/tiny-slurm-") and "sbatch --parsable train.sbatch" in out["request"]
     assert "#SBATCH --nodes=2" in out["request"]
     assert not (tmp_path / "runs").exists() and not (tmp_path / "state").exists()
+
+
+# --- one artefact from plan to launch: render/submit take a plan.json ------------------------------
+def _alternative_plan(tmp_path) -> tuple[Path, Path, dict]:
+    """A job file with `parallel: auto`, and a plan.json of a layout the planner does NOT pick first (its
+    first alternative): rendering it must launch that layout, not re-plan the job."""
+    d = job_dict(parallel="auto")
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(d))
+    spec = spec_from_dict(d, source=str(job))
+    result = plan_job(spec, top=1, ranks_for=2)
+    alt = result.alternatives[0]
+    assert alt.degrees != result.best.degrees and len(alt.ranks) == alt.world_size
+    alt.save(tmp_path / "plan.json")
+    return job, tmp_path / "plan.json", alt.to_dict()
+
+
+def test_render_and_submit_take_a_plan_json_as_it_is(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAUNCH4D_STATE", str(tmp_path / "state"))
+    job, plan_file, alt = _alternative_plan(tmp_path)
+    for args in (["render", str(plan_file)], ["render", str(job), "--plan", str(plan_file)]):
+        res = cli_run(*args, "-o", str(tmp_path / args[-1].replace("/", "_")), "--json")
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.stdout)
+        written = json.loads(out["files"]["plan.json"])
+        assert written["layout"] == alt["layout"] and written["ranks"] == alt["ranks"]
+        assert written["stage_layers"] == alt["stage_layers"]
+        assert "not re-planned" in res.stderr
+    assert "rendered from plan.json" in json.loads(cli_run("render", str(plan_file), "--json").stdout)["files"][
+        "train.sbatch"]
+    # the run dir's job.yaml is a job file that says the same job, its layout fixed
+    assert cli_run("render", str(plan_file), "-o", str(tmp_path / "o")).exit_code == 0
+    again = spec_from_dict(yaml.safe_load((tmp_path / "o" / "job.yaml").read_text()))
+    assert (again.parallel.tp, again.parallel.cp, again.parallel.dp) == (alt["layout"]["tp"], alt["layout"]["cp"],
+                                                                         alt["layout"]["dp"])
+    res = cli_run("submit", str(plan_file), "--dry-run", "--json")
+    assert res.exit_code == 0, res.output
+    req = json.loads(res.stdout)
+    assert json.loads(req["files"]["plan.json"])["layout"] == alt["layout"]
+    assert not (tmp_path / "state").exists()
+
+
+def test_a_plan_made_for_another_job_is_refused_with_the_first_difference(tmp_path):
+    job, plan_file, _ = _alternative_plan(tmp_path)
+    other = tmp_path / "other.yaml"
+    other.write_text(job.read_text().replace("seq_len: 64", "seq_len: 128"))
+    for cmd in ("render", "submit"):
+        res = cli_run(cmd, str(other), "--plan", str(plan_file))
+        assert res.exit_code == 2
+        assert res.stderr.startswith(f"error: --plan: {plan_file} was not made for {other}: train.seq_len: the job "
+                                     "file has 128, the plan 64") and len(res.stderr.splitlines()) == 1
+    res = cli_run("render", str(plan_file), "--plan", str(plan_file))
+    assert res.exit_code == 2 and "is a plan.json already" in res.stderr
+    res = cli_run("render", str(plan_file), "--preflight", str(plan_file))
+    assert res.exit_code == 2 and res.stderr.startswith("error: --preflight: ")
+
+
+def test_an_older_plan_without_its_cluster_and_backend_sections(tmp_path):
+    """A plan.json written before plans carried the job's cluster and backend sections still launches:
+    the backend is then the default (local), so render needs --backend."""
+    _, plan_file, alt = _alternative_plan(tmp_path)
+    data = json.loads(plan_file.read_text())
+    del data["cluster"], data["backend"]
+    plan_file.write_text(json.dumps(data))
+    res = cli_run("render", str(plan_file))
+    assert res.exit_code == 2 and "give --backend slurm|k8s" in res.stderr
+    res = cli_run("render", str(plan_file), "--backend", "slurm", "--json")
+    assert res.exit_code == 0, res.output
+    assert json.loads(json.loads(res.stdout)["files"]["plan.json"])["layout"] == alt["layout"]
+    data["world_size"] = 8                               # a hand-edited plan that contradicts itself
+    plan_file.write_text(json.dumps(data))
+    res = cli_run("render", str(plan_file), "--backend", "slurm")
+    assert res.exit_code == 2 and "world_size" in res.stderr

@@ -294,3 +294,77 @@ def test_stall_watch_names_the_rank_that_stopped(tmp_path, capsys):
     watch.thread.join()
     err = capsys.readouterr().err
     assert "launch: no output from rank 0 for" in err and "rank 1" in err and f"launch diagnose {tmp_path}" in err
+
+
+# --- one artefact from plan to launch: run takes a plan.json; a GPU plan needs GPUs or --cpu ---------
+
+def _planned(tmp_path, env, job: Path, *extra) -> Path:
+    out = tmp_path / "plan.json"
+    r = launch("plan", job, "-o", out, *extra, env=env)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_run_takes_a_plan_json_as_it_is(tmp_path, env):
+    job = tiny_job(tmp_path, "auto", {"parallel:\n  tp: 2\n  cp: 1\n  pp: 1\n  zero: 3\n  recompute: none\n"
+                                      "  micro_batch: 2\n": "parallel:\n  tp: 2\n  zero: 1\n"})
+    plan_file = _planned(tmp_path, env, job)
+    plan = json.loads(plan_file.read_text())
+    for args in ([plan_file], [job, "--plan", plan_file]):
+        r = launch("run", *args, "--run-dir", tmp_path / "rd", "--dry-run", "--json", env=env)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["plan"]["layout"] == plan["layout"] and out["plan"]["ranks"] == plan["ranks"]
+        assert "not re-planned" in r.stderr and f"--nproc-per-node={plan['world_size']}" in out["command"]
+    r = launch("run", plan_file, "--nproc", 2, "--run-dir", tmp_path / "rd", "--dry-run", env=env)
+    assert r.returncode == 2 and r.stderr.startswith("error: --nproc: ") and "a plan is launched as it is" in r.stderr
+    other = tiny_job(tmp_path, "other", {"steps: 8": "steps: 9"})
+    r = launch("run", other, "--plan", plan_file, "--run-dir", tmp_path / "rd", "--json", env=env)
+    assert r.returncode == 2 and "train.steps: the job file has 9, the plan 8" in r.stderr
+    assert json.loads(r.stdout)["field"] == "--plan"
+    assert not (tmp_path / "rd").exists()
+
+
+@pytest.mark.skipif(bool(os.environ.get("CUDA_VISIBLE_DEVICES")) or Path("/dev/nvidia0").exists(),
+                    reason="a machine with GPUs runs GPU plans")
+def test_a_gpu_plan_on_a_machine_without_gpus(tmp_path, env):
+    """`launch run examples/llama3-8b-8xh100.yaml` here: one line saying what the plan needs, what is here
+    and how to run it on CPU; with --cpu the host memory is checked before any rank starts (8 CPU
+    ranks of an 8B model would be killed by the OOM killer), and nothing is created."""
+    rd = tmp_path / "rd"
+    r = launch("run", EXAMPLES / "llama3-8b-8xh100.yaml", "--run-dir", rd, env=env)
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
+    assert r.stderr.startswith("error: cluster.gpu: the plan needs 8 × h100-sxm GPUs but this machine has no GPU; "
+                               "pass --cpu")
+    r = launch("run", EXAMPLES / "llama3-8b-8xh100.yaml", "--run-dir", rd, "--cpu", env=env)
+    assert r.returncode == 2 and "error: host memory: 8 CPU ranks of llama3-8b need about" in r.stderr
+    assert "GB available" in r.stderr and not rd.exists() and not (tmp_path / "state").exists()
+
+
+def test_host_memory_check_counts_every_rank():
+    from launcher.commands.run_cmd import CPU_RANK_OVERHEAD_GB, check_host_memory
+    from launcher.errors import UserError
+    from tests.test_trainer_data import make_plan
+
+    plan = make_plan(dp=4)
+    plan.memory = {**plan.memory, "per_gpu_gb": 3.0, "runtime_gb": 1.0}
+    need = 4 * (2.0 + CPU_RANK_OVERHEAD_GB)
+    assert check_host_memory(plan, "cpu", available_gb=need + 0.1) == pytest.approx(need)
+    assert check_host_memory(plan, "cuda", available_gb=0.0) == 0.0         # on GPUs the ranks' tensors are not here
+    with pytest.raises(UserError, match=r"host memory: 4 CPU ranks .* need about 10.0 GB .* 9.9 GB available"):
+        check_host_memory(plan, "cpu", available_gb=need - 0.1)
+
+
+@pytest.mark.slow
+def test_plan_o_then_run_that_plan_on_cpu(tmp_path, env):
+    """A newcomer's path: `launch plan job.yaml -o plan.json`, then `launch run plan.json` runs exactly that
+    plan (here a GPU plan, on this machine's CPUs with --cpu)."""
+    job = tiny_job(tmp_path, "gpu", {"gpu: cpu": "gpu: h100-sxm", "gpus_per_node: 4": "gpus_per_node: 2",
+                                     "steps: 8": "steps: 2", "checkpoint_every: 4": "checkpoint_every: 0"})
+    plan_file = _planned(tmp_path, env, job)
+    r = launch("run", plan_file, "--cpu", "--run-dir", tmp_path / "rd", "--json", env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout)["steps"] == 2 and "--cpu: running 2 CPU processes" in r.stderr
+    ran = json.loads((tmp_path / "rd" / "plan.json").read_text())
+    assert ran["layout"] == json.loads(plan_file.read_text())["layout"]
+    assert "from " in (tmp_path / "rd" / "job.yaml").read_text().splitlines()[0]

@@ -82,7 +82,7 @@ def run_benchmark(spec, plans: list, base: Path, job_text: str | None, as_json: 
     """Run each plan in turn through the job's backend (local: torchrun here) and measure it."""
     from launcher.backends.local import LocalBackend
     from launcher.commands import progress
-    from launcher.commands.run_cmd import _start, check_devices
+    from launcher.commands.run_cmd import _start, check_devices, check_host_memory
 
     if spec.backend.kind == "slurm":
         return run_benchmark_slurm(spec, plans, base, job_text, timeout_s)
@@ -94,8 +94,8 @@ def run_benchmark(spec, plans: list, base: Path, job_text: str | None, as_json: 
     for i, plan in enumerate(plans):
         name = describe(plan)
         rd = base / f"{i}-{name}"
-        if spec.backend.kind == "local":
-            check_devices(plan, as_json)
+        if spec.backend.kind == "local":  # a GPU plan on this machine's CPUs: measured all the same
+            check_host_memory(plan, check_devices(plan, as_json, cpu=True))
         progress(f"launch: benchmark {i + 1}/{len(plans)}: {name}, {spec.train.steps} steps, run dir {rd}")
         t0 = time.time()
         handle = _start(backend, spec, plan, rd, "never", job_text)

@@ -18,26 +18,27 @@ from launcher.commands import emit, json_option, progress
 from launcher.errors import UserError
 
 BACKEND_CHOICE = click.Choice(["slurm", "k8s"])
+PLAN_OPTION = click.option("--plan", "plan_path", type=click.Path(dir_okay=False),
+                           help="A plan.json to launch as it is (its layout, rank map and stage split), after "
+                                "checking it was made for JOB_FILE (same model, cluster and train).")
 
 
 # --- shared steps ---------------------------------------------------------------------------
-def _load(job_file: str, backend: str | None, preflight: str | None):
-    """Job file -> (spec, plan, bwmap, backend kind, the job file's text: read once)."""
-    from launcher.plan.planner import load_bwmap, plan_job
-    from launcher.plan.spec import load_spec_text
+def _load(job_file: str, backend: str | None, preflight: str | None, plan_path: str | None = None):
+    """Job file or plan.json (with --plan: checked against it) -> (Launch, backend kind)."""
+    from launcher.commands.sources import load_launch
 
-    spec, text = load_spec_text(job_file)
-    kind = backend or spec.backend.kind
+    job = load_launch(job_file, plan_path, preflight)
+    kind = backend or job.spec.backend.kind
     if kind not in ("slurm", "k8s"):
         raise UserError(f"backend.kind is {kind!r}: give --backend slurm|k8s (or use `launch run` for this machine)")
-    bwmap, name = load_bwmap(spec, preflight)
-    result = plan_job(spec, bwmap, bwmap_name=name)
-    if result.best is None:
-        raise UserError(f"{job_file}: no layout fits ({', '.join(result.notes)}); see `launch plan {job_file}`")
-    if not result.best.fits:
+    if job.from_plan:
+        progress(f"launch: the plan in {job.from_plan}, as it is: {job.plan.world_size} ranks "
+                 f"(tp={job.plan.tp} cp={job.plan.cp} pp={job.plan.pp} dp={job.plan.dp}), not re-planned")
+    if not job.plan.fits:
         progress(f"warning: the fixed layout does not fit in GPU memory "
-                 f"({result.best.memory.get('per_gpu_gb', 0):.1f} GB per GPU); rendering it anyway")
-    return spec, result.best, bwmap, kind, text
+                 f"({job.plan.memory.get('per_gpu_gb', 0):.1f} GB per GPU); rendering it anyway")
+    return job, kind
 
 
 def _stamp() -> str:
@@ -67,20 +68,22 @@ def _backend(kind: str):
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False),
               help="Write the script/manifest, plan.json and job.yaml here (it is the job's run dir).")
 @click.option("--preflight", "bwmap", type=click.Path(dir_okay=False), help="Bandwidth map from `launch preflight`.")
+@PLAN_OPTION
 @click.option("--templates", type=click.Path(file_okay=False), help="Directory whose templates override ours, file by file.")
 @click.option("--force", is_flag=True, help="With -o: overwrite files of another job in that directory.")
 @json_option
-def render(job_file: str, backend: str | None, out_dir: str | None, bwmap: str | None, templates: str | None,
-           force: bool, as_json: bool) -> None:
-    """Render the sbatch script or Kubernetes manifest (TrainJob or PyTorchJob; nothing is submitted).
+def render(job_file: str, backend: str | None, out_dir: str | None, bwmap: str | None, plan_path: str | None,
+           templates: str | None, force: bool, as_json: bool) -> None:
+    """Render the sbatch script or Kubernetes manifest (TrainJob or PyTorchJob; nothing is submitted) of
+    JOB_FILE: a job file, planned now, or a plan.json from `launch plan -o`, rendered as it is.
     Same input, same bytes."""
     from launcher.formats import rundir
     from launcher.render.rendered import Rendered
 
-    spec, plan, bw, kind, text = _load(job_file, backend, bwmap)
+    job, kind = _load(job_file, backend, bwmap, plan_path)
+    spec, plan, text = job.spec, job.plan, job.text
     req = _backend(kind).dryrun(spec, plan, Path(out_dir).resolve() if out_dir else None, templates=templates,
-                                exclude=list(bw.exclude) if bw else None,
-                                node_order=bw.healthy_hosts if bw else None)
+                                exclude=job.exclude, node_order=job.node_order)
     for line in req.warnings:
         progress(f"warning: {line}")
     written: list[str] = []
@@ -98,6 +101,7 @@ def render(job_file: str, backend: str | None, out_dir: str | None, bwmap: str |
 @click.argument("job_file", type=click.Path(dir_okay=False))
 @click.option("--backend", type=BACKEND_CHOICE, help="Default: the job file's backend.kind.")
 @click.option("--preflight", "bwmap", type=click.Path(dir_okay=False), help="Bandwidth map from `launch preflight`.")
+@PLAN_OPTION
 @click.option("--run-dir", type=click.Path(file_okay=False),
               help="Default: <backend.log_dir>/<name>-<timestamp> (over SSH: under backend.slurm.remote_dir).")
 @click.option("--templates", type=click.Path(file_okay=False), help="Directory whose templates override ours.")
@@ -106,14 +110,16 @@ def render(job_file: str, backend: str | None, out_dir: str | None, bwmap: str |
               help="Trace the plan with the real trainer first (`launch verify`); submit nothing unless every role "
                    "builds and fits.")
 @json_option
-def submit(job_file: str, backend: str | None, bwmap: str | None, run_dir: str | None, templates: str | None,
-           dry_run: bool, verify_: bool, as_json: bool) -> None:
-    """Submit a job to Slurm (sbatch, here or over SSH) or Kubernetes (PyTorchJob)."""
+def submit(job_file: str, backend: str | None, bwmap: str | None, plan_path: str | None, run_dir: str | None,
+           templates: str | None, dry_run: bool, verify_: bool, as_json: bool) -> None:
+    """Submit a job to Slurm (sbatch, here or over SSH) or Kubernetes (TrainJob or PyTorchJob). JOB_FILE
+    is a job file, planned now, or a plan.json from `launch plan -o`, submitted as it is."""
     from launcher.backends.jobstate import check_state, record_handle
     from launcher.formats import rundir
     from launcher.formats.files import child_path
 
-    spec, plan, bw, kind, text = _load(job_file, backend, bwmap)
+    job, kind = _load(job_file, backend, bwmap, plan_path)
+    spec, plan, text = job.spec, job.plan, job.text
     if verify_:
         from launcher.commands.verify_cmd import verify_plan
         from launcher.verify import render
@@ -127,8 +133,8 @@ def submit(job_file: str, backend: str | None, bwmap: str | None, run_dir: str |
     rd = run_dir or str(child_path(Path(spec.backend.log_dir).expanduser(), f"{spec.name}-{_stamp()}", "name"))
     if not dry_run:
         check_state()  # a broken state file is found before anything is submitted
-    req = be.dryrun(spec, plan, rd, templates=templates, job_text=text, exclude=list(bw.exclude) if bw else None,
-                    node_order=bw.healthy_hosts if bw else None)
+    req = be.dryrun(spec, plan, rd, templates=templates, job_text=text, exclude=job.exclude,
+                    node_order=job.node_order)
     for line in req.warnings:
         progress(f"warning: {line}")
     if dry_run:

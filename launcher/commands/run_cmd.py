@@ -60,20 +60,59 @@ def checkpoint_source(path: str) -> Path:
     return p
 
 
-def check_devices(plan, as_json: bool) -> str:
-    """'cuda' or 'cpu'; a clear error when the plan wants more GPUs than this machine has."""
+def check_devices(plan, as_json: bool, cpu: bool = False) -> str:
+    """'cuda' or 'cpu'. A GPU plan needs its GPUs here: without them one line says what the plan needs,
+    what this machine has and how to run it on CPU anyway (`cpu`: --cpu, gloo processes)."""
     import torch
 
-    if torch.cuda.is_available() and plan.gpu.name != "cpu":
-        have = torch.cuda.device_count()
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if plan.gpu.name != "cpu" and not cpu:
+        if have == 0:
+            raise UserError(f"cluster.gpu: the plan needs {plan.world_size} × {plan.gpu.name} GPUs but this machine "
+                            f"has no GPU; pass --cpu to run its {plan.world_size} ranks as CPU processes (gloo), "
+                            "or set cluster.gpu: cpu")
         if plan.world_size > have:
             raise UserError(f"cluster.gpus_per_node: the plan needs {plan.world_size} GPUs but this machine has "
-                            f"{have}; set cluster.gpus_per_node or pass --nproc {have}")
+                            f"{have}; set cluster.gpus_per_node or pass --nproc {have} (or --cpu)")
         return "cuda"
     if plan.gpu.name != "cpu":
-        progress(f"launch: no GPU here; running {plan.world_size} CPU processes with gloo "
+        progress(f"launch: --cpu: running {plan.world_size} CPU processes with gloo "
                  f"(MFU is reported against {plan.gpu.name}'s peak)")
     return "cpu"
+
+
+#: What one CPU rank needs beyond the ledger's tensors: the Python interpreter, torch and gloo.
+CPU_RANK_OVERHEAD_GB = 0.5
+
+
+def host_memory_gb() -> float | None:
+    """MemAvailable of this machine (GB), or None where /proc/meminfo does not say."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_host_memory(plan, device: str, available_gb: float | None = None) -> float:
+    """On CPU every rank's tensors live in this machine's memory: the plan's per-rank need (its ledger,
+    less the GPU runtime allowance, plus the process itself) times the ranks must fit in what is
+    available, else one line instead of ranks killed by the kernel's OOM killer. The need, GB."""
+    if device != "cpu":
+        return 0.0
+    m = plan.memory
+    per_rank = max(0.0, float(m.get("per_gpu_gb", 0.0)) - float(m.get("runtime_gb", 0.0))) + CPU_RANK_OVERHEAD_GB
+    need = per_rank * plan.world_size
+    have = host_memory_gb() if available_gb is None else available_gb
+    if have is not None and need > have:
+        raise UserError(f"host memory: {plan.world_size} CPU ranks of {plan.model.preset} need about {need:.1f} GB "
+                        f"({per_rank:.1f} GB each: the plan's {m.get('per_gpu_gb', 0.0):.1f} GB per GPU less the GPU "
+                        f"runtime, plus {CPU_RANK_OVERHEAD_GB} GB a process) but this machine has {have:.1f} GB "
+                        "available; run it where its GPUs are (launch submit), or a smaller model here")
+    return need
 
 
 def _beats(run_dir: Path):
@@ -236,35 +275,40 @@ def follow(backend, handle, as_json: bool, quiet_s: float = 120.0,
 
 @click.command("run")
 @click.argument("job", type=click.Path(dir_okay=False))
+@click.option("--plan", "plan_path", type=click.Path(dir_okay=False),
+              help="A plan.json to run as it is (its layout, rank map and stage split), after checking it was made "
+                   "for JOB (same model, cluster and train). JOB itself may be a plan.json.")
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Run directory (default <log_dir>/<name>-<time>).")
 @click.option("--nproc", type=int, help="Processes on this machine (overrides cluster.gpus_per_node).")
+@click.option("--cpu", is_flag=True, help="Run a GPU plan here on CPU processes (gloo), where it has no GPUs.")
 @click.option("--resume", default="never", show_default=True, metavar="auto|never|PATH",
               help="auto: continue from the run dir's latest complete checkpoint; PATH: start from another "
                    "run's checkpoint (a run dir or checkpoints/step-N; the layout may differ, DCP reshards).")
 @click.option("--dry-run", is_flag=True, help="Print the plan and the command; start nothing, write nothing.")
 @json_option
-def run(job: str, run_dir: str | None, nproc: int | None, resume: str, dry_run: bool, as_json: bool) -> int:
-    """Plan JOB and run it here with torchrun; exit with the job's status."""
-    from launcher.backends import default_run_dir
+def run(job: str, plan_path: str | None, run_dir: str | None, nproc: int | None, cpu: bool, resume: str,
+        dry_run: bool, as_json: bool) -> int:
+    """Plan JOB (a job file; or run a plan.json as it is) and run it here with torchrun; exit with the
+    job's status."""
     from launcher.backends.local import LocalBackend
-    from launcher.plan.planner import plan_job
+    from launcher.commands.sources import load_launch
 
     if resume not in ("auto", "never"):
         resume = str(checkpoint_source(resume))
-    spec, text = load_job(job, nproc)
+    launch = load_launch(job, plan_path, None, nproc, local=True)
+    spec, plan, text = launch.spec, launch.plan, launch.text
     if spec.cluster.nodes != 1:
         raise UserError(f"cluster.nodes: `launch run` uses this machine only, but the job asks for "
                         f"{spec.cluster.nodes} nodes; use `launch submit` (slurm or k8s), or set cluster.nodes: 1")
-    result = plan_job(spec)
-    plan = result.best
-    if plan is None:
-        top = sorted(result.rejected.items(), key=lambda kv: -kv[1])[:3]
-        why = "; ".join(f"{reason} ({n})" for reason, n in top) or "no layout matches the fixed parallel section"
-        raise UserError(f"parallel: no layout of {spec.name} runs on {spec.cluster.world_size} processes: {why}")
+    if launch.from_plan:
+        progress(f"launch: the plan in {launch.from_plan}, as it is (tp={plan.tp} cp={plan.cp} pp={plan.pp} "
+                 f"dp={plan.dp}, zero {plan.zero_stage}); not re-planned")
     if spec.train.data != "synthetic":  # a bad token file fails here, before anything is written
         from launcher.formats.tokens import check_token_file
 
         check_token_file(spec.train.data, spec.model.vocab, spec.train.seq_len)
+    from launcher.backends import default_run_dir
+
     rd = Path(run_dir) if run_dir else default_run_dir(spec)
     backend = LocalBackend()
     if dry_run:
@@ -275,9 +319,10 @@ def run(job: str, run_dir: str | None, nproc: int | None, resume: str, dry_run: 
         return 0
     from launcher.backends.jobstate import check_state
 
-    device = check_devices(plan, as_json)
+    device = check_devices(plan, as_json, cpu)
+    check_host_memory(plan, device)
     check_state()  # a broken state file is found before anything starts
-    handle = _start(backend, spec, plan, rd, resume, text)
+    handle = _start(backend, spec, plan, rd, resume, text, cpu=device == "cpu" and plan.gpu.name != "cpu")
     progress(f"launch: {spec.name}: {plan.world_size} processes on {device} "
              f"(tp={plan.tp} cp={plan.cp} pp={plan.pp} dp={plan.dp}, zero {plan.zero_stage}, "
              f"micro_batch {plan.micro_batch} × grad_accum {plan.grad_accum}); run dir {handle.run_dir}")
@@ -303,7 +348,7 @@ def run(job: str, run_dir: str | None, nproc: int | None, resume: str, dry_run: 
     return code
 
 
-def _start(backend, spec, plan, rd: Path, resume: str, text: str | None):
+def _start(backend, spec, plan, rd: Path, resume: str, text: str | None, cpu: bool = False):
     """Create and lock the run dir, then start the job. The lock is passed to the job's processes,
     so a second `launch run` on this dir is refused for as long as any of them lives; a failure
     before the job starts removes the run dir this call created."""
@@ -324,8 +369,10 @@ def _start(backend, spec, plan, rd: Path, resume: str, text: str | None):
                                 "or give a new run directory")
             for w in plan.warnings:
                 warn(f"launch: plan warning: {w}")
-            handle = backend.submit(backend.dryrun(spec, plan, rd, resume=resume, job_text=text,
-                                                   keep_fds=(lock.fd,)))
+            req = backend.dryrun(spec, plan, rd, resume=resume, job_text=text, keep_fds=(lock.fd,))
+            if cpu:  # --cpu: a GPU plan on CPU processes even where GPUs are
+                req.env.update(LAUNCH4D_DEVICE="cpu", CUDA_VISIBLE_DEVICES="")
+            handle = backend.submit(req)
         except BaseException:
             if not lock_existed:
                 RunDir(rd).lock.unlink(missing_ok=True)
