@@ -455,7 +455,7 @@ def test_a_plan_made_for_another_job_is_refused_with_the_first_difference(tmp_pa
     job, plan_file, _ = _alternative_plan(tmp_path)
     other = tmp_path / "other.yaml"
     other.write_text(job.read_text().replace("seq_len: 64", "seq_len: 128"))
-    for cmd in ("render", "submit"):
+    for cmd in ("render", "submit", "verify"):
         res = cli_run(cmd, str(other), "--plan", str(plan_file))
         assert res.exit_code == 2
         assert res.stderr.startswith(f"error: --plan: {plan_file} was not made for {other}: train.seq_len: the job "
