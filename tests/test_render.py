@@ -58,7 +58,7 @@ def test_sbatch_has_the_directives_and_static_rendezvous(tmp_path):
                               "backend.slurm.exclude": ["bad01"]})
     r = render_slurm(spec, plan, str(tmp_path / "run"), exclude=["bad02"])
     s = r.files["train.sbatch"]
-    for line in ("--job-name=tiny-slurm", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=2",
+    for line in ("--job-name=tiny-slurm", "--nodes=2", "--ntasks-per-node=1",
                  "--cpus-per-task=16", "--mem=0", "--time=00:20:00", "--partition=debug", "--account=proj1",
                  "--qos=high", "--exclusive", "--requeue", "--signal=B:USR2@60", "--open-mode=append",
                  "--switches=1", "--exclude=bad01,bad02", "--dependency=afterok:123",
@@ -89,8 +89,16 @@ def test_same_input_same_bytes(tmp_path):
     assert os.access(tmp_path / "out" / "train.sbatch", os.X_OK)
 
 
+def test_gpus_are_requested_for_gpu_plans_only(tmp_path):
+    """examples/tiny-slurm.yaml (gpu: cpu) asks Slurm for no GPUs; the same job on GPUs asks for them."""
+    spec, plan = spec_plan()
+    assert "--gpus-per-node" not in render_slurm(spec, plan, str(tmp_path)).files["train.sbatch"]
+    spec, plan = spec_plan(**{"cluster.gpu": "h100-sxm"})
+    assert "#SBATCH --gpus-per-node=2\n" in render_slurm(spec, plan, str(tmp_path)).files["train.sbatch"]
+
+
 def test_no_requeue_and_container_and_no_gres(tmp_path):
-    spec, plan = spec_plan(**{"backend.slurm.requeue": False, "backend.slurm.gres_gpus": False,
+    spec, plan = spec_plan(**{"backend.slurm.requeue": False, "backend.slurm.gres_gpus": False, "cluster.gpu": "h100-sxm",
                               "backend.slurm.container_image": "nvcr.io#nvidia/pytorch:25.01-py3",
                               "backend.slurm.container_mounts": ["/data:/data", "/scratch:/scratch"]})
     s = render_slurm(spec, plan, str(tmp_path)).files["train.sbatch"]

@@ -160,7 +160,8 @@ def slurm_context(spec: JobSpec, plan: Plan, run_dir: str, exclude: list[str] | 
         "source_name": Path(spec.source).name if spec.source else spec.name,
         "nodes": plan.nodes,
         "nproc": plan.gpus_per_node,
-        "gpus_per_node": plan.gpus_per_node if s.gres_gpus else None,
+        # a CPU job (gpu: cpu) asks Slurm for no GPUs; backend.slurm.gres_gpus: false leaves them out on GPU nodes too
+        "gpus_per_node": plan.gpus_per_node if s.gres_gpus and plan.gpu.name != "cpu" else None,
         "s": s,
         "sig": s.checkpoint_signal,
         "site_options": [(flag, value) for flag, value, _ in site_options(spec)],
