@@ -490,3 +490,19 @@ def test_an_older_plan_without_its_cluster_and_backend_sections(tmp_path):
     plan_file.write_text(json.dumps(data))
     res = cli_run("render", str(plan_file), "--backend", "slurm")
     assert res.exit_code == 2 and "world_size" in res.stderr
+
+
+def test_a_queued_trainjob_gives_its_pods_no_priority_class():
+    """examples/tiny-k8s.yaml is queued by Kueue with priority_class: that names a WorkloadPriorityClass
+    (the TrainJob's label), never the pods' priorityClassName, though the job renders its own runtime."""
+    spec = load_spec(EXAMPLES / "tiny-k8s.yaml")
+    docs = list(yaml.safe_load_all(render_k8s(spec, plan_job(spec).best, "/tmp/x").files["manifest.yaml"]))
+    train = next(d for d in docs if d["kind"] == "TrainJob")
+    assert train["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "high-priority"
+    runtime = next(d for d in docs if d["kind"] == "TrainingRuntime")
+    assert "priorityClassName" not in json.dumps(runtime) and "priorityClassName" not in json.dumps(train)
+    d = job_dict(**{"backend.kind": "k8s", "backend.k8s.image": "img:1", "backend.k8s.priority_class": "high"})
+    s2 = spec_from_dict(d)                             # not queued: the pods' priorityClassName, in its own runtime
+    docs = list(yaml.safe_load_all(render_k8s(s2, plan_job(s2).best, "/tmp/x").files["manifest.yaml"]))
+    runtime = next(d for d in docs if d["kind"] == "TrainingRuntime")
+    assert '"priorityClassName": "high"' in json.dumps(runtime)

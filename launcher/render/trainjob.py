@@ -116,7 +116,7 @@ def training_runtime(ctx: dict[str, Any]) -> dict[str, Any]:
     pod: dict[str, Any] = {"restartPolicy": "Never", "containers": [container]}
     if k.scheduler_name:
         pod["schedulerName"] = k.scheduler_name
-    if k.priority_class:
+    if k.priority_class and not k.queue:  # queued: it names Kueue's WorkloadPriorityClass (a label), not a pod's
         pod["priorityClassName"] = k.priority_class
     jobset: dict[str, Any] = {
         "failurePolicy": {"maxRestarts": k.max_restarts, "restartStrategy": "Recreate"},
