@@ -25,7 +25,7 @@ RUN = "/runs/diag-job"
 EXPECTED = {
     "NCCL_DEBUG": "TRACE", "NCCL_DEBUG_SUBSYS": "INIT,COLL", "NCCL_DEBUG_FILE": f"{RUN}/logs/nccl/%h.%p.log",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
-    "TORCH_NCCL_TRACE_BUFFER_SIZE": "4000", "TORCH_FR_BUFFER_SIZE": "4000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    "TORCH_FR_BUFFER_SIZE": "4000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
     "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{RUN}/logs/flight/rank_", "TORCH_FR_DUMP_TEMP_FILE": f"{RUN}/logs/flight/rank_",
     "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "900",
     "NCCL_SOCKET_IFNAME": "eth1", "GLOO_SOCKET_IFNAME": "eth1", "NCCL_IB_HCA": "mlx5_0",
@@ -89,7 +89,7 @@ def test_every_backend_sets_the_same_diagnostics(api):
 
 def test_switched_off_diagnostics_are_off_everywhere():
     spec, plan = spec_plan(nccl_debug="off", flight_recorder=False, socket_ifname=None, ib_hca=None)
-    off = ("NCCL_DEBUG", "NCCL_DEBUG_FILE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE",
+    off = ("NCCL_DEBUG", "NCCL_DEBUG_FILE", "TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE",
            "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
     for env in (local_env(spec, plan), sbatch_env(spec, plan), k8s_env(spec, plan)):
         assert [k for k in off if k in env] == []

@@ -40,9 +40,9 @@ def diagnostics_env(spec: JobSpec, run_dir: str, extra: dict[str, str] | None = 
         env.append(("NCCL_DEBUG_FILE", f"{run_dir}/{rundir.NCCL_LOGS}/%h.%p.log"))
     env.append(("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"))
     if d.flight_recorder:
-        # Both spellings: TORCH_FR_* on current PyTorch, TORCH_NCCL_* on older releases.
-        env += [("TORCH_NCCL_TRACE_BUFFER_SIZE", str(d.flight_recorder_entries)),
-                ("TORCH_FR_BUFFER_SIZE", str(d.flight_recorder_entries)),
+        # TORCH_FR_BUFFER_SIZE only: torch >= 2.13 (the trainer's floor) warns on every rank that the old
+        # TORCH_NCCL_TRACE_BUFFER_SIZE is deprecated. The dump path keeps both names (no warning).
+        env += [("TORCH_FR_BUFFER_SIZE", str(d.flight_recorder_entries)),
                 ("TORCH_NCCL_DUMP_ON_TIMEOUT", "1"),
                 ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", f"{run_dir}/{rundir.FLIGHT}/rank_"),
                 ("TORCH_FR_DUMP_TEMP_FILE", f"{run_dir}/{rundir.FLIGHT}/rank_")]
