@@ -70,7 +70,7 @@ class TrainSpec:
     weight_decay: float = bounded(0.0, 0.0, 10.0, doc="decoupled weight decay")
     grad_clip: float = bounded(1.0, 0.0, 1e6, doc="global gradient-norm clip (0: off)")
     seed: int = bounded(1234, 0, 2**63 - 1, doc="seed of initialisation and synthetic data")
-    data: str = bounded("synthetic", doc="'synthetic' or a token file (launch tokenize)")
+    data: str = bounded("synthetic", doc="'synthetic' or a token file (python -m launcher.trainer.tokenize)")
     loss_chunk: int = bounded(1024, 1, 1 << 24, doc="tokens per chunk of the output-head loss")
     checkpoint_every: int = bounded(0, 0, 1 << 40, doc="steps between checkpoints (0: only on preemption)")
 
