@@ -60,6 +60,16 @@ def test_dry_run_writes_nothing_and_shows_command(tmp_path, env):
     assert not rd.exists()
 
 
+def test_dry_run_for_a_person_is_yaml(tmp_path, env):
+    import yaml
+
+    r = launch("run", TINY, "--nproc", 2, "--run-dir", tmp_path / "rd", "--dry-run", env=env)
+    assert r.returncode == 0, r.stderr
+    out = yaml.safe_load(r.stdout)
+    assert out["layout"]["tp"] == 2 and out["world_size"] == 2 and out["env"]["LAUNCH4D_DEVICE"] == "cpu"
+    assert out["argv"][1:3] == ["-m", "torch.distributed.run"] and not (tmp_path / "rd").exists()
+
+
 def test_multi_node_job_is_refused(tmp_path, env):
     job = tmp_path / "two.yaml"
     job.write_text(TINY.read_text().replace("nodes: 1", "nodes: 2"))

@@ -314,8 +314,7 @@ def run(job: str, plan_path: str | None, run_dir: str | None, nproc: int | None,
     if dry_run:
         req = backend.dryrun(spec, plan, rd, resume=resume, job_text=text)
         emit({"run_dir": req.run_dir, "plan": plan.to_dict(), "command": req.command, "request": req.to_dict()},
-             as_json, lambda: f"plan: {plan.degrees} zero={plan.zero_stage} micro_batch={plan.micro_batch} "
-                              f"grad_accum={plan.grad_accum}\nrun dir: {req.run_dir}\ncommand: {req.command}")
+             as_json, lambda: _dry_run_yaml(plan, req))
         return 0
     from launcher.backends.jobstate import check_state
 
@@ -346,6 +345,17 @@ def run(job: str, plan_path: str | None, run_dir: str | None, nproc: int | None,
     if as_json:
         emit(payload, True)
     return code
+
+
+def _dry_run_yaml(plan, req) -> str:
+    """What --dry-run shows a person: the layout, the run dir and the command, as YAML."""
+    import dataclasses
+
+    import yaml
+
+    return yaml.safe_dump({"layout": dataclasses.asdict(plan.layout), "world_size": plan.world_size,
+                           "run_dir": req.run_dir, "env": dict(sorted(req.env.items())),
+                           "argv": list(req.extra["argv"])}, sort_keys=False, width=1 << 16).rstrip()
 
 
 def _start(backend, spec, plan, rd: Path, resume: str, text: str | None, cpu: bool = False):
