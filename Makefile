@@ -7,12 +7,17 @@ PIP := $(PY) -m pip
 .PHONY: install demo test lint bench clean
 
 $(VENV)/.installed: pyproject.toml
+	@echo "==> 1/4 creating $(VENV)"
 	python3 -m venv $(VENV)
+	@echo "==> 2/4 upgrading pip"
 	$(PIP) install -q --upgrade pip
+	@echo "==> 3/4 torch, CPU build (a download of a few hundred MB; the progress bar follows)"
 	# torch pinned to the CPU build (a bare range would pull a multi-GB CUDA build)
-	$(PIP) install -q "torch==2.13.0" numpy
+	$(PIP) install --progress-bar on "torch==2.13.0" numpy
+	@echo "==> 4/4 launch4d and its test tools"
 	$(PIP) install -q -e '.[train,test]'
 	touch $@
+	@echo "==> installed: $(VENV)/bin/launch"
 
 install: $(VENV)/.installed
 
