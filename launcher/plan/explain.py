@@ -4,7 +4,8 @@ Only run when a search found nothing, so it may search again: the closest candid
 memory-hungry layout of the same search, priced in full (the search itself stops pricing a layout at
 the first rank over the limit, so it does not know by how much it missed); the smallest world size
 is found by searching the same job on more nodes of the same size (doubling, then bisecting: the fit
-is close to monotone in the node count, not exactly, since the global batch must split over dp).
+is close to monotone in the node count, not exactly, since the global batch must split over dp and the
+layers over pp: below the first fit every node count is tried where that is at most SCAN_NODES of them).
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ def _fits_on(spec: JobSpec, cluster: Any, nodes: int) -> bool:
     return bool(search.candidates)
 
 
+#: Up to this many node counts below the first fit found by doubling are each tried (an exact answer);
+#: a wider range is bisected (a fitting node count, perhaps not the fewest: fit is not monotone).
+SCAN_NODES = 64
+
+
 def smallest_world(spec: JobSpec, cluster: Any) -> dict[str, Any] | None:
     """The fewest nodes (of the job's gpus_per_node) on which some layout fits, or None up to MAX_WORLD."""
     g = spec.cluster.gpus_per_node
@@ -68,13 +74,17 @@ def smallest_world(spec: JobSpec, cluster: Any) -> dict[str, Any] | None:
         lo, n = n, n * 2
     if hi is None:
         return None
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if _fits_on(spec, cluster, mid):
-            hi = mid
-        else:
-            lo = mid
-    return {"nodes": hi, "gpus_per_node": g, "world_size": hi * g}
+    exact = hi - spec.cluster.nodes <= SCAN_NODES
+    if exact:                                   # every node count below the first fit: the fewest
+        hi = next(k for k in range(spec.cluster.nodes + 1, hi + 1) if k == hi or _fits_on(spec, cluster, k))
+    else:
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if _fits_on(spec, cluster, mid):
+                hi = mid
+            else:
+                lo = mid
+    return {"nodes": hi, "gpus_per_node": g, "world_size": hi * g, "fewest": exact}
 
 
 def nothing_fits(spec: JobSpec, cluster: Any, search: Any) -> dict[str, Any]:
@@ -103,8 +113,8 @@ def nothing_fits_text(spec: JobSpec, result: Any) -> str:
     if "smallest_world" in nf:
         w = nf["smallest_world"]
         if w:
-            parts.append(f"it fits from {w['world_size']} GPUs ({w['nodes']} nodes × {w['gpus_per_node']}; "
-                         f"set cluster.nodes: {w['nodes']})")
+            parts.append(f"it fits {'from' if w.get('fewest') else 'on'} {w['world_size']} GPUs ({w['nodes']} nodes × "
+                         f"{w['gpus_per_node']}; set cluster.nodes: {w['nodes']})")
         else:
             parts.append(f"it fits on no world size up to {nf.get('max_world_tried', MAX_WORLD)} GPUs")
     if not parts or not near:
