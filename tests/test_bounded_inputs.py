@@ -134,3 +134,85 @@ def test_slurm_client_output_in_another_encoding_is_read_not_a_traceback(tmp_pat
 
     rc, out, err = run(LocalTransport(), ["bash", "-c", r"printf '42|RUNNING|caf\xe9|n1|0:05\n'; printf '\xff' >&2"])
     assert rc == 0 and out == "42|RUNNING|caf\ufffd|n1|0:05\n" and err == "\ufffd"
+
+
+# --- logs as they really arrive (issue 23) ----------------------------------------------------------
+def test_diagnose_streams_a_line_of_any_length(tmp_path):
+    """One multi-MB line holding "NCCL" (the rank-prefix pattern used to backtrack over it: 80 kB took
+    53 s) is read in pieces and parsed on its first MAX_LINE_CHARS; the lines after it still count."""
+    from launcher.diagnose.collect import MAX_LINE_CHARS
+
+    log = tmp_path / "big.log"
+    warn = "node1:11:12 [1] NCCL WARN Call to connect returned Connection refused, retrying\n"
+    with open(log, "w") as f:
+        f.write("a" * (4 << 20) + " NCCL INFO x\n")                       # one run of host characters
+        f.write("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=X"
+                + "y" * (4 << 20) + "\n")
+        f.write("x" * MAX_LINE_CHARS + warn)                              # cut before the WARN: not seen
+        f.write(warn)
+    report = diagnose(log)
+    found = [f for f in report.findings if "Connection refused" in f.message]
+    assert len(found) == 1 and found[0].evidence == ["big.log:4"], [(f.message, f.evidence) for f in report.findings]
+
+
+def _decorated(lines: list[str], how: str) -> bytes:
+    if how == "ansi":
+        lines = [f"\x1b[32m{ln[:20]}\x1b[0m{ln[20:]}" for ln in lines]
+    elif how == "kubectl":
+        lines = [f"2026-05-01T12:00:{i % 60:02d}.123456789Z {ln}" for i, ln in enumerate(lines)]
+    elif how == "bracketed":
+        lines = [f"[2026-05-01 12:00:{i % 60:02d},123] {ln}" for i, ln in enumerate(lines)]
+    text = "".join(ln + ("\r\n" if how == "crlf" else "\n") for ln in lines)
+    if how == "utf16":
+        return text.encode("utf-16")
+    data = text.encode()
+    if how == "gz":
+        import gzip
+        return gzip.compress(data)
+    if how == "bz2":
+        import bz2
+        return bz2.compress(data)
+    if how == "xz":
+        import lzma
+        return lzma.compress(data)
+    return data
+
+
+@pytest.mark.parametrize("how", ["gz", "bz2", "xz", "ansi", "kubectl", "bracketed", "utf16", "crlf"])
+def test_diagnose_reads_logs_compressed_coloured_and_stamped(tmp_path, how):
+    """Rotated (.gz/.bz2/.xz), coloured, kubectl --timestamps, bracketed stamps, UTF-16, CRLF: the same
+    findings as the plain log."""
+    lines = []
+    for i in range(8):
+        lines.append(f"node{i % 2}:{100 + i}:{200 + i} [{i % 2}] NCCL WARN NET/IB : Got completion from peer "
+                     f"10.0.0.{i}<4000{i}> with status=12 opcode=0 len=0 vendor err 129 (Recv) hca mlx5_{i % 2}")
+        lines.append(f"node{i % 2}:{100 + i}:{200 + i} [{i % 2}] NCCL WARN Call to connect returned Connection "
+                     "refused, retrying")
+    lines += ["[rank1]:[E501 12:00:00.000000000 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective "
+              "operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) "
+              "ran for 600010 milliseconds before timing out."]
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "rank.log").write_text("\n".join(lines) + "\n")
+    (tmp_path / how).mkdir()
+    (tmp_path / how / f"rank.log.{how}").write_bytes(_decorated(lines, how))
+    plain = diagnose(tmp_path / "plain")
+    got = diagnose(tmp_path / how)
+    assert [f.message for f in got.findings] == [f.message for f in plain.findings] and len(plain.findings) >= 2
+    assert got.verdict == plain.verdict and got.files == [f"rank.log.{how}"]
+
+
+def test_diagnose_reports_a_truncated_or_huge_compressed_log(tmp_path, monkeypatch):
+    import gzip
+
+    from launcher.diagnose import collect
+
+    line = b"node1:11:12 [1] NCCL WARN Call to connect returned Connection refused, retrying\n"
+    data = gzip.compress(line * 2000)
+    (tmp_path / "cut.log.gz").write_bytes(data[: len(data) // 2])
+    src = read_sources(tmp_path)
+    assert src.unread and "cut.log.gz (gzip data ends early" in src.unread[0]
+    monkeypatch.setattr(collect, "MAX_TEXT_BYTES", 10 * len(line))   # a decompression bomb, in small
+    (tmp_path / "cut.log.gz").unlink()
+    (tmp_path / "bomb.log.gz").write_bytes(data)
+    src = read_sources(tmp_path)
+    assert src.unread == ["bomb.log.gz (more than 0 MiB once decompressed; read that much)"]

@@ -8,13 +8,15 @@ raw flight-recorder dumps (pickle/JSON), heartbeat JSON files and plan.json.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from launcher.diagnose.failures import Failures
 from launcher.diagnose.findings import WARNING, Finding, Report, fmt_ranks, rank_findings, stalled_from
@@ -28,6 +30,16 @@ from launcher.errors import UserError
 from launcher.formats import rundir
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# What log collectors put before each line: kubectl logs --timestamps (RFC 3339, nanoseconds), and a
+# bracketed date-time ("[2026-05-01 12:00:01,123]", "[2026-05-01T12:00:01.5Z]").
+STAMP_RE = re.compile(r"(?:\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)? "
+                      r"|\[\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?(?: [A-Z]{3,5})?\] ?)")
+#: A line longer than this is parsed on its first MAX_LINE_CHARS characters (the rest is read and
+#: dropped in pieces): no log line that says something is longer, and a line of any length is streamed.
+MAX_LINE_CHARS = 64 << 10
+#: Compressed logs (logrotate's .gz, .bz2, .xz), by their magic bytes; read as the text they hold, at
+#: most MAX_TEXT_BYTES of it.
+COMPRESSED = ((b"\x1f\x8b", "gzip"), (b"BZh", "bz2"), (b"\xfd7zXZ\x00", "lzma"))
 SKIP_DIRS = {rundir.CHECKPOINTS, ".git", "__pycache__", "node_modules"}
 MAX_TEXT_BYTES = 1 << 30  # a 1 GiB log is read (streamed); larger ones are skipped and said so
 MAX_DUMP_BYTES = 256 << 20
@@ -101,7 +113,12 @@ def _read_one(path: Path, rel: str, src: Sources) -> None:
         head = fh.read(4096)
     if not head:
         return
-    binary = b"\x00" in head or head[:1] == b"\x80"
+    codec = next((name for magic, name in COMPRESSED if head.startswith(magic)), None)
+    if codec is not None:
+        _read_compressed(path, rel, src, codec)
+        return
+    encoding = _utf16(head)
+    binary = encoding is None and (b"\x00" in head or head[:1] == b"\x80")
     if binary or (head.lstrip()[:1] == b"{" and size <= MAX_JSON_BYTES):
         if _read_structured(path, rel, src, size, binary):
             return
@@ -112,17 +129,94 @@ def _read_one(path: Path, rel: str, src: Sources) -> None:
         src.unread.append(f"{rel} (larger than {MAX_TEXT_BYTES >> 20} MiB)")
         return
     src.files.append(rel)
+    with open(path, encoding=encoding or "utf-8", errors="replace", newline=None) as fh:
+        _feed_lines(fh, rel, src)
+
+
+def _utf16(head: bytes) -> str | None:
+    """"utf-16" for text that starts with a UTF-16 byte-order mark or looks like it (ASCII with every
+    other byte NUL), else None."""
+    if head[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        return "utf-16"
+    even, odd = head[0:256:2], head[1:256:2]
+    if len(head) >= 8 and odd.count(0) == len(odd) and even.count(0) == 0:
+        return "utf-16-le"
+    if len(head) >= 8 and even.count(0) == len(even) and odd.count(0) == 0:
+        return "utf-16-be"
+    return None
+
+
+def _feed_lines(fh: IO[str], rel: str, src: Sources) -> None:
+    """Every line to the parsers, as the job printed it: ANSI colours and a collector's timestamp
+    prefix taken off, a line longer than MAX_LINE_CHARS cut there (and the rest read and dropped)."""
     init, failures, flight, stacks = src.init, src.failures, src.flight, src.stacks
-    with open(path, encoding="utf-8", errors="replace", newline=None) as fh:
-        for n, raw in enumerate(fh, 1):
-            line = raw.rstrip("\n")
-            if "\x1b" in line:
-                line = ANSI_RE.sub("", line)
-            ev = f"{rel}:{n}"
-            init.feed(line, ev)
-            failures.feed(line, ev, rel)
-            flight.feed(line, ev)
-            stacks.feed(line, ev, rel)
+    n = 0
+    while True:
+        line = fh.readline(MAX_LINE_CHARS)
+        if not line:
+            return
+        n += 1
+        if line.endswith("\n"):
+            line = line[:-1]
+        elif len(line) >= MAX_LINE_CHARS:
+            while (rest := fh.readline(MAX_LINE_CHARS)) and not rest.endswith("\n"):
+                pass
+        if "\x1b" in line:
+            line = ANSI_RE.sub("", line)
+        if line[:1].isdigit() or line[:1] == "[":
+            m = STAMP_RE.match(line)
+            if m:
+                line = line[m.end():]
+        ev = f"{rel}:{n}"
+        init.feed(line, ev)
+        failures.feed(line, ev, rel)
+        flight.feed(line, ev)
+        stacks.feed(line, ev, rel)
+
+
+class _Capped(io.RawIOBase):
+    """At most `limit` bytes of a stream (a decompressed log: a small file may expand to terabytes)."""
+
+    def __init__(self, raw: IO[bytes], limit: int):
+        self.raw, self.left, self.capped = raw, limit, False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        if self.left <= 0:
+            self.capped = self.capped or bool(self.raw.read(1))
+            return 0
+        data = self.raw.read(min(len(b), self.left, 1 << 20))
+        b[:len(data)] = data
+        self.left -= len(data)
+        return len(data)
+
+
+def _read_compressed(path: Path, rel: str, src: Sources, codec: str) -> None:
+    """A rotated, compressed log: the text it holds, fed like any other log's (UTF-8 or UTF-16)."""
+    import bz2
+    import gzip
+    import lzma
+
+    opener: Callable[..., IO[bytes]] = {"gzip": gzip.open, "bz2": bz2.open, "lzma": lzma.open}[codec]  # type: ignore[assignment]
+    try:
+        with opener(path, "rb") as raw:
+            head = raw.read(4096)
+        encoding = _utf16(head) if head else None
+        if not head or (encoding is None and b"\x00" in head):
+            src.skipped.append(f"{rel} ({codec}: " + ("empty)" if not head else "binary)"))
+            return
+        src.files.append(rel)
+        with opener(path, "rb") as raw:
+            capped = _Capped(raw, MAX_TEXT_BYTES)
+            text = io.TextIOWrapper(io.BufferedReader(capped), encoding=encoding or "utf-8", errors="replace",
+                                    newline=None)
+            _feed_lines(text, rel, src)
+        if capped.capped:
+            src.unread.append(f"{rel} (more than {MAX_TEXT_BYTES >> 20} MiB once decompressed; read that much)")
+    except (EOFError, OSError, lzma.LZMAError, ValueError) as exc:
+        src.unread.append(f"{rel} ({codec} data ends early or is damaged: {exc}; read what came before)")
 
 
 def _read_structured(path: Path, rel: str, src: Sources, size: int, binary: bool) -> bool:

@@ -32,7 +32,7 @@ IB_OLD_RE = re.compile(
 VENDOR_CONT_RE = re.compile(r"^\s*(?:\d+,\s*)?vendor err (?P<verr>\d+)(?: \((?P<dir>\w+)\))?")
 WATCHDOG_RE = re.compile(
     r"\[Rank (?P<rank>\d+)\]\s+Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), "
-    r"OpType=(?P<op>\w+)(?P<rest>.*?)\) ran for (?P<ran>\d+) milliseconds")
+    r"OpType=(?P<op>\w+)(?!\w)(?P<rest>.*?)\) ran for (?P<ran>\d+) milliseconds")
 TIMEOUT_MS_RE = re.compile(r"Timeout\(ms\)=(\d+)")
 PG_STATUS_RE = re.compile(
     r"\[PG ID (?P<pgid>\d+) PG GUID (?P<guid>[^\]]*?) Rank (?P<rank>\d+)\]\s+failure detected by watchdog at "

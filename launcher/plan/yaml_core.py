@@ -58,7 +58,7 @@ class CoreLoader(yaml.SafeLoader):
 
     yaml_implicit_resolvers: dict = {}
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:  # type: ignore[override]
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         if isinstance(node, yaml.MappingNode):
             seen: dict[Any, Any] = {}
             for key_node, _ in node.value:
