@@ -87,3 +87,13 @@ def test_errors_under_json_are_json_on_stdout(tmp_path):
     assert r.returncode == 2 and "--top" in json.loads(r.stdout)["error"]
     r = launch("plan", str(bad))                                # without --json stdout stays empty
     assert r.returncode == 2 and r.stdout == ""
+
+
+def test_log_lines_show_one_rank_prefix():
+    """`launch logs`: torchrun's prefix and the trainer's logging prefix are one prefix on screen."""
+    from launcher.commands.launch_cmds import one_prefix
+
+    assert one_prefix("[rank0]: [rank0] 2026-12-01 10:00:00,000 INFO resumed") == "[rank0]: 2026-12-01 10:00:00,000 INFO resumed"
+    assert one_prefix("1: [rank3]: [rank3] x") == "1: [rank3]: x"                     # after srun --label
+    assert one_prefix("[rank0]: step 1/8 | loss 5.0") == "[rank0]: step 1/8 | loss 5.0"
+    assert one_prefix("[rank0]: [rank1] not its own") == "[rank0]: [rank1] not its own"

@@ -8,6 +8,7 @@ local job state file so status/logs/cancel work later, from another shell, by id
 from __future__ import annotations
 
 import math
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -261,6 +262,15 @@ def status(job: str, wait: bool, timeout: float | None, interval: float, max_int
 
 
 # --- logs -----------------------------------------------------------------------------------
+#: torchrun's "[rank0]: " before the trainer's own logging prefix "[rank0] ": shown once.
+DOUBLE_PREFIX = re.compile(r"^((?:\d+: )?\[rank(\d+)\]: )\[rank\2\] ")
+
+
+def one_prefix(line: str) -> str:
+    """A log line as a person reads it: one rank prefix, not torchrun's and the trainer's both."""
+    return DOUBLE_PREFIX.sub(r"\1", line, count=1)
+
+
 @click.command()
 @click.argument("job")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
@@ -286,7 +296,7 @@ def logs(job: str, follow: bool, rank: int | None, stream: str, since: int | Non
         if as_json:
             click.echo(json.dumps({"id": rec.id, "backend": rec.backend, "rank": rank, "n": n, "line": line}))
         else:
-            click.echo(line)
+            click.echo(one_prefix(line))
 
 
 # --- cancel ---------------------------------------------------------------------------------
