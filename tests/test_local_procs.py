@@ -158,6 +158,10 @@ def test_status_wait_timeout_exits_124_while_the_job_runs(tmp_path, monkeypatch)
         assert r.returncode == 124, r.stderr
         out = json.loads(r.stdout)
         assert out["state"] == "RUNNING" and out["timed_out"] is True
+        # --timeout 0: one look, then 124 (issue 23: 0 was read as "no timeout" and never returned)
+        r = subprocess.run([LAUNCH, "status", jid, "--wait", "--timeout", "0", "--json"], capture_output=True,
+                           text=True, env=env, timeout=60)
+        assert r.returncode == 124 and json.loads(r.stdout)["timed_out"] is True, r.stderr
         for flag, value in (("--interval", "-1"), ("--interval", "nan"), ("--interval", "0"), ("--timeout", "inf"),
                             ("--timeout", "-3")):
             r = subprocess.run([LAUNCH, "status", jid, "--wait", flag, value], capture_output=True, text=True,

@@ -97,10 +97,10 @@ def wait(backend: Backend, handle: JobHandle, timeout: float | None = None, budg
          on_retry: Callable[[TransientError, float, int], None] | None = None,
          start: float = POLL_START_S, cap: float = POLL_MAX_S,
          sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> JobStatus:
-    """Poll until the job is done or `timeout` passes: every 2, 4, 8 ... `cap` s (back to `start`
+    """Poll until the job is done or `timeout` passes (None: no limit; 0: one look): every 2, 4, 8 ... `cap` s (back to `start`
     when the state changes), tolerating transient scheduler errors for `budget_s` at a time. A job
     the backend does not know (describe: None) ends the wait at once, as UNKNOWN."""
-    deadline = clock() + timeout if timeout else None
+    deadline = clock() + timeout if timeout is not None else None   # 0: one look, no wait
     last = None
     delays = backoff(start, cap)
     while True:
