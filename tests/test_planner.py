@@ -372,6 +372,11 @@ def test_why_names_the_cp_penalty_below_32k_tokens():
     assert best is cp and why["rule"] == "fastest" and why["simpler_slower_by"] == pytest.approx(0.0957, abs=1e-4)
     assert "the fastest estimate (103.834 s)" in why["line"]
     assert "It beats the simpler tp=1 cp=1 pp=1 dp=64 ZeRO 3 full (113.769 s, outside the band) by 9.6%" in why["line"]
+    # below 32k a CP layout far enough ahead still wins, and the line says it was charged the further 5%
+    best, why = _why([_cand(120.0), cp100 := _cand(100.0, tp=4, cp=4, pp=4, dp=1, zero=2, recompute="none")], 8192)
+    assert best is cp100 and why["rule"] == "fastest"
+    assert "the fastest estimate (100.000 s), though with context parallelism below 32k tokens (seq_len 8192) it was " \
+           "counted a further 5% slower (105.000 s)" in why["line"]
 
 
 def test_why_names_the_tie_band_and_a_forced_layout():

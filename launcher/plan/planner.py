@@ -468,7 +468,10 @@ def why_chosen(best: Candidate, ordered: list[Candidate], band: int, seq_len: in
                 f"layout ({t_best:.3f} s); nothing was chosen")
     elif fastest is best or t_fast >= t_best:
         out.update(rule="fastest")
-        line = (f"the fastest estimate ({t_best:.3f} s)"
+        charged = (f", though with context parallelism below {CP_SHORT_SEQ // 1024}k tokens (seq_len {seq_len}) it "
+                   f"was counted a further {TIE_BAND:.0%} slower ({best.ranked_time(seq_len):.3f} s)"
+                   if best.layout.cp > 1 and seq_len < CP_SHORT_SEQ else "")
+        line = (f"the fastest estimate ({t_best:.3f} s){charged}"
                 + (f"; of the {band} plans within {TIE_BAND:.0%} of it (the time model's error) none is simpler"
                    if band > 1 else f"; no other plan is within {TIE_BAND:.0%} of it") + fixed_note)
     else:
