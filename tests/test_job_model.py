@@ -190,6 +190,25 @@ def test_plan_json_round_trips_through_the_typed_model(tmp_path):
     (lambda d: d["train"].update(lr=float("nan")), "plan.train.lr: nan is not a finite number"),
     (lambda d: d["model"].update(heads="many"), "plan.model.heads: 'many' is not an integer"),
     (lambda d: d.update(extra=1), "plan.extra: unknown key"),
+    # issue 23: a hand-edited plan is checked for every invariant it promises, not trusted
+    (lambda d: d.update(mesh_order=["pp", "dp", "cp", "xx"]), "plan.mesh_order: ['pp', 'dp', 'cp', 'xx'] must order"),
+    (lambda d: d.update(mesh_order=["pp", "dp", "cp", "tp", "tp"]), "plan.mesh_order: "),
+    (lambda d: d["ranks"]["gpu"].__setitem__(0, 99), "plan.ranks[0].gpu: 99 is not a GPU of the node (0..3)"),
+    (lambda d: d["ranks"]["gpu"].__setitem__(1, 0), "plan.ranks[1].gpu: GPU 0 of node 0 is another rank's too"),
+    (lambda d: d["ranks"]["node"].__setitem__(0, 5), "plan.ranks[0]: node 5, local rank 0: rank 0 runs as local rank 0"),
+    (lambda d: d["ranks"]["local_rank"].__setitem__(1, 0), "plan.ranks[1]: node 0, local rank 0: rank 1 runs as"),
+    (lambda d: [d["ranks"][k].pop() for k in ("node", "local_rank", "gpu")], "plan.ranks.node: has 3 entries but"),
+    (lambda d: d.update(nodes=3), "plan.nodes: nodes × gpus_per_node = 3 × 4 = 12, but world_size is 4"),
+    (lambda d: d.update(world_size=8), "plan.world_size: 8, but layout tp·cp·pp·dp"),
+    (lambda d: d.update(name="../../x"), "plan.name: '../../x' is not a job name"),
+    (lambda d: d.update(hosts=["../../etc"]), "plan.hosts[0]: '../../etc' is not a host name"),
+    (lambda d: d["ranks"].update(nic=["../x", "a", "b", "c"]), "plan.ranks[0].nic: '../x' is not a network device"),
+    (lambda d: d.update(gpu_order=[0, 0, 1, 2]), "plan.gpu_order: [0, 0, 1, 2] is not an order of the GPUs 0..3"),
+    (lambda d: d.update(stage_layers=[1]), "plan.stage_layers: [1] must be pp·virtual_stages = 1 counts"),
+    (lambda d: d.update(ranks=[{"rank": 0, "node": 0, "local_rank": 0, "gpu": 0}]), "plan.ranks: has 1 entries but"),
+    (lambda d: d.update(ranks=[{"rank": 0, "node": 0, "local_rank": 0, "gpu": 0, "coords": {"tp": 1}}]
+                        + [{"rank": r, "node": 0, "local_rank": r, "gpu": r} for r in (1, 2, 3)]),
+     "plan.ranks[0].coords: {'tp': 1}, but the layout"),
 ])
 def test_bad_plan_json_is_one_line(edit, expected, tmp_path):
     best = plan_job(load_spec(EXAMPLES / "tiny-cpu.yaml"), top=0).best
@@ -207,6 +226,11 @@ def test_binary_and_deep_plan_json_are_one_line(tmp_path):
     path.write_bytes(b"\xff\xfe{}")
     with pytest.raises(UserError, match="not UTF-8"):
         Plan.load(path)
+    for data, expected in ((b"\xef\xbb\xbf{}", "BOM"), ("{}".encode("utf-16"), "not UTF-8"), (b"null", "not NoneType"),
+                           (b'{"a": 1\x00}', "not a plan.json"), (b"[]", "not list")):
+        path.write_bytes(data)
+        with pytest.raises(UserError, match=expected):
+            Plan.load(path)
     path.write_text("[" * 100000 + "]" * 100000)
     with pytest.raises(UserError, match="not a plan.json"):
         Plan.load(path)

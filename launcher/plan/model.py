@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from launcher.errors import SpecError, UserError
 from launcher.plan.capabilities import ZERO_REFUSED, PlanSchedule, Recompute, ZeroStage
-from launcher.plan.schema import bounded, json_schema, load_dataclass
+from launcher.plan.schema import bounded, json_schema, load_dataclass, show
 from launcher.plan.spec import ClusterSpec, GpuSpec, ModelSpec, TrainSpec
 from launcher.plan.spec_backend import BackendSpec, DiagnosticsSpec
 
@@ -224,10 +225,15 @@ class Plan:
                                             "re-run `launch plan`")
         ranks = data.get("ranks")
         if not isinstance(ranks, dict):                  # a rank list (hand-written plans): typed as is
-            return load_dataclass(cls, data, "plan")
-        plan = load_dataclass(cls, {**data, "ranks": []}, "plan")
-        cols = load_dataclass(RankColumns, ranks, "plan.ranks")
-        plan.ranks = cols.expand(plan.degrees, plan.mesh_order, plan.world_size)
+            plan = load_dataclass(cls, {**data, "ranks": []}, "plan")
+            check_shape(plan)
+            plan.ranks = load_dataclass(_RankList, {"ranks": ranks}, "plan").ranks
+        else:
+            plan = load_dataclass(cls, {**data, "ranks": []}, "plan")
+            check_shape(plan)
+            cols = load_dataclass(RankColumns, ranks, "plan.ranks")
+            plan.ranks = cols.expand(plan.degrees, plan.mesh_order, plan.world_size)
+        check_rank_map(plan)
         return plan
 
     @classmethod
@@ -244,6 +250,85 @@ class Plan:
             return cls.from_dict(data)
         except SpecError as exc:
             raise UserError(f"{path}: {exc}") from None
+
+
+@dataclass
+class _RankList:
+    ranks: list[RankPlacement]
+
+
+MESH_DIMS = ("pp", "dp", "cp", "tp")
+#: Names in a plan that become path components, #SBATCH values or /sys paths: host and NIC names.
+HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,252})")
+NIC_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._:-]{0,63})")
+
+
+def check_shape(plan: Plan) -> None:
+    """What a plan promises about itself before its rank map is read: a mesh of the four dimensions,
+    degrees that multiply to the world, nodes × GPUs per node = the world, names that stay one path
+    component. SpecError naming `plan.<field>` (a hand-edited plan.json is refused, not trusted)."""
+    from launcher.plan.spec import NAME
+
+    if sorted(plan.mesh_order) != sorted(MESH_DIMS) or len(plan.mesh_order) != len(MESH_DIMS):
+        raise SpecError("plan.mesh_order", f"{show(plan.mesh_order)} must order exactly {', '.join(MESH_DIMS)}")
+    lay = plan.layout
+    if lay.world != plan.world_size:
+        raise SpecError("plan.world_size", f"{plan.world_size}, but layout tp·cp·pp·dp = {lay.tp}·{lay.cp}·{lay.pp}·"
+                                           f"{lay.dp} = {lay.world}")
+    if plan.nodes * plan.gpus_per_node != plan.world_size:
+        raise SpecError("plan.nodes", f"nodes × gpus_per_node = {plan.nodes} × {plan.gpus_per_node} = "
+                                      f"{plan.nodes * plan.gpus_per_node}, but world_size is {plan.world_size}")
+    if not NAME.fullmatch(plan.name) or ".." in plan.name:
+        raise SpecError("plan.name", f"{show(plan.name)} is not a job name (1-63 letters, digits, '.', '_' or '-', "
+                                     "no '..'): it names directories")
+    for i, host in enumerate(plan.hosts or []):
+        if not HOST_NAME.fullmatch(host) or ".." in host:
+            raise SpecError(f"plan.hosts[{i}]", f"{show(host)} is not a host name")
+    if plan.gpu_order is not None and sorted(plan.gpu_order) != list(range(plan.gpus_per_node)):
+        raise SpecError("plan.gpu_order", f"{show(plan.gpu_order)} is not an order of the GPUs "
+                                          f"0..{plan.gpus_per_node - 1}")
+    stages = lay.pp * lay.virtual_stages
+    if len(plan.stage_layers) != stages or sum(plan.stage_layers) != plan.model.layers \
+            or min(plan.stage_layers, default=0) < 0:
+        raise SpecError("plan.stage_layers", f"{show(plan.stage_layers)} must be pp·virtual_stages = {stages} "
+                                             f"counts >= 0 summing to model.layers = {plan.model.layers}")
+
+
+def check_rank_map(plan: Plan) -> None:
+    """Rank r runs where torchrun puts it (node r // gpus_per_node, local rank r % gpus_per_node, the
+    static rendezvous every backend uses), on a GPU of that node no other rank there uses."""
+    g, world = plan.gpus_per_node, plan.world_size
+    if len(plan.ranks) != world:
+        raise SpecError("plan.ranks", f"has {len(plan.ranks)} entries but world_size is {world}")
+    used: set[tuple[int, int]] = set()
+    dims = _dims(plan)
+    for r, p in enumerate(plan.ranks):
+        where = f"plan.ranks[{r}]"
+        if p.rank != r:
+            raise SpecError(f"{where}.rank", f"{p.rank}: entry {r} must describe rank {r}")
+        if (p.node, p.local_rank) != (r // g, r % g):
+            raise SpecError(f"{where}", f"node {p.node}, local rank {p.local_rank}: rank {r} runs as local rank "
+                                        f"{r % g} of node {r // g} ({plan.nodes} node(s) × {g})")
+        if not 0 <= p.gpu < g:
+            raise SpecError(f"{where}.gpu", f"{p.gpu} is not a GPU of the node (0..{g - 1})")
+        if (p.node, p.gpu) in used:
+            raise SpecError(f"{where}.gpu", f"GPU {p.gpu} of node {p.node} is another rank's too")
+        used.add((p.node, p.gpu))
+        if p.nic is not None and (not NIC_NAME.fullmatch(p.nic) or ".." in p.nic):
+            raise SpecError(f"{where}.nic", f"{show(p.nic)} is not a network device name")
+        want = {d: (r // k) % n for d, k, n in dims}
+        if p.coords and p.coords != want:
+            raise SpecError(f"{where}.coords", f"{show(p.coords)}, but the layout and mesh_order put rank {r} at "
+                                               f"{want}")
+        if not p.coords:
+            p.coords = want
+
+
+def _dims(plan: Plan) -> list[tuple[str, int, int]]:
+    from launcher.plan.layout import strides
+
+    st = strides(plan.degrees, plan.mesh_order)
+    return [(d, st[d], plan.degrees[d]) for d in plan.mesh_order]
 
 
 def plan_json(data: dict[str, Any], indent: int = 2) -> str:
