@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,77 @@ READABLE_VERSIONS = (1, 2)
 
 class BandwidthMapError(ValueError):
     """A BandwidthMap file that cannot be used; the message names the file and field."""
+
+
+class _Check:
+    """Type and range checks of a BandwidthMap read from JSON, each failure one BandwidthMapError
+    naming the file and the field: a bandwidth is a finite number >= 0 (not NaN, not a string), a
+    GPU count an integer >= 0, a host list a list (`exclude: "n1"` is not the hosts "n" and "1")."""
+
+    def __init__(self, where: str):
+        self.where = where
+
+    def fail(self, path: str, what: str) -> BandwidthMapError:
+        return BandwidthMapError(f"{self.where}: {path}: {what}")
+
+    def mapping(self, value: Any, path: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail(path, f"{_show(value)} is not a JSON object")
+        return value
+
+    def items(self, value: Any, path: str) -> list[Any]:
+        if not isinstance(value, list):
+            raise self.fail(path, f"{_show(value)} is not a list")
+        return value
+
+    def text(self, value: Any, path: str) -> str:
+        if not isinstance(value, str):
+            raise self.fail(path, f"{_show(value)} is not text")
+        return value
+
+    def texts(self, value: Any, path: str) -> list[str]:
+        return [self.text(x, f"{path}[{i}]") for i, x in enumerate(self.items(value, path))]
+
+    def bandwidth(self, value: Any, path: str, required: bool = False) -> float | None:
+        if value is None and not required:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise self.fail(path, f"{_show(value)} is not a bandwidth (a finite number >= 0, GB/s)")
+        return float(value)
+
+    def count(self, value: Any, path: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise self.fail(path, f"{_show(value)} is not a count (an integer >= 0)")
+        return value
+
+    def status(self, value: Any, path: str) -> None:
+        if value not in ("pass", "warn", "fail"):
+            raise self.fail(path, f"{_show(value)} is not pass, warn or fail")
+
+    def node(self, n: NodeReport, path: str) -> None:
+        self.text(n.host, f"{path}.host")
+        self.count(n.gpus, f"{path}.gpus")
+        for name in ("gpu_model", "driver"):
+            if getattr(n, name) is not None:
+                self.text(getattr(n, name), f"{path}.{name}")
+        for a, row in self.mapping(n.links, f"{path}.links").items():
+            for b, kind in self.mapping(row, f"{path}.links.{a}").items():
+                self.text(kind, f"{path}.links.{a}.{b}")
+        for i, grp in enumerate(self.items(n.nvlink_groups, f"{path}.nvlink_groups")):
+            for j, g in enumerate(self.items(grp, f"{path}.nvlink_groups[{i}]")):
+                self.count(g, f"{path}.nvlink_groups[{i}][{j}]")
+        for gpu, nic in self.mapping(n.gpu_nic, f"{path}.gpu_nic").items():
+            self.text(nic, f"{path}.gpu_nic.{gpu}")
+        n.intra_busbw_gbs = self.bandwidth(n.intra_busbw_gbs, f"{path}.intra_busbw_gbs")
+        n.alltoall_busbw_gbs = self.bandwidth(n.alltoall_busbw_gbs, f"{path}.alltoall_busbw_gbs")
+        for nic, gbps in self.mapping(n.rdma_gbps, f"{path}.rdma_gbps").items():
+            n.rdma_gbps[nic] = self.bandwidth(gbps, f"{path}.rdma_gbps.{nic}", required=True)  # type: ignore[assignment]
+        self.status(n.status, f"{path}.status")
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @dataclass
@@ -103,24 +175,38 @@ class BandwidthMap:
         if data.get("version") not in READABLE_VERSIONS:
             raise BandwidthMapError(f"{where}: version {data.get('version')!r} is not supported "
                                     f"(expected one of {', '.join(map(str, READABLE_VERSIONS))})")
+        v = _Check(where)
+        nodes = v.mapping(data.get("nodes", {}), "nodes")
         try:
-            return cls(
-                nodes={h: NodeReport(**n) for h, n in data.get("nodes", {}).items()},
-                pairs=[PairReport(**p) for p in data.get("pairs", [])],
-                checks=[CheckResult(**c) for c in data.get("checks", [])],
-                intra_node_busbw_gbs=data.get("intra_node_busbw_gbs"),
-                inter_node_busbw_gbs=data.get("inter_node_busbw_gbs"),
-                all_nodes_busbw_gbs=data.get("all_nodes_busbw_gbs"),
-                alltoall_intra_busbw_gbs=data.get("alltoall_intra_busbw_gbs"),
-                alltoall_inter_busbw_gbs=data.get("alltoall_inter_busbw_gbs"),
-                level=data.get("level", "quick"),
-                exclude=list(data.get("exclude", [])),
-                commands=list(data.get("commands", [])),
-                created=data.get("created"),
-                source=data.get("source", "preflight"),
+            out = cls(
+                nodes={v.text(h, "nodes"): NodeReport(**v.mapping(n, f"nodes.{h}")) for h, n in nodes.items()},
+                pairs=[PairReport(**v.mapping(p, f"pairs[{i}]")) for i, p in enumerate(v.items(data.get("pairs", []),
+                                                                                            "pairs"))],
+                checks=[CheckResult(**v.mapping(c, f"checks[{i}]")) for i, c in enumerate(v.items(data.get("checks", []),
+                                                                                                 "checks"))],
+                intra_node_busbw_gbs=v.bandwidth(data.get("intra_node_busbw_gbs"), "intra_node_busbw_gbs"),
+                inter_node_busbw_gbs=v.bandwidth(data.get("inter_node_busbw_gbs"), "inter_node_busbw_gbs"),
+                all_nodes_busbw_gbs=v.bandwidth(data.get("all_nodes_busbw_gbs"), "all_nodes_busbw_gbs"),
+                alltoall_intra_busbw_gbs=v.bandwidth(data.get("alltoall_intra_busbw_gbs"), "alltoall_intra_busbw_gbs"),
+                alltoall_inter_busbw_gbs=v.bandwidth(data.get("alltoall_inter_busbw_gbs"), "alltoall_inter_busbw_gbs"),
+                level=v.text(data.get("level", "quick"), "level"),
+                exclude=v.texts(data.get("exclude", []), "exclude"),
+                commands=v.texts(data.get("commands", []), "commands"),
+                created=None if data.get("created") is None else v.text(data.get("created"), "created"),
+                source=v.text(data.get("source", "preflight"), "source"),
             )
-        except (TypeError, AttributeError) as exc:
+        except TypeError as exc:
             raise BandwidthMapError(f"{where}: malformed ({exc})") from None
+        for h, n in out.nodes.items():
+            v.node(n, f"nodes.{h}")
+        for i, p in enumerate(out.pairs):
+            v.text(p.a, f"pairs[{i}].a"), v.text(p.b, f"pairs[{i}].b")
+            p.busbw_gbs = v.bandwidth(p.busbw_gbs, f"pairs[{i}].busbw_gbs", required=True)  # type: ignore[assignment]
+            v.status(p.status, f"pairs[{i}].status")
+        for i, c in enumerate(out.checks):
+            v.text(c.node, f"checks[{i}].node"), v.text(c.check, f"checks[{i}].check"), v.text(c.message, f"checks[{i}].message")
+            v.status(c.status, f"checks[{i}].status")
+        return out
 
     @classmethod
     def load(cls, path: str | Path) -> BandwidthMap:

@@ -371,3 +371,45 @@ def test_local_wrapper_records_the_exit_code_without_following_a_link(tmp_path):
     assert out.returncode == 3 and out.stdout.splitlines() == ["LDLP=/opt/x y", "SHELL=unset"], out
     assert exit_file.read_text() == "3\n" and not exit_file.is_symlink()
     assert target.read_text() == "precious\n" and not os.path.lexists(f"{exit_file}.tmp")
+
+
+# --- bandwidth maps with wrong values (issue 23) ----------------------------------------------------
+def _bwmap_dict() -> dict:
+    from checks.bwmap import BandwidthMap, NodeReport
+
+    nodes = {h: NodeReport(h, 2, intra_busbw_gbs=100.0) for h in ("n1", "n2")}
+    return BandwidthMap(nodes=nodes, intra_node_busbw_gbs=100.0, inter_node_busbw_gbs=20.0).to_dict()
+
+
+#: name -> (edit of a good map, the field the error line names)
+BWMAP_EDITS: dict[str, tuple[Callable[[dict], object], str]] = {
+    "inter-nan": (lambda d: d.update(inter_node_busbw_gbs=float("nan")), "inter_node_busbw_gbs: nan"),
+    "intra-negative": (lambda d: d.update(intra_node_busbw_gbs=-5), "intra_node_busbw_gbs: -5"),
+    "intra-string": (lambda d: d.update(intra_node_busbw_gbs="fast"), "intra_node_busbw_gbs: 'fast'"),
+    "inter-inf": (lambda d: d.update(inter_node_busbw_gbs=float("inf")), "inter_node_busbw_gbs: inf"),
+    "exclude-string": (lambda d: d.update(exclude="n1"), "exclude: 'n1' is not a list"),
+    "gpus-negative": (lambda d: d["nodes"]["n1"].update(gpus=-8), "nodes.n1.gpus: -8"),
+    "node-not-object": (lambda d: d["nodes"].update(n1="x"), "nodes.n1: 'x'"),
+    "pair-bandwidth-string": (lambda d: d.update(pairs=[{"a": "n1", "b": "n2", "busbw_gbs": "x"}]),
+                              r"pairs\[0\].busbw_gbs"),
+    "node-intra-nan": (lambda d: d["nodes"]["n2"].update(intra_busbw_gbs=float("nan")), "nodes.n2.intra_busbw_gbs"),
+}
+BWMAP_COMMANDS: dict[str, list[str]] = {
+    "plan-bwmap": ["plan", str(SLURM_JOB), "--bwmap", "{f}"],
+    "render-preflight": ["render", str(SLURM_JOB), "--backend", "slurm", "--preflight", "{f}"],
+    "diagnose-bwmap": ["diagnose", str(CPU_JOB), "--bwmap", "{f}"],
+    "preflight-drain": ["preflight", "drain", "{f}"],
+}
+
+
+@pytest.mark.parametrize("command", list(BWMAP_COMMANDS))
+@pytest.mark.parametrize("edit", list(BWMAP_EDITS))
+def test_bad_bwmap_values(tmp_path, command, edit):
+    import json
+
+    w = World(tmp_path)
+    data = _bwmap_dict()
+    change, expect = BWMAP_EDITS[edit]
+    change(data)
+    f = w.raw("bw.json", json.dumps(data).encode())
+    assert_refused(w, [a.format(f=f) for a in BWMAP_COMMANDS[command]], f"bw.json: {expect}")
