@@ -208,6 +208,20 @@ def test_batch_script_stops_at_a_link_planted_in_the_run_dir(tmp_path):
     assert sorted(p.name for p in rd.iterdir()) == ["checkpoints"]   # not even logs/ made
 
 
+def test_pod_command_stops_at_a_link_planted_in_the_run_dir(tmp_path):
+    spec, plan = spec_plan(**{"backend.k8s": {"api": "pytorchjob", "image": "ghcr.io/example/launch4d:0.1.0"}})
+    rendered = render_k8s(spec, plan)
+    job = [d for d in yaml.safe_load_all(rendered.files["manifest.yaml"]) if d][-1]
+    script = next(iter(job["spec"]["pytorchReplicaSpecs"].values()))["template"]["spec"]["containers"][0]["command"][2]
+    rd = tmp_path / "run"
+    (rd / "logs").mkdir(parents=True)
+    (rd / "logs" / "node0.log").symlink_to(tmp_path / "elsewhere")
+    out = subprocess.run(["bash", "-c", script.replace(rendered.run_dir, str(rd))], capture_output=True, text=True,
+                         timeout=30, env={**os.environ, "PATH": f"{tmp_path}/nobin:/usr/bin:/bin"})
+    assert out.returncode == 3 and "run dir holds a symbolic link" in out.stderr and "node0.log" in out.stderr
+    assert sorted(p.name for p in rd.iterdir()) == ["logs"] and not (tmp_path / "elsewhere").exists()
+
+
 def test_node_rank_follows_the_plans_hosts_not_slurms_order(tmp_path):
     spec, plan = spec_plan(**{"cluster.gpus_per_node": 4, "parallel.tp": 2})
     plan.hosts = ["nodeB", "nodeA"]              # the planner's order (e.g. from preflight)

@@ -83,6 +83,10 @@ def k8s_context(spec: JobSpec, plan: Plan, run_dir: str) -> dict[str, Any]:
         rendezvous = ['master_addr="$MASTER_ADDR"', 'master_port="$MASTER_PORT"']
     script = "\n".join([
         "set -euo pipefail",
+        # nothing here or in the trainer writes through a symbolic link planted in the run dir
+        f"planted=$(find {q(run_dir)} -type l -print -quit 2>/dev/null || true)",
+        'if [ -n "$planted" ]; then echo "launch4d: run dir holds a symbolic link ($planted); not starting" >&2; '
+        "exit 3; fi",
         "mkdir -p " + " ".join(q(f"{run_dir}/{d}") for d in (rundir.NCCL_LOGS, rundir.FLIGHT, rundir.HEARTBEAT)),
         # PET_NODE_RANK: both operators set it; an Indexed Job's pod (TrainJob) also has its index.
         "node_rank=${PET_NODE_RANK:-${JOB_COMPLETION_INDEX:-${RANK:-0}}}",
