@@ -230,12 +230,54 @@ def test_image_is_required_and_latest_warns(tmp_path):
     ("backend.k8s.runtime", "Torch_Distributed", "backend.k8s.runtime"),
     ("backend.k8s.exclude_nodes", ["bad node"], "backend.k8s.exclude_nodes[0]"),
     ("backend.k8s.api", "mpijob", "backend.k8s.api"),
+    # issue 23: what the API server (or the kubelet, for the image) would refuse is refused here
+    ("backend.k8s.queue", "q" * 64, "backend.k8s.queue: 'qqqq"),
+    ("backend.k8s.queue", "my queue", "backend.k8s.queue: 'my queue' is not a label value"),
+    ("backend.k8s.priority_class", "high_prio", "backend.k8s.priority_class: 'high_prio' is not a Kubernetes name"),
+    ("backend.k8s.scheduler_name", "my scheduler", "backend.k8s.scheduler_name: 'my scheduler'"),
+    ("backend.k8s.service_account", "Trainer", "backend.k8s.service_account: 'Trainer'"),
+    ("backend.k8s.pvc", "runs/x", "backend.k8s.pvc: 'runs/x'"),
+    ("backend.k8s.node_selector", {"gpu type": "h100"}, "backend.k8s.node_selector.gpu type: 'gpu type' is not a label key"),
+    ("backend.k8s.node_selector", {"nvidia.com/gpu.product": "H100 SXM"}, "node_selector.nvidia.com/gpu.product: 'H100 SXM'"),
+    ("backend.k8s.node_selector", {"-bad.example/x": "a"}, "is not a label key"),
+    ("backend.k8s.image", "ghcr.io/Acme/trainer:1.0", "backend.k8s.image: 'ghcr.io/Acme/trainer:1.0' is not an image"),
+    ("backend.k8s.image", "ghcr.io/acme/trainer 1.0", "backend.k8s.image: "),
+    ("backend.k8s.memory", "-16Gi", "backend.k8s.memory: '-16Gi' is not a Kubernetes quantity"),
+    ("backend.k8s.cpu", "eight", "backend.k8s.cpu: 'eight'"),
+    ("backend.k8s.shm_size", "16 GB", "backend.k8s.shm_size: '16 GB'"),
+    ("backend.k8s.rdma_resource", "rdma shared", "backend.k8s.rdma_resource: 'rdma shared'"),
+    ("backend.k8s.topology", {"required": "rack level"}, "backend.k8s.topology.required: 'rack level'"),
+    ("backend.k8s.tolerations", [{"key": "gpu", "operator": "In"}], "backend.k8s.tolerations[0].operator: 'In'"),
+    ("backend.k8s.tolerations", [{"key": "gpu", "operator": "Exists", "value": "x"}], "must be empty when operator is Exists"),
+    ("backend.k8s.tolerations", [{"key": "gpu", "effect": "NoRun"}], "backend.k8s.tolerations[0].effect: 'NoRun'"),
+    ("backend.k8s.tolerations", [{"key": "a b"}], "backend.k8s.tolerations[0].key: 'a b' is not a taint key"),
+    ("backend.k8s.tolerations", [{"key": "gpu", "tolerationSeconds": "soon", "effect": "NoExecute"}], "tolerationSeconds"),
+    ("backend.k8s.tolerations", [{"key": "gpu", "tolerationSeconds": 30}], "only with effect NoExecute"),
+    ("backend.k8s.tolerations", [{"key": "gpu", "operater": "Exists"}], "tolerations[0].operater: unknown key"),
 ])
 def test_bad_k8s_fields_are_one_clear_line(field, value, message, tmp_path):
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(job_dict(**{field: value})))
     res = CliRunner().invoke(cli, ["render", str(job)])
     assert res.exit_code == 2 and message in res.output and "Traceback" not in res.output
+    assert len([ln for ln in res.output.splitlines() if ln.startswith("error")]) == 1, res.output
+
+
+@pytest.mark.parametrize("api", ["trainjob", "pytorchjob"])
+def test_valid_k8s_fields_render_as_the_api_takes_them(api):
+    """tolerationSeconds is an integer in the pod spec (it was refused as a string); quantities,
+    qualified label keys, registry ports and digests pass."""
+    tol = [{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
+            "tolerationSeconds": 300}, {"key": "gpu", "value": "h100", "effect": "NoSchedule"}]
+    image = "registry.example.com:5000/acme/trainer:1.0@sha256:" + "a" * 64
+    *_, docs = render_docs(**{"backend.k8s.api": api, "backend.k8s.tolerations": tol, "backend.k8s.image": image,
+                              "backend.k8s.memory": "512Gi", "backend.k8s.cpu": "500m", "backend.k8s.shm_size": "64G",
+                              "backend.k8s.node_selector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}})
+    text = json.dumps(docs)
+    assert '"tolerationSeconds": 300' in text and image in text
+    for doc in docs:
+        if doc["kind"] in ("TrainJob", "TrainingRuntime"):
+            assert_valid(doc)
 
 
 def test_same_input_same_bytes():

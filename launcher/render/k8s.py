@@ -15,6 +15,7 @@ from launcher.plan.model import Plan
 from launcher.plan.spec import JobSpec
 from launcher.render import RFC1123_SUBDOMAIN, bash_syntax_check, check_k8s_name, render_template
 from launcher.render.env import diagnostics_env, measured_nccl_env, trainer_args, trainer_env_prefix, user_env
+from launcher.render.k8s_fields import check_k8s_fields
 from launcher.render.rendered import Rendered, check_plan, gpu_lists
 
 PLAN_MOUNT = "/etc/launch4d"
@@ -38,6 +39,7 @@ def shutdown_timeout(grace_s: int) -> int:
 def k8s_context(spec: JobSpec, plan: Plan, run_dir: str) -> dict[str, Any]:
     check_plan(spec, plan)
     k = spec.backend.k8s
+    tolerations = check_k8s_fields(k)   # names, labels, quantities, images, tolerations: as the API server
     name = check_k8s_name(spec.name, "name", K8S_NAME_MAX)
     check_k8s_name(k.namespace, "backend.k8s.namespace")
     for i, node in enumerate(k.exclude_nodes):
@@ -110,6 +112,7 @@ def k8s_context(spec: JobSpec, plan: Plan, run_dir: str) -> dict[str, Any]:
         "nodes": plan.nodes,
         "nproc": g,
         "resources": resources,
+        "tolerations": tolerations,
         "env": env,
         "command": ["bash", "-c", script],
         "plan_mount": PLAN_MOUNT,

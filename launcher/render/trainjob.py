@@ -68,8 +68,8 @@ def _pod_patch(ctx: dict[str, Any]) -> dict[str, Any]:
         pod["serviceAccountName"] = k.service_account
     if k.node_selector:
         pod["nodeSelector"] = dict(k.node_selector)
-    if k.tolerations:
-        pod["tolerations"] = [dict(t) for t in k.tolerations]
+    if ctx["tolerations"]:
+        pod["tolerations"] = [dict(t) for t in ctx["tolerations"]]
     if k.image_pull_secrets:
         pod["imagePullSecrets"] = [{"name": s} for s in k.image_pull_secrets]
     pod.update(affinity=affinity, volumes=volumes, terminationGracePeriodSeconds=k.termination_grace_s,
