@@ -216,3 +216,17 @@ def test_diagnose_reports_a_truncated_or_huge_compressed_log(tmp_path, monkeypat
     (tmp_path / "bomb.log.gz").write_bytes(data)
     src = read_sources(tmp_path)
     assert src.unread == ["bomb.log.gz (more than 0 MiB once decompressed; read that much)"]
+
+
+def test_diagnose_skips_heartbeats_with_nan_or_infinite_values(tmp_path):
+    """JSON NaN/Infinity parse as numbers: a heartbeat without a real time, rank or step is said to be
+    skipped, not judged (a NaN time made a rank look fresh for ever)."""
+    beats = tmp_path / "heartbeat"
+    beats.mkdir()
+    for r, updated, step in ((0, "NaN", 5), (1, "1764600000.0", 5), (2, "Infinity", 5), (3, "1764600000.0", -1)):
+        (beats / f"rank{r}.json").write_text(f'{{"rank": {r}, "host": "n{r}", "step": {step}, "phase": "forward", '
+                                             f'"updated": {updated}, "step_time_s": Infinity}}')
+    src = read_sources(tmp_path)
+    assert sorted(src.beats.beats) == [1] and src.beats.beats[1].step_time_s is None
+    assert sorted(src.skipped) == [f"heartbeat/rank{r}.json (a heartbeat without a finite rank, step or time)"
+                                   for r in (0, 2, 3)]

@@ -21,6 +21,7 @@ from typing import IO, Any
 from launcher.diagnose.failures import Failures
 from launcher.diagnose.findings import WARNING, Finding, Report, fmt_ranks, rank_findings, stalled_from
 from launcher.diagnose.flight import Flight, load_dump
+from launcher.diagnose.heartbeat import KEYS as HEARTBEAT_KEYS
 from launcher.diagnose.heartbeat import Heartbeats, parse_beat
 from launcher.diagnose.nccl_init import NcclInit
 from launcher.diagnose.stacks import Stacks
@@ -242,6 +243,9 @@ def _read_structured(path: Path, rel: str, src: Sources, size: int, binary: bool
         obj: Any = json.loads(text)
     except ValueError:
         return False
+    if isinstance(obj, dict) and HEARTBEAT_KEYS <= set(obj):
+        src.skipped.append(f"{rel} (a heartbeat without a finite rank, step or time)")
+        return True
     if isinstance(obj, dict) and {"degrees", "ranks", "mesh_order"} <= set(obj):
         src.plan_paths.append(path)
         src.files.append(rel)

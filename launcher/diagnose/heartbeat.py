@@ -41,6 +41,10 @@ def parse_beat(text: str, evidence: str) -> Beat | None:
         return None
     if not isinstance(d, dict) or not KEYS <= set(d):
         return None
+    # NaN/Infinity parse as JSON numbers: a beat without a real time, rank or step says nothing
+    if not all(isinstance(d[k], (int, float)) and not isinstance(d[k], bool) and math.isfinite(d[k]) and d[k] >= 0
+               for k in ("rank", "step", "updated")):
+        return None
     try:
         return Beat(rank=int(d["rank"]), host=str(d.get("host") or "?"),
                     pid=int(d["pid"]) if isinstance(d.get("pid"), int) else None,
