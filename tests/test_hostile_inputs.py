@@ -165,6 +165,8 @@ JOB_INPUTS: dict[str, tuple[Callable[[World, Path], Path], str]] = {
                       "duplicate key 'seq_len'"),
     "zero-true": (lambda w, b: w.job("zt.yaml", b, _set("parallel.zero", True)), "parallel.zero"),
     "zero-float": (lambda w, b: w.job("zf.yaml", b, _set("parallel.zero", 1.0)), "parallel.zero"),
+    "tokens-2**62": (lambda w, b: w.job("tok.yaml", b, lambda d: (d["train"].pop("steps", None),
+                                                                  _set("train.tokens", 2**62)(d))), "train.tokens"),
     **{f"env-{k.lower().replace('%', '')}": (
         lambda w, b, k=k: w.job("code.yaml", b, _set("backend.env", {k: _planted_script(w)})), f"backend.env.{k[:9]}")
        for k in ("BASH_ENV", "ENV", "PROMPT_COMMAND", "PS4", "SHELLOPTS", "LD_PRELOAD", "LD_AUDIT", "PYTHONSTARTUP",

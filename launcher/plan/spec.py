@@ -20,6 +20,7 @@ from launcher.plan.schema import bounded, did_you_mean, json_schema, key_name, l
 from launcher.plan.spec_backend import BackendSpec, DiagnosticsSpec
 
 MESH_DIMS = ("pp", "dp", "cp", "tp")
+MAX_STEPS = 1 << 40
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 
@@ -58,7 +59,7 @@ class ModelSpec:
 class TrainSpec:
     seq_len: int = bounded(lo=1, hi=1 << 24, doc="tokens per sequence")
     global_batch: int = bounded(lo=1, hi=1 << 30, doc="sequences per optimizer step")
-    steps: int = bounded(100, 1, 1 << 40, doc="optimizer steps")
+    steps: int = bounded(100, 1, MAX_STEPS, doc="optimizer steps")
     tokens: int | None = bounded(None, 1, 1 << 62, doc="a token budget instead of steps: "
                                                         "steps = ⌈tokens / (global_batch·seq_len)⌉ (not both)")
     optimizer: Optimizer = bounded("adam", doc="adam (AdamW), adam8bit (block-wise 8-bit AdamW) or sgd")
@@ -80,7 +81,11 @@ class TrainSpec:
 
     def __post_init__(self) -> None:
         if self.tokens is not None:
-            object.__setattr__(self, "steps", -(-self.tokens // (self.global_batch * self.seq_len)))
+            steps = -(-self.tokens // (self.global_batch * self.seq_len))
+            if steps > MAX_STEPS:       # else plan -o writes a plan.json its own loader refuses
+                raise SpecError("train.tokens", f"{self.tokens} tokens are {steps} steps of global_batch·seq_len = "
+                                                f"{self.global_batch * self.seq_len}; at most {MAX_STEPS} steps")
+            object.__setattr__(self, "steps", steps)
 
 
 @dataclass(frozen=True)
