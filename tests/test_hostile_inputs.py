@@ -415,3 +415,8 @@ def test_bad_bwmap_values(tmp_path, command, edit):
     change(data)
     f = w.raw("bw.json", json.dumps(data).encode())
     assert_refused(w, [a.format(f=f) for a in BWMAP_COMMANDS[command]], f"bw.json: {expect}")
+
+
+def test_logs_refuses_a_negative_rank(tmp_path):
+    """`launch logs JOB --rank -1` printed nothing and exited 0 (issue 23)."""
+    assert_refused(World(tmp_path), ["logs", "some-job", "--rank", "-1"], "--rank")

@@ -274,7 +274,7 @@ def one_prefix(line: str) -> str:
 @click.command()
 @click.argument("job")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
-@click.option("--rank", type=int, default=None, help="Only this global rank's trainer lines.")
+@click.option("--rank", type=click.IntRange(min=0), default=None, help="Only this global rank's trainer lines.")
 @click.option("--stream", type=click.Choice(["out", "err"]), default="out", show_default=True,
               help="Slurm: the job's stdout or stderr file (elsewhere the one log holds both).")
 @click.option("--since", type=click.IntRange(0), default=None, metavar="N",
