@@ -21,8 +21,8 @@ models at their real depth (verify extends their traces over layers: slower, not
     python benchmarks/ledger_vs_trace.py --only NAME  # one layout (repeatable)
     python benchmarks/ledger_vs_trace.py --json
 
-Both sides file a tensor by what it is: autocast's bf16 weight casts and FSDP's gathered parameters are
-parameters, FSDP's unsharded gradients accumulated under PP are gradients, a block recomputed in
+Both sides file a tensor by what it is: FSDP's gathered parameters are parameters, the lean optimizer's
+fp32 masters optimizer state (its packed reduce buckets communication buffers), FSDP's unsharded gradients accumulated under PP are gradients, a block recomputed in
 backward (full recompute) is a temporary, as torch's tracker sees it made in backward.
 """
 
@@ -154,7 +154,7 @@ EXTRA = [
                               micro_batch=2)),
     ("mha-gelu tp2 pp2 z3", case(MHA, 1, 8, 512, 16, tp=2, cp=1, pp=2, zero=3, recompute="selective",
                                  micro_batch=1, schedule="1f1b")),
-    # autocast with several micro-batches: the stage's bf16 weight gradients wait for the end of backward
+    # bf16 weights over several micro-batches (the lean ZeRO 1: flat fp32 masters, the reduce bucket)
     ("dense cp2 z1 full", case(DENSE, 1, 8, 512, 32, tp=1, cp=2, pp=1, zero=1, recompute="full", micro_batch=1)),
     # the optimizer step as the GPU runs it (foreach): SGD adds weight decay to a copy of every gradient
     ("dense dp8 z0 sgd decay", case(DENSE, 1, 8, 512, 8, train_extra={"optimizer": "sgd", "weight_decay": 0.1},

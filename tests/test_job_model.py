@@ -89,7 +89,7 @@ HOSTILE = [
     ("name-newline", with_("name", "job\ntouch pwned\n#"), "name: "),
     ("name-int", with_("name", 12), "name: 12 is not a valid job name"),
     ("heartbeat-gone", with_("diagnostics", {"heartbeat": True}), "diagnostics.heartbeat: unknown key"),
-    ("grad_dtype-gone", with_("train.grad_dtype", "fp32"), "train.grad_dtype: unknown key"),
+    ("grad_dtype-fp16", with_("train.grad_dtype", "fp16"), "train.grad_dtype: "),
     ("alias-bomb-in-data", "model: tiny\ntrain: {seq_len: 32, global_batch: 8, data: " + alias_bomb() + "}\n",
      "train.data: "),
     ("alias-bomb-as-gpu", "model: tiny\ntrain: {seq_len: 32, global_batch: 8}\ncluster: {gpu: " + alias_bomb() + "}\n",
@@ -177,7 +177,7 @@ def test_plan_json_round_trips_through_the_typed_model(tmp_path):
     path = tmp_path / "plan.json"
     best.save(path)
     data = json.loads(path.read_text())
-    assert data["version"] == 2 and data["model"]["layers"] == 4 and "grad_dtype" not in data["train"]
+    assert data["version"] == 2 and data["model"]["layers"] == 4 and data["train"]["grad_dtype"] == "bf16"
     jsonschema.validate(data, plan_schema())
     loaded = Plan.load(path)
     assert loaded == best and loaded.train == load_spec(EXAMPLES / "tiny-cpu.yaml").train

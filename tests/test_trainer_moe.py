@@ -49,15 +49,14 @@ def test_dispatch_and_combine_equal_dense_loop_over_experts(mlp):
     assert len(set(idx.reshape(-1).tolist())) > 1
 
 
-def test_moe_runs_under_bf16_autocast():
-    """Without FSDP, bf16 means autocast: expert outputs are bf16 while the residual stream is fp32."""
+def test_moe_runs_in_bf16():
+    """Without FSDP, bf16 means bf16 weights: expert outputs and the residual stream are bf16."""
     from launcher.trainer.moe import dense_reference
 
-    moe = _moe_model().layers["0"].feed_forward
-    x = torch.randn(2, 8, 64)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = moe(x)
-        ref = dense_reference(moe, x)
+    moe = _moe_model().layers["0"].feed_forward.to(torch.bfloat16)
+    x = torch.randn(2, 8, 64, dtype=torch.bfloat16)
+    out = moe(x)
+    ref = dense_reference(moe, x)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
 

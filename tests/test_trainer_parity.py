@@ -68,6 +68,16 @@ OTHER_MODEL = {
     "gelu_tied_pp2_interleaved_v2_dp2": dict(GELU_TIED, pp=2, dp=2, schedule="interleaved-1f1b",
                                              virtual_stages=2, zero=1),
 }
+# a vocabulary no TP degree divides (GPT-2's 50257 in small): padded to a multiple of vocab_multiple·tp, the
+# padding's logits masked; each run against the same model unpadded (vocab_multiple 1, tp 1)
+ODD = dict(vocab=250)
+ODD_VOCAB = {
+    "odd_vocab_unpadded": (dict(model_over=dict(ODD, vocab_multiple=1)), None),
+    "odd_vocab_tp4_dp2_zero1": (dict(model_over=ODD, tp=4, dp=2, zero=1, micro_batch=2), "odd_vocab_unpadded"),
+    "odd_tied_unpadded": (dict(model_over=dict(ODD, vocab_multiple=1, mlp="gelu", tied_embeddings=True)), None),
+    "odd_tied_pp2_tp2_dp2_zero3": (dict(model_over=dict(ODD, mlp="gelu", tied_embeddings=True), pp=2, tp=2, dp=2,
+                                        schedule="1f1b", zero=3, micro_batch=2), "odd_tied_unpadded"),
+}
 TIED_PP = ("gelu_tied_pp2_1f1b_tp2_dp2", "gelu_tied_pp2_interleaved_v2_dp2")
 TIED_CKPT_PP2 = "gelu_tied_pp2_1f1b_tp2_dp2/checkpoints/step-2"
 TIED_CKPT_PP1 = "gelu_tied_ref/checkpoints/step-2"
@@ -90,6 +100,7 @@ def parity_results(tmp_path_factory) -> dict[str, dict]:
     jobs += [dict(name=n, plan=make_plan(steps=STEPS, **kw).to_dict(), resume=ckpt)
              for n, (kw, ckpt) in TIED_RESUME.items()]
     jobs += [dict(name=n, plan=make_plan(steps=STEPS, **kw).to_dict()) for n, kw in MOE_LAYOUTS.items()]
+    jobs += [dict(name=n, plan=make_plan(steps=STEPS, **kw).to_dict()) for n, (kw, _) in ODD_VOCAB.items()]
     # the TP-host check, in the same processes: TP pairs (0,1) and (2,3) split over two fake hosts
     bad_hosts = {"LAUNCH4D_FAKE_HOSTS": "a,b,a,b"}
     jobs.append(dict(name="tp_across_hosts", plan=make_plan(tp=2, dp=2, steps=1).to_dict(), env=bad_hosts))
@@ -120,6 +131,16 @@ def test_loss_parity_with_single_process(parity_results, name):
     # pre-clip global grad norm does not.
     norms, ref_norms = parity_results[name]["grad_norms"], parity_results["ref"]["grad_norms"]
     assert norms == pytest.approx(ref_norms, rel=RTOL), f"{name} grad norms {norms} vs reference {ref_norms}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n, (_, ref) in ODD_VOCAB.items() if ref])
+def test_padded_vocabulary_gives_the_unpadded_losses(parity_results, name):
+    """tp 4 of a 250-token vocabulary (padded to 512 rows) and a tied tp 2 pipeline (256 rows): the
+    losses and grad norms of the same model unpadded in one process."""
+    ref = ODD_VOCAB[name][1]
+    assert _losses(parity_results, name) == pytest.approx(_losses(parity_results, ref), rel=RTOL)
+    assert parity_results[name]["grad_norms"] == pytest.approx(parity_results[ref]["grad_norms"], rel=RTOL)
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ plan.json).
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TYPE_CHECKING, Literal
 
 from launcher.errors import UserError
@@ -64,6 +65,23 @@ def table() -> dict:
 
 # --- checks shared by the job file, the planner and the trainer --------------------------------
 
+def padded_vocab(m: ModelSpec, tp: int) -> int:
+    """Rows of the embedding and the output head as the trainer builds them: model.vocab rounded up to a
+    multiple of model.vocab_multiple × tp (Megatron's padding), so every TP rank holds an equal vocab shard
+    whatever the vocabulary (GPT-2's 50257); the padding's logits are masked out of the loss (loss.py)."""
+    step = m.vocab_multiple * tp
+    return -(-m.vocab // step) * step
+
+
+@lru_cache(maxsize=1024)   # the ledger prices thousands of layouts of one model
+def padded_model(m: ModelSpec, tp: int) -> ModelSpec:
+    """The model with its vocabulary padded for `tp` (what the trainer allocates)."""
+    import dataclasses
+
+    v = padded_vocab(m, tp)
+    return m if v == m.vocab else dataclasses.replace(m, vocab=v)
+
+
 def model_problem(m: ModelSpec) -> tuple[str, str] | None:
     """(field, reason) where the model shape cannot be built."""
     if m.hidden % m.heads:
@@ -82,7 +100,7 @@ def tp_problem(m: ModelSpec, tp: int) -> str | None:
     if m.experts > 1 and tp > 1 and not MOE_WITH_TP:
         return ("with a mixture-of-experts model: the bundled trainer runs experts without tensor "
                 "parallelism; use tp 1 with ep (expert parallelism) instead")
-    for name in ("heads", "kv_heads", "ffn_hidden", "vocab"):
+    for name in ("heads", "kv_heads", "ffn_hidden"):        # the vocabulary is padded (padded_vocab)
         if getattr(m, name) % tp:
             return f"does not divide model.{name}={getattr(m, name)}"
     return None

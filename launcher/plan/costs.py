@@ -17,10 +17,9 @@ the advertised NVLink figure (bidirectional) halved, times NVLINK_EFFICIENCY; th
 figure times NET_EFFICIENCY. A group with k GPUs on each of n > 1 nodes runs at min(intra, k·net).
 
 What the bundled trainer communicates, and where it overlaps (launcher/trainer, read from the code):
-- ZeRO 0/1 (fsdp.py `all_reduce_grads`): fp32 gradients all-reduced in 32M-element buckets once per
-  step, after the last backward: nothing overlaps it. ZeRO 1 (zero1.py) then has each parameter's
-  owner step it and broadcast it back (fp32: without FSDP, bf16 is autocast over fp32 parameters):
-  a parameter gather's worth, also after backward.
+- ZeRO 0/1 (dist_optim.py): gradients packed into fp32 buckets of 32M elements once per step, after
+  the last backward, and all-reduced (ZeRO 0) or reduce-scattered into each rank's even shard (ZeRO
+  1), whose updated bf16 weights are then all-gathered: nothing overlaps either.
 - ZeRO 2 (`fully_shard`, reshard_after_forward=False): outside PP every micro-batch all-gathers the
   parameters in forward and reduce-scatters fp32 gradients after its backward; under PP torch's
   pipelining keeps gradients unsharded until the last micro-batch (one all-gather, one
@@ -58,7 +57,7 @@ COMPUTE_EFFICIENCY_HALF_TOKENS = 128
 NVLINK_EFFICIENCY = 0.8
 #: Fraction of the NIC line rate NCCL reaches (46-48 GB/s on a 50 GB/s NDR port).
 NET_EFFICIENCY = 0.92
-#: Elements per ZeRO 0/1 gradient all-reduce bucket (fsdp.py all_reduce_grads).
+#: Elements per ZeRO 0/1 gradient bucket (dist_optim.BUCKET_ELEMS).
 GRAD_BUCKET_ELEMS = 1 << 25
 
 
@@ -107,8 +106,8 @@ STACKS: dict[str, Stack] = {
     # as the k-NIC node aggregate (-3%); the aggregate would make ZeRO-3 at 1,000+ GPUs look free.
     "bundled": Stack("bundled trainer (eager PyTorch, FSDP2)", efficiency_max=0.42, fsdp_overlap=0.8,
                      grad_sync_overlap=0.0, cp_overlap=0.0, cp_attention_factor=1.0,
-                     zero2_sync_per_microbatch=True, zero1_allreduce=True, dp_collectives_per_layer=1, alpha_s=8e-6,
-                     grad_reduce_bytes=4.0, dp_per_gpu_nic=True, replicated_param_bytes=4.0,
+                     zero2_sync_per_microbatch=True, zero1_allreduce=False, dp_collectives_per_layer=1, alpha_s=8e-6,
+                     grad_reduce_bytes=4.0, dp_per_gpu_nic=True, replicated_param_bytes=2.0,
                      ceiling_by_generation=(("ampere", 0.69),),
                      # op-level selective recompute (trainer/recompute.py) keeps every matmul's and
                      # SDPA's output: backward repeats only norms, RoPE and activations (no FLOPs here)
@@ -299,8 +298,8 @@ def dp_traffic(lay: Layout, stack: Stack, elems: float, dtype: int, grad_elem: f
         reduce = buckets * lat + grad_bytes * (g - 1) / g / (bw * 1e9)     # one reduce-scatter's worth
         if lay.zero == 0:
             return 2 * reduce                                           # all-reduce
-        # ZeRO 1: gradients all-reduced (bundled, zero1.py) or reduce-scattered (Megatron's distributed
-        # optimizer), then every rank receives the parameters others updated, per bucket
+        # ZeRO 1: gradients reduce-scattered (the bundled dist_optim.py, Megatron's distributed optimizer) or
+        # all-reduced, then every rank receives the parameters others updated, per bucket
         gather = buckets * lat + elems * stack.replicated_param_bytes * (g - 1) / g / (bw * 1e9)
         return (2 if stack.zero1_allreduce else 1) * reduce + gather
     if lay.zero == 2:

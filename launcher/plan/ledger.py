@@ -20,6 +20,7 @@ import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
+from launcher.plan.capabilities import padded_model
 from launcher.plan.layout import stage_layers
 from launcher.plan.model import Layout
 
@@ -212,8 +213,9 @@ class Numerics:
     - fp32: everything fp32 (precision fp32, or any run on a CPU).
     - fsdp-bf16: ZeRO 2/3 over dp·cp > 1: fully_shard with MixedPrecisionPolicy(bf16 params, fp32
       reduce): fp32 sharded params, grads and optimizer state; bf16 gathered params and activations.
-    - autocast: bf16 without FSDP (ZeRO 0/1 or dp·cp = 1): fp32 params and grads, torch.autocast
-      around forward and backward: matmuls in bf16, the residual stream and norms in fp32.
+    - bf16: without FSDP (ZeRO 0/1 or dp·cp = 1): the weights themselves in bf16, their gradients in
+      bf16 (or an fp32 buffer: train.grad_dtype), fp32 masters and optimizer state in the lean optimizer
+      (dist_optim.py); activations and the residual stream bf16.
     """
 
     mode: str
@@ -226,12 +228,13 @@ class Numerics:
     @property
     def residual(self) -> int:
         """Bytes of the residual stream (block inputs/outputs, norm inputs)."""
-        return 2 if self.mode == "fsdp-bf16" else 4
+        return 4 if self.mode == "fp32" else 2
 
     @property
     def gathered(self) -> int:
-        """Bytes of an FSDP-gathered (unsharded) parameter: MixedPrecisionPolicy.param_dtype."""
-        return 2 if self.mode == "fsdp-bf16" else 4
+        """Bytes of a weight as the matmuls use it (an FSDP-gathered one: MixedPrecisionPolicy.param_dtype;
+        without FSDP the weight itself), and of its gradient as backward delivers it."""
+        return 4 if self.mode == "fp32" else 2
 
 
 def trainer_numerics(train, gpu, lay: Layout) -> Numerics:
@@ -239,7 +242,7 @@ def trainer_numerics(train, gpu, lay: Layout) -> Numerics:
     bf16 = train.precision != "fp32" and getattr(gpu, "name", "") != "cpu"   # the trainer runs fp32 on CPU
     if not bf16:
         return Numerics("fp32")
-    return Numerics("fsdp-bf16" if fsdp else "autocast")
+    return Numerics("fsdp-bf16" if fsdp else "bf16")
 
 
 @lru_cache(maxsize=4096)  # the same (model, shape, degrees) recurs across ZeRO stages and pp
@@ -259,11 +262,8 @@ def trainer_layer_activation_bytes(model, s: int, b: int, mode: str, num: Numeri
         return selective_layer_bytes(model, tokens, tp, num)
     # two RMSNorms: the fp32 input (x, or x.float()) and the normalised x before the weight multiply
     norms = 2 * (4 + r) * h * tokens / sp
-    # the normed input of the matmuls (all-gathered under TP); autocast casts it to bf16 per Linear
-    consumers_attn, consumers_mlp = (3, 2 if model.mlp == "swiglu" else 1) if num.mode == "autocast" else (1, 1)
-    if model.experts > 1 and num.mode == "autocast":
-        consumers_mlp = 1                  # the router; the experts get index_select'ed copies (below)
-    linear_in = (consumers_attn + consumers_mlp) * e * h * tokens
+    # the normed input of the attention's and the MLP's matmuls (all-gathered under TP)
+    linear_in = 2 * e * h * tokens
     # SDPA keeps q, k (after RoPE; RoPE itself keeps only its cos/sin tables) and v, its output (which
     # wo keeps as its input, a view) and its fp32 logsumexp
     if mode != "none":
@@ -273,9 +273,7 @@ def trainer_layer_activation_bytes(model, s: int, b: int, mode: str, num: Numeri
         # K and V all-gathered over CP (context_parallel.py), kept by SDPA; its two query chunks' outputs
         # are kept by SDPA and joined into one more copy that wo keeps
         attn += 2 * hkv / tp * e * s * b + hq / tp * e * tokens
-    # under autocast each expert Linear casts its own rows of the (fp32) gathered input: w1 and w3 both
-    casts = (2 if model.mlp == "swiglu" else 1) if num.mode == "autocast" else 1
-    return norms + linear_in + attn + mlp_activation_bytes(model, tokens, tp, e, input_copies=casts, ep=ep)
+    return norms + linear_in + attn + mlp_activation_bytes(model, tokens, tp, e, ep=ep)
 
 
 def selective_layer_bytes(model, tokens: float, tp: int, num: Numerics) -> float:
@@ -300,8 +298,8 @@ def selective_layer_bytes(model, tokens: float, tp: int, num: Numerics) -> float
 
 def mlp_activation_bytes(model, tokens: float, tp: int, e: int, input_copies: int = 1, ep: int = 1) -> float:
     """The MLP's saved tensors: SwiGLU w1 out, silu(w1), w3 out, their product (w2's input); GELU two.
-    MoE: `input_copies` of each routed row in the matmul dtype (autocast: one bf16 cast per expert
-    Linear that reads it; otherwise the gathered rows themselves, shared)."""
+    MoE: `input_copies` of each routed row in the matmul dtype (the gathered rows themselves, shared
+    by the expert's Linears)."""
     f = model.ffn_hidden / tp
     per_row = (4 if model.mlp == "swiglu" else 2) * f * e
     if model.experts == 1:
@@ -320,12 +318,12 @@ def mlp_activation_bytes(model, tokens: float, tp: int, e: int, input_copies: in
 
 @dataclass(frozen=True)
 class RankParams:
-    """Parameters one rank holds, local to it (after TP and EP), by how FSDP and autocast treat them."""
+    """Parameters one rank holds, local to it (after TP and EP), by how FSDP treats them."""
 
     blocks_dense: float     # its transformer blocks: attention, norms, router (÷tp)
     blocks_expert: float    # its experts (÷tp·ep), an FSDP unit of their own with ep > 1
     root: float             # embedding / output head / final norm: the FSDP root unit (÷tp)
-    matmul: float           # weights a Linear or the loss multiplies with (autocast caches their bf16 casts)
+    matmul: float           # weights a Linear or the loss multiplies with
     head: float             # the weight the loss multiplies with on this rank (0 without the head)
     largest: float          # the largest single local parameter (per-parameter optimizer temporaries)
     block: float            # one block's dense + expert parameters (one FSDP all-gather)
@@ -418,11 +416,9 @@ def logits_chunk_bytes(train, model, lay: Layout, num: Numerics) -> float:
     At its backward's peak (in log-softmax's backward) the recomputed chunk holds three fp32 [n, V/tp]
     tensors: log-softmax's output, nll's gradient and log-softmax's gradient (12 B per element; the
     bf16 logits are already freed); the vocab-parallel loss (TP) keeps exp(z) and gathers and scatters
-    through one more (16 B). Beside them, under autocast, the chunk's hidden states cast to bf16."""
+    through one more (16 B). The chunk's hidden states are a view."""
     tokens = min(train.loss_chunk, train.seq_len / lay.cp * lay.micro_batch)
-    # autocast casts the chunk's hidden states for the matmul (loss._chunk_ce); otherwise they are a view
-    cast = tokens * model.hidden * num.act if num.mode == "autocast" else 0.0
-    return tokens * model.vocab / lay.tp * (16 if lay.tp > 1 else 12) + cast
+    return tokens * model.vocab / lay.tp * (16 if lay.tp > 1 else 12)
 
 
 def mlp_backward_bytes(model, tokens: float, tp: int, e: int) -> float:
@@ -434,19 +430,16 @@ def mlp_backward_bytes(model, tokens: float, tp: int, e: int) -> float:
 def selective_recomputed_bytes(model, tokens: float, seq_tokens: float, tp: int, num: Numerics) -> float:
     """What op-level selective recompute (recompute.py) makes again in a dense block's backward and holds
     while the MLP's backward runs (torch's checkpoint replays the whole block at its first unpack): the
-    norms' fp32 input and normalised output, the matmuls' inputs (autocast's bf16 casts per Linear; else the
-    normed input, all-gathered under TP), q and k after RoPE, and
+    norms' fp32 input and normalised output, the matmuls' inputs (the normed input, all-gathered under TP),
+    q and k after RoPE, and
     SwiGLU's silu(w1 x) (the gate's backward needs it). The gate product (GELU: the activation), w2's
     input, is counted in dense_mlp_backward_bytes: it is freed once w2's backward has run."""
     h, a, e, r = model.hidden, model.heads, num.act, num.residual
     hq, hkv = h, model.kv_heads * (h // a)
     out = 2 * (4 + r) * h * tokens / tp                      # both RMSNorms (sequence-parallel under TP)
-    if num.mode == "autocast":
-        out += (3 + (2 if model.mlp == "swiglu" else 1)) * e * h * tokens     # autocast's casts, per Linear
-    else:
-        # the matmuls' input: the norm weight's product, under TP the sequence all-gather's output, which
-        # DTensor puts in sequence order with a cat (all_gather_tensor, gather_dim 1): not a kept op
-        out += 2 * e * h * tokens
+    # the matmuls' input: the norm weight's product, under TP the sequence all-gather's output, which
+    # DTensor puts in sequence order with a cat (all_gather_tensor, gather_dim 1): not a kept op
+    out += 2 * e * h * tokens
     out += (hq + hkv) / tp * e * tokens                      # apply_rope's q and k
     if seq_tokens > tokens:
         # CP: _GatherKV's all_gather is not a kept op: the gathered keys and values are made again
@@ -471,25 +464,20 @@ def dense_mlp_backward_bytes(model, tokens: float, lay: Layout, num: Numerics, f
     at_w2 = row + wgrad + (h * e * tokens if lay.tp > 1 else 0.0) + (row if selective else 0.0)
     at_act = (3 if model.mlp == "swiglu" else 2) * row + (wgrad if fsdp else 0.0) - (0.0 if selective else row)
     # w1's (and w3's) backward: the activation's gradients and the MLP input's gradient, summed over its
-    # consumers in autograd's input buffer (in place: the running sum and the new one at once), each
-    # upcast to fp32 by the autocast cast's ToCopyBackward (all-gathered tokens under TP); by then the
-    # MLP's own saved tensors are freed (stored: w1, w3 outputs, silu, product; selective: w1, w3
-    # outputs and the recomputed silu), which the activations or the recomputed block count
+    # consumers; by then the MLP's own saved tensors are freed (stored: w1, w3 outputs, silu, product;
+    # selective: w1, w3 outputs and the recomputed silu), which the activations or the recomputed block count
     mats = 2 if model.mlp == "swiglu" else 1
     freed = (2 * mats if not selective else 2 * mats - 1) * row
-    if num.mode == "autocast":
-        at_in = mats * row + (2 * 4 * h * tokens if mats > 1 else 0.0) - freed
-    else:
-        # w1's backward: the gradient of its output, w3's and w1's input gradients [tokens, hidden] (w3's done, w1's
-        # being made) and, under FSDP, every MLP weight's unsharded gradient (w2, w3, w1) until the block's post-backward
-        at_in = row + mats * e * h * tokens + ((mats + 1) * wgrad if fsdp else 0.0) - freed
+    # w1's backward: the gradient of its output, w3's and w1's input gradients [tokens, hidden] (w3's done, w1's
+    # being made) and, under FSDP, every MLP weight's unsharded gradient (w2, w3, w1) until the block's post-backward
+    at_in = row + mats * e * h * tokens + ((mats + 1) * wgrad if fsdp else 0.0) - freed
     return max(at_w2, at_act, at_in)
 
 
-def rope_buffer_bytes(model, train, lay: Layout) -> float:
-    """RoPE cos/sin tables, buffers of each of the rank's model parts (model.Transformer): fp32
-    [seq/cp, head_dim] twice per part (one part per virtual stage)."""
-    return 2 * 4 * (model.hidden // model.heads) * train.seq_len / lay.cp * max(1, lay.virtual_stages)
+def rope_buffer_bytes(model, train, lay: Layout, num: Numerics) -> float:
+    """RoPE cos/sin tables, buffers of each of the rank's model parts (model.Transformer): [seq/cp,
+    head_dim] twice per part (one part per virtual stage), in the compute dtype (no cast per block)."""
+    return 2 * num.act * (model.hidden // model.heads) * train.seq_len / lay.cp * max(1, lay.virtual_stages)
 
 
 @dataclass(frozen=True)
@@ -517,9 +505,11 @@ def rank_memory(model, train, gpu, lay: Layout, role: str | int) -> RankMemory:
 
 
 def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: float = math.inf) -> RankMemory | None:
-    """rank_memory, or None as soon as the rank's state alone (params, optimizer state, autocast's casts: in
-    every moment rank_memory prices, less the head's cast interleaving does not keep) is over `limit_gb`
-    (as MemoryLedger.per_gpu_gb): many layouts the search rejects are rejected there, unpriced."""
+    """rank_memory, or None as soon as the rank's state alone (params and optimizer state: in every moment
+    rank_memory prices) is over `limit_gb`
+    (as MemoryLedger.per_gpu_gb): many layouts the search rejects are rejected there, unpriced. The
+    vocabulary is the padded one the trainer builds (capabilities.padded_vocab)."""
+    model = padded_model(model, lay.tp)
     num = trainer_numerics(train, gpu, lay)
     rp = rank_params(model, lay, role)
     n = lay.dp * lay.cp                              # FSDP / ZeRO 1 group: dp·cp (mesh.dp_cp_mesh)
@@ -527,8 +517,7 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
     fsdp = lay.zero >= 2 and n > 1
     opt_b = TRAINER_STATE_BYTES[train.optimizer]
     dense = rp.blocks_dense + rp.root
-    cache = 0.0
-    buffers = rope_buffer_bytes(model, train, lay)
+    buffers = rope_buffer_bytes(model, train, lay, num)
     # TP: DTensor has no vocab-sharded strategy for embedding_dense_backward, so each TP rank computes the
     # whole [vocab, hidden] gradient (replicated; sliced to its Shard(0) only when FSDP reduces it or the
     # optimizer reads it): the rest of the vocabulary beside this rank's shard
@@ -551,30 +540,21 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
             # stage; the sharded ones appear only at the final reduce-scatter, after the activations
             grads = 4 * (rp.total + whole_vocab)
     else:
-        params = 4 * rp.total
-        grads = step_grads = 4 * (rp.total + whole_vocab)
-        # ZeRO 1 (zero1.py): optimizer state split over dp·cp in whole tensors (EP experts apart, over
-        # their dp·cp/ep replicas), so the busiest rank holds at least the largest tensor's state (the
-        # embedding's when dp·cp is large)
-        owned = dense + rp.blocks_expert
-        if lay.zero == 1 and n > 1:
-            owned = (max(dense / n, rp.largest) + rp.blocks_expert / n_exp if lay.ep > 1
-                     else max(owned / n, rp.largest))
-        optimizer = opt_b * owned
-        if num.mode == "autocast":
-            # autocast's bf16 weight casts (cached, and kept by each Linear for backward) live until the
-            # autocast region around forward/backward ends, before the optimizer step
-            # (under TP the loss multiplies with the head's to_local(), not a leaf: autocast does not cache its cast)
-            cache = 2 * (rp.matmul - (rp.head if lay.tp > 1 else 0.0))
-    if _per_gpu_gb(params + buffers + cache + optimizer - (2 * rp.head if num.mode == "autocast" else 0.0)) > limit_gb:
+        # ZeRO 0/1 (dist_optim.py): the weights in their own dtype and their gradients in it (or grad_dtype
+        # fp32's buffer, into which each micro-batch's gradient is added and released, TP's whole-vocabulary
+        # one included); the fp32 masters and the optimizer's state of the even share the rank steps: every
+        # tensor chunked over dp·cp under ZeRO 1 (EP experts over their dp·cp/ep replicas), all of it under 0
+        w = num.gathered
+        params = w * rp.total
+        grads = 4 * rp.total if train.grad_dtype == "fp32" and w == 2 else w * (rp.total + whole_vocab)
+        owned = dense / n + rp.blocks_expert / n_exp if lay.zero == 1 else dense + rp.blocks_expert
+        optimizer = (4 + opt_b) * owned
+        step_grads = 4 * owned                   # the fp32 shard the reduce leaves (the weights' are released)
+    if _per_gpu_gb(params + buffers + optimizer) > limit_gb:
         return None
     # --- activations: per micro-batch × the schedule's in-flight micro-batches
     s, b = train.seq_len, lay.micro_batch
     per_layer = trainer_layer_activation_bytes(model, s, b, lay.recompute, num, tp=lay.tp, cp=lay.cp, ep=lay.ep)
-    if num.mode == "fsdp-bf16":
-        # FSDP's MixedPrecisionPolicy casts each block's forward inputs to bf16, the RoPE tables [seq/cp, head_dim]
-        # too: kept until the block's backward (full recompute's checkpoint holds its inputs; RoPE's multiplies)
-        per_layer += 2 * 2 * s / lay.cp * (model.hidden // model.heads)
     tokens = s / lay.cp * b
     layers = rank_layers(model, lay, role)
     held = in_flight_microbatches(lay.schedule, lay.pp, lay.grad_accum, lay.virtual_stages,
@@ -604,10 +584,11 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
             recomputed = max(0.0, recomputed - per_layer)
     elif lay.recompute == "selective":
         recomputed = selective_recomputed_bytes(model, s / lay.cp * b, s * b, lay.tp, num)
-    step = _step_memory(train, gpu, lay, num, rp, fsdp, n, n_exp, dense, params + buffers, step_grads, optimizer)
+    step = _step_memory(model, train, gpu, lay, num, rp, fsdp, n, n_exp, dense, params + buffers, grads,
+                        step_grads, optimizer, r, layers)
     if lay.pp > 1 and lay.virtual_stages > 1:
         # interleaved 1F1B: the rank's model chunks are in flight and hold gradients unevenly: priced per chunk
-        state = RankMemory(params + buffers + cache, grads, optimizer, acts - per_layer * layers * held
+        state = RankMemory(params + buffers, grads, optimizer, acts - per_layer * layers * held
                            - pipeline_buffer_bytes(model, lay, num, tokens, held, r), 0.0, 0.0, "")
         fwd_bwd = _interleaved_peak(model, train, lay, num, rp, state, tokens, per_layer, recomputed, fsdp, r,
                                     whole_vocab, step_grads / grads if fsdp and grads else 1.0)
@@ -621,7 +602,6 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
                      lay.zero, per_layer, rp.block_mlp if fsdp else 0.0,
                      rp.head if fsdp and not (lay.pp == 1 and model.tied_embeddings) else 0.0,
                      max(1, round(layers / max(1, lay.virtual_stages))))]
-    block_temps = peaks[-1][1]
     if has_head and lay.pp == 1 and model.tied_embeddings:
         # the head's gradient waits in the tied weight's AccumulateGrad input buffer until the embedding's
         # backward adds its share, at the end of the backward (autograd's InputBuffer)
@@ -635,23 +615,16 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
         # every micro-batch): gradients appear only as one micro-batch's activations are freed
         # (under a pipeline each micro-batch's backward is its own: at its top no gradient exists yet)
         accumulated = 0.0 if lay.pp > 1 and lay.virtual_stages <= 1 else max(0.0, grads - acts_ / held)
-    candidates = [RankMemory(params + buffers + cache + gathered_block, accumulated, optimizer, acts_, temps, comm,
+    candidates = [RankMemory(params + buffers + gathered_block, accumulated, optimizer, acts_, temps, comm,
                              "forward/backward")]
-    stalled = num.mode == "autocast" and lay.grad_accum > 1
-    if stalled or r == 0:
+    if r == 0:
         # the end of a micro-batch's backward: one micro-batch's blocks are freed, the others in flight stay
         end_acts = acts - per_layer * layers
-        # autocast over several micro-batches: its cached casts were made in the first micro-batch's forward,
-        # so their ToCopyBackward nodes have the oldest sequence numbers and autograd's ready queue (highest
-        # sequence number first) runs them last: every block weight's bf16 gradient waits in its input
-        # buffer until the stage's backward ends
-        end_temps = 2 * (rp.matmul - rp.head) if stalled else 0.0
-        if r == 0:
-            # embedding_dense_backward's gradient, before it is accumulated: [vocab, hidden] in the weight's
-            # dtype, the whole vocabulary under TP too (see whole_vocab); tied with pp = 1 it is added to the
-            # head's waiting gradient, out of place (the sum, the two gradients)
-            end_temps += num.gathered * model.vocab * model.hidden * (3 if model.tied_embeddings and has_head else 1)
-            end_temps += num.residual * model.hidden * tokens     # its incoming gradient (all-gathered under TP)
+        # embedding_dense_backward's gradient, before it is accumulated: [vocab, hidden] in the weight's
+        # dtype, the whole vocabulary under TP too (see whole_vocab); tied with pp = 1 it is added to the
+        # head's waiting gradient, out of place (the sum, the two gradients)
+        end_temps = num.gathered * model.vocab * model.hidden * (3 if model.tied_embeddings and has_head else 1)
+        end_temps += num.residual * model.hidden * tokens     # its incoming gradient (all-gathered under TP)
         # ZeRO 3 under PP: every block of the stage (with interleaving: of the model chunk whose backward
         # ends) is still gathered: pipelining turns reshard-after-backward off until the last micro-batch
         # (ZeRO 2's gathered blocks are already in params)
@@ -663,12 +636,12 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
             # unsharded gradient (its .grad) to the fp32 reduce dtype (_fsdp_param.to_accumulated_grad_if_needed:
             # the whole vocabulary under TP), beside it; the incoming gradient is freed
             emb = param_counts(model).embedding
-            candidates.append(RankMemory(params + buffers + cache + end_gathered, grads - (4 - num.gathered) * emb,
+            candidates.append(RankMemory(params + buffers + end_gathered, grads - (4 - num.gathered) * emb,
                                          optimizer, end_acts, 4.0 * emb, 0.0, "end of the first backward"))
             # a later backward's end (the accumulated gradient exists): one micro-batch fewer in flight
             later_end, end_acts = held >= 2, acts_at(held - 1) - per_layer * layers
         if later_end:
-            candidates.append(RankMemory(params + buffers + cache + end_gathered, grads, optimizer, end_acts, end_temps,
+            candidates.append(RankMemory(params + buffers + end_gathered, grads, optimizer, end_acts, end_temps,
                                          0.0, "end of backward"))
     if lay.pp > 1 and lay.virtual_stages <= 1 and held >= 2:
         # a backward right after another (GPipe's second, 1F1B's cool-down): one micro-batch fewer in flight,
@@ -681,15 +654,8 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
                          rp.head if fsdp else 0.0, layers)]
         l_acts, l_temps, _, l_comm = max(later, key=sum)
         kept = num.gathered * (rp.blocks_dense + rp.blocks_expert) if fsdp and lay.zero == 3 else 0.0
-        candidates.append(RankMemory(params + buffers + cache + kept, grads, optimizer, l_acts, l_temps, l_comm,
+        candidates.append(RankMemory(params + buffers + kept, grads, optimizer, l_acts, l_temps, l_comm,
                                      "later backward"))
-    if stalled and layers > 1:
-        # the bottom block's backward: the blocks above have freed this micro-batch's activations and left
-        # their bf16 weight gradients waiting; the block's own backward working set beside them
-        bottom_acts = acts - per_layer * (layers - 1)
-        bottom_temps = 2 * (rp.matmul - rp.head) * (layers - 1) / layers + block_temps
-        candidates.append(RankMemory(params + buffers + cache, grads, optimizer, bottom_acts, bottom_temps, 0.0,
-                                     "bottom block's backward"))
     if fsdp and lay.pp == 1 and layers > 0:
         # FSDP's post-backward of a block (fsdp.apply_fsdp: one unit per block, experts apart with EP):
         # foreach_reduce copies the unit's gradients (param dtype) into its fp32 reduce-scatter input,
@@ -715,25 +681,74 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
     return fwd_bwd if fwd_bwd.total >= step.total else step
 
 
-def _step_memory(train, gpu, lay: Layout, num: Numerics, rp: RankParams, fsdp: bool, n: int, n_exp: int,
-                 dense: float, params: float, step_grads: float, optimizer: float) -> RankMemory:
-    """The rank after backward: the flat all-reduce bucket (ZeRO 0/1), or the optimizer step's temporaries;
+def _step_memory(model, train, gpu, lay: Layout, num: Numerics, rp: RankParams, fsdp: bool, n: int, n_exp: int,
+                 dense: float, params: float, grads: float, step_grads: float, optimizer: float, r: int,
+                 layers: int) -> RankMemory:
+    """The rank after backward: the lean optimizer's reduce (ZeRO 0/1) or the optimizer step's temporaries;
     `params` with the buffers."""
-    # the flat bucket fsdp.all_reduce_grads concatenates after backward (ZeRO 0/1): up to the bucket size,
-    # or one tensor larger than that on its own; freed before the clip and the optimizer run
-    flat = 4 * max(min(rp.total, ALLREDUCE_BUCKET_ELEMS), rp.largest) if not fsdp and n > 1 else 0.0
-    stepped = dense / n + rp.blocks_expert / n_exp if fsdp or lay.zero == 1 else rp.total   # what step() updates
-    temp = max(optimizer_temp_bytes(train, gpu, stepped, rp.largest / (n if fsdp else 1)),
-               16 * rp.largest / (n if fsdp else 1))  # grad-norm clip: a float64 copy and its square
-    held_params = params - (num.gathered * rp.root if fsdp else 0.0)
-    if fsdp and lay.zero == 2:
+    if not fsdp:
+        return _lean_step_memory(model, train, gpu, lay, rp, n, params, grads, step_grads, optimizer, r, layers)
+    stepped = dense / n + rp.blocks_expert / n_exp          # what step() updates
+    temp = max(optimizer_temp_bytes(train, gpu, stepped, rp.largest / n),
+               16 * rp.largest / n)  # grad-norm clip: a float64 copy and its square
+    held_params = params - num.gathered * rp.root
+    if lay.zero == 2:
         # ZeRO 2's gathered blocks are resharded by the last backward (FSDP's reshard-after-backward, which
         # pipelining turns back on for the last micro-batch): the step holds the shards only
         held_params -= num.gathered * (rp.blocks_dense + rp.blocks_expert)
-    step = RankMemory(held_params, step_grads, optimizer, 0.0, temp, 0.0, "optimizer step")
-    if flat > temp:
-        step = RankMemory(held_params, step_grads, optimizer, 0.0, 0.0, flat, "gradient all-reduce")
-    return step
+    return RankMemory(held_params, step_grads, optimizer, 0.0, temp, 0.0, "optimizer step")
+
+
+def _chunk(shape: tuple[int, ...], dim: int, n: int) -> int:
+    """Elements of one rank's padded chunk of a local tensor split along `dim` into n (dist_optim._segment)."""
+    return -(-shape[dim] // n) * math.prod(shape) // max(1, shape[dim])
+
+
+@lru_cache(maxsize=4096)
+def lean_pack_elems(model, tp: int, n: int, ep: int, first: bool, last: bool, layers: int) -> float:
+    """The largest fp32 pack (all n ranks' chunks of one bucket) dist_optim.MixedPrecisionOptimizer forms
+    for this rank's dense weights: its bucketing run over the rank's local tensors in module order (each
+    split along a dimension TP does not split, chunks padded), a bucket closed before it would pass
+    BUCKET_ELEMS; one tensor larger than that alone."""
+    h, a, f, t = model.hidden, model.heads, model.ffn_hidden, tp
+    hd = h // a
+    col = 1 if t > 1 else 0                      # a column-parallel weight [out/t, in] is chunked along `in`
+    vocab = (model.vocab // t, h), col
+    layer = [((h,), 0), ((a * hd // t, h), col), ((model.kv_heads * hd // t, h), col),
+             ((model.kv_heads * hd // t, h), col), ((h, a * hd // t), 0), ((h,), 0)]
+    mlp = [((f // t, h), col), ((h, f // t), 0)] + ([((f // t, h), col)] if model.mlp == "swiglu" else [])
+    if model.experts > 1:
+        layer.append(((model.experts, h), 0))    # the router; EP experts are a group of their own
+        layer += mlp * (model.experts if ep == 1 else 0)
+    else:
+        layer += mlp
+    tensors = ([vocab] if first else []) + layer * layers
+    if last:
+        tensors += [((h,), 0)] + ([vocab] if not model.tied_embeddings or not first else [])
+    largest, row = 0.0, 0
+    for shape, dim in tensors:
+        c = _chunk(shape, dim, n)
+        if row and (row + c) * n > ALLREDUCE_BUCKET_ELEMS:
+            largest, row = max(largest, row * n), 0
+        row += c
+    return max(largest, row * n)
+
+
+def _lean_step_memory(model, train, gpu, lay: Layout, rp: RankParams, n: int, params: float, grads: float,
+                      step_grads: float, optimizer: float, r: int, layers: int) -> RankMemory:
+    """ZeRO 0/1 after backward (dist_optim.py), bucket by bucket: the reduce packs a bucket's gradients into
+    fp32 (lean_pack_elems) beside every gradient not yet packed, then reduce-scatters it (ZeRO 1) or
+    all-reduces it (ZeRO 0); the step then holds the fp32 shard whole, one bucket's optimizer temporaries and the clip's
+    float64 copies of one tensor's chunk; the gather casts one bucket's master and all-gathers it."""
+    shards = n if lay.zero == 1 else 1
+    pack = lean_pack_elems(model, lay.tp, shards, lay.ep, r == 0, r == lay.pp - 1, layers)
+    # at a bucket's packing its weights' gradients still exist; its ZeRO 1 shard (4/n B an element) is made
+    # once they are released (2 B an element): the pack beside every gradient is the reduce's peak
+    reduce = 4 * pack
+    temp = max(optimizer_temp_bytes(train, gpu, pack / shards, pack / shards), 16 * rp.largest / shards)
+    moments = [RankMemory(params, grads, optimizer, 0.0, 0.0, reduce, "gradient reduce"),
+               RankMemory(params, step_grads, optimizer, 0.0, temp, 0.0, "optimizer step")]
+    return max(moments, key=lambda m: m.total)
 
 
 def pipeline_buffer_bytes(model, lay: Layout, num: Numerics, tokens: float, held: float, r: int) -> float:
@@ -751,7 +766,7 @@ def pipeline_buffer_bytes(model, lay: Layout, num: Numerics, tokens: float, held
 
 def _pipeline_buffers(model, lay: Layout, num: Numerics, tokens: float, r: int) -> tuple[float, int, bool]:
     """pipeline_buffer_bytes' terms: the bytes of one stage tensor, the receive buffers rank r allocates, and
-    whether a received input is shared with the blocks' activations: in fp32 (autocast) the first block's
+    whether a received input is shared with the blocks' activations: in fp32 the first block's
     norm saves it itself (x.float() is x), and full recompute's checkpoint keeps it as the block's input
     (so a kept stage input that was received is not counted twice)."""
     each = num.residual * model.hidden * tokens / lay.tp
@@ -866,7 +881,7 @@ def _interleaved_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, 
     (interleaved_order): at each chunk's backward of a micro-batch, the activations of every (chunk,
     micro-batch) whose forward has run and backward has not; the gradients of each chunk whose backward has
     run once (ZeRO 0/1 and, under PP, FSDP accumulate a chunk's whole gradient from its first backward on).
-    `state` holds the rank's params (with autocast's casts), all its gradients, optimizer state and, as
+    `state` holds the rank's params, all its gradients, optimizer state and, as
     activations, what lives beside the blocks' (the CPU's CP masks). FSDP reduce-scatters a chunk's gradient
     after its last micro-batch's backward: from then on it holds the `sharded` fraction of it.
 
@@ -882,10 +897,14 @@ def _interleaved_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, 
     blocks = rp.blocks_dense + rp.blocks_expert
     # each chunk's gradient: its blocks'; the embedding's (and TP's whole-vocabulary gradient) on stage 0;
     # the head's and final norm's on the last stage (the rest of the root unit)
-    chunk_grads = [4 * blocks * n / max(1, layers) for n in chunk_layers]
-    chunk_grads[0] += 4 * (embedding + whole_vocab)
-    chunk_grads[-1] += 4 * (rp.root - embedding)                 # 0 but on the last pipeline rank
-    autocast = num.mode == "autocast"
+    # (FSDP under PP: unsharded, in the fp32 reduce dtype; ZeRO 0/1: in the weights' dtype, or grad_dtype fp32's)
+    gw = 4 if fsdp or train.grad_dtype == "fp32" else num.gathered
+    chunk_grads = [gw * blocks * n / max(1, layers) for n in chunk_layers]
+    # TP's whole-vocabulary embedding gradient: FSDP accumulates it in fp32; without FSDP it waits in the weight's
+    # dtype (grad_dtype fp32 adds it into the buffer as it comes)
+    vocab_rest = (4 if fsdp else 0 if train.grad_dtype == "fp32" else num.gathered) * whole_vocab
+    chunk_grads[0] += gw * embedding + vocab_rest
+    chunk_grads[-1] += gw * (rp.root - embedding)                 # 0 but on the last pipeline rank
     # the loss's and a block's backward peaks grow by the activations held beside them, nothing else: priced
     # once without them (the loss's per micro-batch in flight of the head chunk) and added to per moment
     loss = _loss_peak(model, train, lay, num, tokens, 0.0, 1) if r == pp - 1 else None
@@ -894,16 +913,15 @@ def _interleaved_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, 
              for n in set(chunk_layers)}
     # pipeline_buffer_bytes per moment: one stage tensor's bytes times received + kept - shared stage tensors
     buffer_bytes, received, shares = _pipeline_buffers(model, lay, num, tokens, r)
-    # the head's bf16 cast is made inside the loss's checkpointed chunks, never cached: none in backward
-    base = state.params - (2 * rp.head if autocast else 0.0)
+    base = state.params
     opt = state.optimizer
-    embedding_grad = 4 * c.embedding / lay.tp + whole_vocab * 4
-    # per chunk: layers, whether it ends in the loss, whether it starts the model, its share of the rank's
-    # layers, its bf16 weight casts, its gathered blocks at its backward's end (ZeRO 3 under PP)
+    embedding_grad = gw * c.embedding / lay.tp + vocab_rest
+    # per chunk: layers, whether it ends in the loss, whether it starts the model, its gathered blocks at its
+    # backward's end (ZeRO 3 under PP)
     per_chunk = []
     for k, n in enumerate(chunk_layers):
         share = n / max(1, layers)
-        per_chunk.append((n, r == pp - 1 and k == v - 1, r == 0 and k == 0, 2 * (rp.matmul - rp.head) * share,
+        per_chunk.append((n, r == pp - 1 and k == v - 1, r == 0 and k == 0,
                           num.gathered * (rp.blocks_dense + rp.blocks_expert) * share if fsdp and lay.zero == 3
                           else 0.0, block[n]))
     first_end_temps = num.gathered * model.vocab * model.hidden + num.residual * model.hidden * tokens
@@ -915,7 +933,7 @@ def _interleaved_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, 
         kept = kept_by_finished.get(finished)
         if kept is None:
             kept = kept_by_finished[finished] = [g * (sharded if f else 1.0) for g, f in zip(chunk_grads, finished)]
-        n, head_chunk, first_stage, chunk_matmul, end_gathered, blk = per_chunk[k]
+        n, head_chunk, first_stage, end_gathered, blk = per_chunk[k]
         acts = state.activations + per_layer * live + \
             buffer_bytes * (received + kept_n - (shared_n if shares else 0))
         before = 0.0
@@ -931,15 +949,10 @@ def _interleaved_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, 
         total = top[0] + top[1] + top[2] + top[3] + top[4] + top[5]
         if total > best_total:
             best_total, best = total, (*top, "forward/backward")
-        # ... the end of its backward: autocast's cached bf16 weight casts were made in the chunk's first
-        # micro-batch's forward, so in a later micro-batch's backward their ToCopyBackward nodes run last
-        # (autograd's ready queue): the chunk's bf16 weight gradients wait until its backward ends
-        stalled = autocast and j > 0
-        if stalled or first_stage:
-            end_temps = chunk_matmul if stalled else 0.0
-            if first_stage:
-                # embedding_dense_backward's [vocab, hidden] gradient (whole vocabulary under TP), its incoming one
-                end_temps += first_end_temps
+        # ... the end of its backward (the first stage's): embedding_dense_backward's [vocab, hidden] gradient
+        # (whole vocabulary under TP) and its incoming one
+        if first_stage:
+            end_temps = first_end_temps
             # the first backward's embedding gradient is still the temporary above (AccumulateGrad then keeps it)
             fresh = embedding_grad if first_stage and j == 0 else 0.0
             end = (base + end_gathered, before + kept[k] - fresh, opt, acts - per_layer * n, end_temps, 0.0)
@@ -948,10 +961,9 @@ def _interleaved_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, 
                 best_total, best = total, (*end, "end of backward")
         if n > 1:
             # ... and its bottom block: the blocks above have freed this micro-batch's activations and left their
-            # gradients (bf16 and waiting when stalled; accumulated on the first backward)
-            bottom = kept[k] * (n - 1) / n if not stalled and j == 0 else own
-            low = (base, before + bottom, opt, acts - per_layer * (n - 1),
-                   (chunk_matmul * (n - 1) / n if stalled else 0.0) + blk[1], 0.0)
+            # gradients (accumulated on the first backward)
+            bottom = kept[k] * (n - 1) / n if j == 0 else own
+            low = (base, before + bottom, opt, acts - per_layer * (n - 1), blk[1], 0.0)
             total = low[0] + low[1] + low[2] + low[3] + low[4] + low[5]
             if total > best_total:
                 best_total, best = total, (*low, "bottom block's backward")
@@ -968,9 +980,6 @@ def _loss_peak(model, train, lay: Layout, num: Numerics, tokens: float, acts: fl
     h, r = model.hidden, num.residual
     head = loss_input_bytes(model, lay, num, tokens)
     temps = logits_chunk_bytes(train, model, lay, num)
-    # autocast under TP: the loss multiplies with the head's to_local() (not a leaf, so not cached): the chunk's
-    # recompute casts it again, and the matmul's backward frees that cast (loss.py)
-    cast = 2 * model.vocab * h / lay.tp if num.mode == "autocast" and lay.tp > 1 else 0.0
     if tokens > train.loss_chunk:
         # several chunks each add a [vocab/tp, hidden] gradient to the head weight's AccumulateGrad input
         # buffer: a later chunk's backward runs beside the running sum, and each accumulation (autograd's
@@ -979,9 +988,9 @@ def _loss_peak(model, train, lay: Layout, num: Numerics, tokens: float, acts: fl
         # makes it full size) exists from the first chunk's backward on
         g = _head_grad_bytes(num, None, model.vocab * h / lay.tp)
         whole = r * h * tokens
-        return max((acts + head * held, temps + g + whole, cast, 0.0),
+        return max((acts + head * held, temps + g + whole, 0.0, 0.0),
                    (acts + head * held, 3 * g + r * h * train.loss_chunk + whole, 0.0, 0.0), key=sum)
-    return acts + head * held, temps, cast, 0.0
+    return acts + head * held, temps, 0.0, 0.0
 
 
 def loss_input_bytes(model, lay: Layout, num: Numerics, tokens: float) -> float:
@@ -995,9 +1004,8 @@ def loss_input_bytes(model, lay: Layout, num: Numerics, tokens: float) -> float:
 
 
 def _head_grad_bytes(num: Numerics, rp: RankParams | None, elems: float = 0.0) -> float:
-    """One gradient of the head weight as the loss's matmul delivers it: bf16 under FSDP's bf16
-    policy; fp32 under autocast (the weight's cast's ToCopyBackward upcasts it) and in fp32."""
-    return (2 if num.mode == "fsdp-bf16" else 4) * (rp.head if rp is not None else elems)
+    """One gradient of the head weight as the loss's matmul delivers it: in the weight's compute dtype."""
+    return num.gathered * (rp.head if rp is not None else elems)
 
 
 def _block_peak(model, lay: Layout, num: Numerics, tokens: float, acts: float, recomputed: float,
@@ -1022,11 +1030,10 @@ def _block_peak(model, lay: Layout, num: Numerics, tokens: float, acts: float, r
         if lay.ep > 1 and recomputed > 0:
             # backward re-runs the MoE's forward: at its end, beside what it recomputed, EP's dispatch copies
             # of every routed row (moe.MoE._experts: the all-to-all receive buffer and its by-expert regrouping
-            # in the input dtype, and under autocast the fp32 gathered rows; the empty_like the experts' output
-            # is copied into in its restored order, and that copy, in the matmul dtype)
+            # in the input dtype; the empty_like the experts' output is copied into in its restored order, and
+            # that copy, in the matmul dtype)
             rows = tokens * model.experts_per_token
-            copies_in = 3 if num.mode == "autocast" else 2
-            temps = max(temps, recomputed + rows * model.hidden * (copies_in * num.residual + 2 * num.act))
+            temps = max(temps, recomputed + rows * model.hidden * (2 * num.residual + 2 * num.act))
     else:
         temps = recomputed + dense_mlp_backward_bytes(model, tokens, lay, num, fsdp_block > 0)
     # the output head's gradient in the parameter dtype, made in the loss's backward, waits for the root
@@ -1159,6 +1166,7 @@ def _ledger(model, train, gpu, lay: Layout, headroom: float, r: int, m: RankMemo
     """The ledger of a plan whose busiest pipeline rank is `r` with peak `m`."""
     worst = "first" if r == 0 else "last" if r == lay.pp - 1 else f"pp {r}"
     num = trainer_numerics(train, gpu, lay)
+    model = padded_model(model, lay.tp)
     unchunked = train.seq_len / lay.cp * lay.micro_batch * model.vocab / lay.tp * (num.act + 4)
     return MemoryLedger(
         params_gb=m.params / GB, grads_gb=m.grads / GB, optimizer_gb=m.optimizer / GB,

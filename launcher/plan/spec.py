@@ -38,6 +38,9 @@ class ModelSpec:
     tied_embeddings: bool = bounded(False, doc="output head shares the embedding weights")
     experts: int = bounded(1, 1, 4096, doc="> 1: every MLP is a mixture of this many experts")
     experts_per_token: int = bounded(1, 1, 4096, doc="experts each token is routed to (top-k)")
+    vocab_multiple: int = bounded(128, 1, 1 << 16, doc="the embedding and output head are padded to a multiple of "
+                                                       "this × tp rows (Megatron's make-vocab-size-divisible-by); "
+                                                       "the padding's logits are masked out of the loss")
     preset: str = bounded("custom", doc="the preset this shape came from")
 
     def __post_init__(self) -> None:

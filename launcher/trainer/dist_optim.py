@@ -224,7 +224,7 @@ class MixedPrecisionOptimizer:
                     b.master.grad = pack[0]
                 else:
                     shard = torch.empty(b.hi - b.lo, dtype=torch.float32, device=g.master.device)
-                    dist.reduce_scatter_tensor(shard, pack.view(-1), group=g.group)  # type: ignore[arg-type]
+                    dist.reduce_scatter_single(shard, pack.view(-1), group=g.group)  # type: ignore[arg-type]
                     b.master.grad = shard
                 del pack
 
@@ -272,7 +272,7 @@ class MixedPrecisionOptimizer:
                     rows = mine.view(1, -1)
                 else:
                     rows = torch.empty((g.n, b.hi - b.lo), dtype=dtype, device=mine.device)
-                    dist.all_gather_into_tensor(rows.view(-1), mine, group=g.group)  # type: ignore[arg-type]
+                    dist.all_gather_single(rows.view(-1), mine, group=g.group)  # type: ignore[arg-type]
                 del mine
                 for s in b.segments:
                     local = _local(s.param)

@@ -8,6 +8,7 @@ reduction as the ZeRO stage says, mesh-wide clipping, optimizer and LR schedule.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import warnings
@@ -18,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from launcher.errors import UserError
+from launcher.plan.capabilities import padded_model
 from launcher.trainer import context_parallel as cpar
 from launcher.trainer import fsdp, moe
 from launcher.trainer.config import TrainerConfig
@@ -65,12 +67,13 @@ def build_parts(cfg: TrainerConfig, mesh: MeshInfo, bf16: bool) -> tuple[list[Tr
     seq_local = cfg.train.seq_len // p.cp
     dp_mode = fsdp.mode(p.zero_stage, mesh.dp_cp_size)
     parts = []
+    weights = torch.bfloat16 if bf16 and dp_mode != "fsdp" else torch.float32
     for sid in stage_ids:
-        with torch.device("meta"):
-            m = Transformer(cfg.model, seq_len=seq_local)
-        if n_stages > 1:
-            first, last = stage_range(p.stage_layers, sid)
-            m.keep_only(first, last, has_embedding=sid == 0, has_head=sid == n_stages - 1)
+        with torch.device("meta"), default_dtype(weights):
+            m = Transformer(padded_model(cfg.model, p.tp), seq_len=seq_local)   # vocabulary padded for TP
+            if n_stages > 1:
+                first, last = stage_range(p.stage_layers, sid)
+                m.keep_only(first, last, has_embedding=sid == 0, has_head=sid == n_stages - 1)
         if mesh.ep is not None:
             moe.apply_ep(m, mesh.ep)        # this EP rank's experts only
         # Everything below up to to_empty runs on the meta device: memory is then allocated for
@@ -78,17 +81,27 @@ def build_parts(cfg: TrainerConfig, mesh: MeshInfo, bf16: bool) -> tuple[list[Tr
         # seeded full value (so a model larger than one device can still be initialised).
         apply_tp(m, mesh.tp_mesh)
         apply_recompute(m, p.recompute)
-        if bf16 and dp_mode != "fsdp":
-            m.to(torch.bfloat16)
         if dp_mode == "fsdp":
             fsdp.apply_fsdp(m, mesh.dp_cp_mesh, p.zero_stage, bf16,
                             expert_mesh=mesh.ep.replica_mesh if mesh.ep is not None else None)
         m.to_empty(device=mesh.device)
+        m.rope_dtype = torch.bfloat16 if bf16 else torch.float32
         cpar.apply_cp(m, mesh.group("cp"), mesh.coords["cp"], p.cp, cfg.train.seq_len)
         m.init_weights(cfg.train.seed)
         moe.tag_expert_params(m)
         parts.append(m)
     return parts, stage_ids
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    """Build modules with parameters in `dtype` (the meta-device model, before any memory exists)."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
 
 
 @dataclass
@@ -143,7 +156,8 @@ class Engine:
         last = next((m for m, s in zip(self.parts, self.stage_ids) if s == n_stages - 1), None)
         self.loss_fn = ChunkedLoss(lambda: last.output_weight(),  # type: ignore[union-attr]  # last stage only
                                    cfg.train.tokens_per_step,
-                                   cfg.train.loss_chunk, mesh.group("tp") if p.tp > 1 else None)
+                                   cfg.train.loss_chunk, mesh.group("tp") if p.tp > 1 else None,
+                                   vocab=cfg.model.vocab)
         # tied embeddings over pipeline stages: two copies, gradients summed over the embedding group
         self.tied = tied_params(self.parts, self.stage_ids, n_stages) if cfg.model.tied_embeddings else []  # type: ignore[arg-type]
         self.tied_group = embedding_group(p, mesh.rank) if cfg.model.tied_embeddings and p.pp > 1 else None

@@ -57,9 +57,14 @@ class _GatherSeq(torch.autograd.Function):
         return g.chunk(n, dim=1)[dist.get_rank(ctx.group)].contiguous(), None
 
 
-def _chunk_ce(h: torch.Tensor, w: torch.Tensor, target: torch.Tensor, vocab_start: int, group) -> torch.Tensor:
-    """Sum of CE over one chunk; h [n, H], w this rank's [V/tp, H] vocab shard."""
+def _chunk_ce(h: torch.Tensor, w: torch.Tensor, target: torch.Tensor, vocab_start: int, group,
+              vocab: int) -> torch.Tensor:
+    """Sum of CE over one chunk; h [n, H], w this rank's [V/tp, H] vocab shard (of the padded vocabulary:
+    columns from `vocab` on are padding, masked to -inf so they take no probability and no gradient)."""
     logits = (h @ w.t()).float()
+    keep = vocab - vocab_start
+    if keep < w.shape[0]:
+        logits[:, max(0, keep):] = float("-inf")
     if group is None:
         return F.cross_entropy(logits, target, reduction="sum")
     m = logits.detach().amax(dim=-1)
@@ -80,8 +85,9 @@ class ChunkedLoss:
     between sharded and unsharded), `tp_group` is None without tensor parallelism.
     """
 
-    def __init__(self, weight_fn, global_tokens: int, chunk: int, tp_group=None):
+    def __init__(self, weight_fn, global_tokens: int, chunk: int, tp_group=None, vocab: int | None = None):
         self.weight_fn = weight_fn
+        self.vocab = vocab              # the real vocabulary; the weight's rows beyond it are padding
         self.global_tokens = global_tokens
         self.chunk = chunk
         self.tp_group = tp_group
@@ -99,9 +105,10 @@ class ChunkedLoss:
         labels = labels.reshape(-1)
         total = h.new_zeros((), dtype=torch.float32)
         n = h.shape[0]
+        vocab = self.vocab if self.vocab is not None else w.shape[0] * (dist.get_world_size(group) if group else 1)
         for i in range(0, n, self.chunk):
             j = min(n, i + self.chunk)
-            total = total + checkpoint(_chunk_ce, h[i:j], w, labels[i:j], vocab_start, group,
+            total = total + checkpoint(_chunk_ce, h[i:j], w, labels[i:j], vocab_start, group, vocab,
                                        use_reentrant=False)
         return total / self.global_tokens
 

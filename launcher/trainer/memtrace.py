@@ -210,7 +210,7 @@ class RankMemTracker(FSDPMemTracker):
 
         def reduce_grads():
             reduce()
-            for m in lean.masters:
+            for m in lean.slices:
                 if m.grad is not None:
                     self._update_and_maybe_create_winfos(m.grad, _FSDPRefType.SHARDED_GRAD)
 

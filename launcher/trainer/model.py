@@ -147,6 +147,7 @@ class Transformer(nn.Module):
         self.register_buffer("rope_cos", torch.empty(seq_len, a.head_dim), persistent=False)
         self.register_buffer("rope_sin", torch.empty(seq_len, a.head_dim), persistent=False)
         self.positions = torch.arange(seq_len)   # this rank's absolute token positions (CP changes it)
+        self.rope_dtype = torch.float32         # the compute dtype (the engine sets bf16): no cast per forward
 
     def keep_only(self, first: int, last: int, has_embedding: bool, has_head: bool) -> None:
         """Turn this model into a pipeline stage owning layers [first, last)."""
@@ -184,8 +185,8 @@ class Transformer(nn.Module):
     def set_positions(self, positions: torch.Tensor) -> None:
         self.positions = positions
         cos, sin = rope_tables(positions, self.args.head_dim, ROPE_THETA)
-        self.rope_cos = cos.to(self.rope_cos.device)  # type: ignore[has-type]
-        self.rope_sin = sin.to(self.rope_sin.device)  # type: ignore[has-type]
+        self.rope_cos = cos.to(self.rope_cos.device, self.rope_dtype)  # type: ignore[has-type]
+        self.rope_sin = sin.to(self.rope_sin.device, self.rope_dtype)  # type: ignore[has-type]
 
     @torch.no_grad()
     def init_weights(self, seed: int) -> None:
@@ -217,8 +218,8 @@ class Transformer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
-        # the fp32 tables in the compute dtype once per forward, shared by every block (bf16 weights, or
-        # FSDP's bf16 gathers, whose input cast then finds them cast)
+        # the tables are held in the compute dtype (rope_dtype): no copy here, and FSDP's cast of each
+        # block's inputs to bf16 finds them cast
         cos, sin = self.rope_cos.to(h.dtype), self.rope_sin.to(h.dtype)
         for layer in self.layers.values():
             h = layer(h, cos, sin)

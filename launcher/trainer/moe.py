@@ -114,7 +114,7 @@ class MoE(nn.Module):
         xs = x.index_select(0, token)
         ys = self._experts(xs, per_expert)
         ys = ys * weights.reshape(-1)[order, None].to(ys.dtype)
-        # the experts' dtype (bf16 under autocast), like a dense MLP's output
+        # the experts' dtype, like a dense MLP's output
         out = ys.new_zeros(x.shape).index_add(0, token, ys)
         return out.reshape(shape)
 

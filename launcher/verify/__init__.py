@@ -106,7 +106,7 @@ def trace_plan(plan: Plan, progress: Callable[[str], None] | None = None,
     notes = []
     if bf16:
         notes.append("bf16 traced as on the nodes: FSDP casts parameters to bf16 (fp32 reduce); without FSDP, "
-                     "autocast with CPU autocast's op list")
+                     "bf16 weights with fp32 masters in the optimizer")
     if (plan.model.experts or 1) > 1:
         from launcher.trainer.memtrace import ROUTING_ASSUMPTION
 
