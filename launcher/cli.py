@@ -4,6 +4,7 @@ only when invoked, so `launch --help` starts fast on a login node."""
 from __future__ import annotations
 
 import importlib
+import io
 import json
 import re
 import sys
@@ -164,6 +165,9 @@ def _argv_json(args: list[str]) -> bool:
 
 def main() -> None:
     args = sys.argv[1:]
+    for stream in (sys.stdout, sys.stderr):  # a latin-1 or ASCII terminal gets '?' for an em dash, not a traceback
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="replace")
     try:
         rv = cli.main(standalone_mode=False, prog_name="launch")  # also under python -m launcher
         if isinstance(rv, int):

@@ -230,3 +230,12 @@ def test_diagnose_skips_heartbeats_with_nan_or_infinite_values(tmp_path):
     assert sorted(src.beats.beats) == [1] and src.beats.beats[1].step_time_s is None
     assert sorted(src.skipped) == [f"heartbeat/rank{r}.json (a heartbeat without a finite rank, step or time)"
                                    for r in (0, 2, 3)]
+
+
+@pytest.mark.parametrize("encoding", ["latin-1", "ascii"])
+def test_a_terminal_that_cannot_show_an_em_dash_gets_the_output_not_a_traceback(encoding):
+    env = {**os.environ, "PYTHONIOENCODING": encoding}
+    job = str(Path(__file__).resolve().parents[1] / "examples" / "tiny-slurm.yaml")
+    for args in (["plan", job], ["render", job, "--backend", "slurm"]):
+        r = subprocess.run([LAUNCH, *args], capture_output=True, env=env, timeout=120)
+        assert r.returncode == 0 and b"Traceback" not in r.stderr and r.stdout, (args, r.stderr[-500:])
