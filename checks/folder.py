@@ -45,12 +45,7 @@ def load_dir(path: str | Path) -> PreflightResults:
             continue
         host = d.name
         res.hosts.append(host)
-        meta: dict[str, Any] = {}
-        if (d / META_FILE).exists():
-            try:
-                meta = json.loads(read_text(d / META_FILE, "probe metadata"))
-            except json.JSONDecodeError:
-                meta = {}
+        meta = _probe_meta(d / META_FILE) if (d / META_FILE).exists() else {}
         probes: dict[str, CommandResult] = {}
         for fname, probe in files.items():
             if (d / fname).exists():
@@ -86,6 +81,34 @@ def load_dir(path: str | Path) -> PreflightResults:
             res.nccl.append(NcclRun("pair" if kind == "pairs" else "all", hosts, "all_reduce", r))
     load_runs(root, res)
     return res
+
+
+#: probe-meta.json: per probe, what ran and how it ended (checks/probe.py `save` writes it)
+META_TYPES: dict[str, tuple[type, ...]] = {"command": (str,), "stderr": (str,), "rc": (int,), "timed_out": (bool,),
+                                           "error": (str, type(None))}
+
+
+def _probe_meta(path: Path) -> dict[str, dict[str, Any]]:
+    """probe-meta.json, each value of the shape `save` writes, or one UserError naming the file and field
+    (a hand-made or damaged file was a traceback)."""
+    from launcher.errors import UserError
+    from launcher.formats.files import read_text
+
+    try:
+        meta = json.loads(read_text(path, "probe metadata"))
+    except (json.JSONDecodeError, RecursionError):
+        raise UserError(f"{path}: not JSON (probe metadata)") from None
+    if not isinstance(meta, dict):
+        raise UserError(f"{path}: expected a JSON object of probe name -> metadata, not {type(meta).__name__}")
+    for probe, m in meta.items():
+        if not isinstance(m, dict):
+            raise UserError(f"{path}: {probe}: expected a JSON object, not {type(m).__name__}")
+        for key, value in m.items():
+            want = META_TYPES.get(key)
+            if want is not None and (not isinstance(value, want) or (want == (int,) and isinstance(value, bool))):
+                raise UserError(f"{path}: {probe}.{key}: {value!r:.60} is not "
+                                f"{' or '.join('null' if t is type(None) else t.__name__ for t in want)}")
+    return meta
 
 
 def save_dir(results: PreflightResults, path: str | Path) -> Path:

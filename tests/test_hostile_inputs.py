@@ -420,3 +420,18 @@ def test_bad_bwmap_values(tmp_path, command, edit):
 def test_logs_refuses_a_negative_rank(tmp_path):
     """`launch logs JOB --rank -1` printed nothing and exited 0 (issue 23)."""
     assert_refused(World(tmp_path), ["logs", "some-job", "--rank", "-1"], "--rank")
+
+
+@pytest.mark.parametrize("meta, expect", [
+    (b"[1, 2]", "expected a JSON object"), (b'{"topo": "x"}', "topo: expected a JSON object"),
+    (b'{"topo": {"rc": "x"}}', r"topo.rc: 'x' is not int"), (b'{"topo": {"timed_out": 1}}', "topo.timed_out"),
+    (b'{"topo": {"command": 5}}', "topo.command: 5 is not str"), (b"{", "not JSON"),
+])
+def test_preflight_import_refuses_probe_metadata_of_the_wrong_shape(tmp_path, meta, expect):
+    """probe.json beside a node's outputs, hand-made or damaged: one line naming it (was a traceback)."""
+    from tests.test_preflight_judges import make_dir
+
+    w = World(tmp_path)
+    d = make_dir(w.root / "in" / "pf", ["n1", "n2"])
+    (d / "n1" / "probe.json").write_bytes(meta)
+    assert_refused(w, ["preflight", "import", str(d)], f"probe.json: {expect}")
