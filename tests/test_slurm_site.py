@@ -175,6 +175,46 @@ def test_a_node_failing_its_check_is_excluded_and_the_job_requeued(tmp_path):
     assert re.search(r"job 4242 restart 0: n2 left out: nvidia-smi: Unable", log)
 
 
+def test_a_tool_missing_on_every_node_fails_the_job_instead_of_requeueing(tmp_path):
+    """A GPU check on nodes without nvidia-smi: every node fails it, and a requeue without all of
+    them would pend for ever (issue 23). A configuration error, said so, exit 3, no requeue."""
+    run = tmp_path / "run"
+    spec, plan = spec_plan(**{"backend.slurm.node_check": {"gpus": True}})
+    s = render_slurm(spec, plan, str(run)).files["train.sbatch"]
+    (run / "logs").mkdir(parents=True)
+    bare = tmp_path / "bare"                       # srun and scontrol, but no nvidia-smi
+    bare.mkdir()
+    for name, text in (("srun", SRUN), ("scontrol", SCONTROL)):
+        (bare / name).write_text(text)
+        (bare / name).chmod(0o755)
+    out, calls = run_script(s, tmp_path, env_extra={"PATH": f"{bare}:/usr/bin:/bin"})
+    assert out.returncode == 3, out.stderr
+    assert "nvidia-smi is not installed on the node on every allocated node (n1 n2): a configuration error" in out.stdout
+    assert "launch4d: step finished with exit code 3" in out.stdout
+    assert not any("requeue" in c or "update" in c for c in calls)
+    assert "n1 left out: missing: nvidia-smi is not installed" in (run / "logs" / "nodecheck.log").read_text()
+
+
+def test_exclusions_that_leave_too_few_nodes_fail_the_job(tmp_path):
+    """The partition has three nodes and the job needs two: once n2 fails its check and bad0 was left
+    out before, one is left; the job would pend as BadConstraints, so it fails with the reasons."""
+    run = tmp_path / "run"
+    spec, plan = spec_plan(**{"backend.slurm.node_check": {"gpus": True}})
+    s = render_slurm(spec, plan, str(run)).files["train.sbatch"]
+    (run / "logs").mkdir(parents=True)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "sinfo").write_text("#!/bin/bash\necho n1; echo n2; echo bad0\n")
+    (tmp_path / "bin" / "sinfo").chmod(0o755)
+    out, calls = run_script(s, tmp_path, bad="n2", exc="bad0", env_extra={"SLURM_JOB_PARTITION": "gpu"})
+    assert out.returncode == 3, out.stderr
+    assert "launch4d: node check: n2 left out: nvidia-smi: Unable to determine the device handle" in out.stdout
+    assert "1 node(s) of partition gpu left once bad0,n2 are excluded; the job needs 2: not requeueing" in out.stdout
+    assert not any("requeue" in c or "update" in c for c in calls)
+    (tmp_path / "bin" / "sinfo").write_text("#!/bin/bash\necho n1; echo n2; echo bad0; echo n3\n")
+    out, calls = run_script(s, tmp_path, bad="n2", exc="bad0", env_extra={"SLURM_JOB_PARTITION": "gpu"})
+    assert out.returncode == 0 and "scontrol requeue 4242" in calls, out.stdout   # n1 and n3 are enough
+
+
 def test_healthy_nodes_pass_and_train(tmp_path):
     spec, plan = spec_plan(**{"backend.slurm.node_check": {"gpus": True, "command": "test -d /"}})
     s = render_slurm(spec, plan, str(tmp_path / "run")).files["train.sbatch"]
