@@ -451,3 +451,19 @@ def test_fuzz_real_captures_cut_or_garbled_never_traceback():
         assert all(f.status in ("pass", "warn", "fail") for f in judge_parsed(kind, parsed, node="n"))
 
     run()
+
+
+@pytest.mark.parametrize("how", ["stderr-line", "tabs", "crlf"])
+def test_gpu_q_verdict_survives_stray_lines_tabs_and_crlf(how):
+    """One stderr line interleaved inside "Remapped Rows", tab indentation or CRLF line ends do not turn
+    a GPU with 4 uncorrectable, pending rows into a pass (issue 23)."""
+    text = read("nvidia-smi-query", "a10-1gpu-q-full-drv535.129.03-remapped-rows-uncorrectable4-pending-yes.txt")
+    if how == "stderr-line":
+        text = text.replace("    Remapped Rows\n", "    Remapped Rows\nWARNING: infoROM is corrupted at gpu 0000:07:00.0\n")
+    elif how == "tabs":
+        text = "\n".join(ln.replace("    ", "\t") for ln in text.splitlines())
+    else:
+        text = text.replace("\n", "\r\n")
+    s = parse_gpu_q(text).gpus[0].summary()
+    assert (s["remapped_uncorrectable"], s["remapped_pending"]) == (4, True)
+    assert bad(judge_gpu_q(parse_gpu_q(text), node="a10")) == [("fail", "GPU 00000000:07:00.0")]

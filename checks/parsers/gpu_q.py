@@ -91,6 +91,7 @@ def parse_gpu_q(text: str) -> GpuQ:
         if (m := LOST_RE.search(raw)) is not None:
             out.inaccessible[m.group(1)] = m.group(2).strip()
             continue
+        raw = raw.expandtabs(4).rstrip("\r")   # nvidia-smi indents by 4 spaces; a capture may hold tabs
         if (m := GPU_RE.match(raw.strip())) is not None and not raw.startswith(" "):
             gpu, stack = GpuHealth(bus_id=m.group(1)), []
             out.gpus.append(gpu)
@@ -98,14 +99,17 @@ def parse_gpu_q(text: str) -> GpuQ:
         indent = len(raw) - len(raw.lstrip())
         kv = KV_RE.match(raw)
         key = (kv.group(2) if kv else raw).strip()
+        if indent == 0:
+            # Top-level lines are the header's ("Driver Version : ...") or not nvidia-smi's at all
+            # (stderr interleaved into the capture): neither opens nor closes a GPU's sections, so a
+            # stray line inside "Remapped Rows" cannot hide the rows that follow it.
+            if kv is not None and key == "Driver Version":
+                out.driver = kv.group(3).strip()
+            continue
         while stack and stack[-1][0] >= indent:
             stack.pop()
         if kv is None:
             stack.append((indent, key))
-            continue
-        if indent == 0:
-            if key == "Driver Version":
-                out.driver = kv.group(3).strip()
             continue
         if gpu is None:  # a fragment without its GPU line
             gpu = GpuHealth(bus_id=None)
