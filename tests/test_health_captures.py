@@ -467,3 +467,26 @@ def test_gpu_q_verdict_survives_stray_lines_tabs_and_crlf(how):
     s = parse_gpu_q(text).gpus[0].summary()
     assert (s["remapped_uncorrectable"], s["remapped_pending"]) == (4, True)
     assert bad(judge_gpu_q(parse_gpu_q(text), node="a10")) == [("fail", "GPU 00000000:07:00.0")]
+
+
+@pytest.mark.parametrize("name", ["h100-80gb-8gpu-azure-ndv5-v0.4-d2d-memcpy-read-ce-371gbps.txt",
+                                  "h100-80gb-8gpu-v0.10.0-d2d-memcpy-read-ce-395gbps-cov-line.txt",
+                                  "8gpu-DOC-EXAMPLE-nvidia-readme-h2d-memcpy-ce-26gbps-pcie4.txt",
+                                  "h20-3e-8gpu-v0.8-device-local-copy-1116gbps-hostname-line-EXCERPT.txt",
+                                  "8gpu-nvlink-DOC-EXAMPLE-nvidia-readme-d2d-write-ce-276gbps-old-0.00-diagonal.txt"])
+def test_nvbandwidth_cut_anywhere_reads_only_what_is_whole(name):
+    """A capture cut at any byte gives the rows it holds whole, or a ParseError: never a figure the tool
+    did not print (a last row cut mid-number, "370.9" read as 37: issue 23)."""
+    from checks.parsers.nvbandwidth import parse_nvbandwidth
+
+    text = read("nvbandwidth", name)
+    full = {t.name: t for t in parse_nvbandwidth(text).tests}
+    for cut in range(1, len(text)):
+        try:
+            part = parse_nvbandwidth(text[:cut])
+        except ParseError:
+            continue
+        for t in part.tests:
+            whole = full.get(t.name) or next(iter(full.values()))
+            assert all(whole.rows.get(r) == row for r, row in t.rows.items()), (cut, t.name)
+            assert t.total in (None, whole.total) and t.cov in (None, whole.cov), cut

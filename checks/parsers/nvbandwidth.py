@@ -87,9 +87,16 @@ class NvBandwidth:
                 "tests": [t.to_dict() for t in self.tests]}
 
 
+def _is_data(line: str) -> bool:
+    parts = line.split()
+    return bool(parts) and (parts[0].isdigit() or parts[0] in ("SUM", "COEFFICIENT_OF_VARIATION"))
+
+
 def parse_nvbandwidth(text: str) -> NvBandwidth:
     out = NvBandwidth()
     lines = strip_ansi(text).splitlines()
+    if lines and not text.endswith(("\n", "\r")) and _is_data(lines[-1]):
+        lines.pop()   # a capture cut mid-line: its last row or SUM may be cut mid-number ("370.9" -> "37")
     running: str | None = None
     test: NvbTest | None = None
     pending_host: str | None = None
