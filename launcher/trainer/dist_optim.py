@@ -117,6 +117,18 @@ class Group:
         return offset
 
 
+def _replicated_slice(p: nn.Parameter, g: torch.Tensor) -> torch.Tensor | None:
+    """This rank's shard of a weight's gradient that is Replicate where the weight is Shard(d) on a 1-D TP
+    mesh, as a view (torch.chunk's split, as DTensor shards); None for any other placement pair."""
+    if not (hasattr(p, "placements") and hasattr(g, "placements")) or len(p.placements) != 1:
+        return None
+    pl, gl = p.placements[0], g.placements[0]
+    if not (pl.is_shard() and gl.is_replicate()) or g.device_mesh != p.device_mesh:  # type: ignore[attr-defined]
+        return None
+    mesh = p.device_mesh  # type: ignore[attr-defined]
+    return g._local_tensor.chunk(mesh.size(0), dim=pl.dim)[mesh.get_local_rank(0)]  # type: ignore[attr-defined]
+
+
 def _segment(name: str, p: nn.Parameter, n: int) -> Segment:
     local = _local(p)
     if local.dim() == 0:
@@ -197,9 +209,16 @@ class MixedPrecisionOptimizer:
         return out
 
     def _take_grad(self, p: nn.Parameter) -> torch.Tensor | None:
-        """The parameter's gradient (its TP placement), released from the parameter."""
+        """The parameter's gradient (its TP placement), released from the parameter. A replicated gradient
+        of a TP-sharded weight (DTensor's embedding backward computes the whole vocabulary's) is read as a
+        view of this rank's slice, not redistributed into a copy beside it."""
         if id(p) in self.main_grads:
             return self.main_grads.pop(id(p))
+        g = p.grad
+        view = _replicated_slice(p, g) if g is not None else None
+        if view is not None:
+            p.grad = None
+            return view
         found = local_grads([p])
         p.grad = None
         return found[0][1] if found else None
@@ -220,11 +239,11 @@ class MixedPrecisionOptimizer:
                     del grad
                 if g.n == 1:
                     if g.size > 1:
-                        dist.all_reduce(pack, group=g.group)  # type: ignore[arg-type]
+                        dist.all_reduce(pack, group=g.group)
                     b.master.grad = pack[0]
                 else:
                     shard = torch.empty(b.hi - b.lo, dtype=torch.float32, device=g.master.device)
-                    dist.reduce_scatter_single(shard, pack.view(-1), group=g.group)  # type: ignore[arg-type]
+                    dist.reduce_scatter_single(shard, pack.view(-1), group=g.group)
                     b.master.grad = shard
                 del pack
 
@@ -272,7 +291,7 @@ class MixedPrecisionOptimizer:
                     rows = mine.view(1, -1)
                 else:
                     rows = torch.empty((g.n, b.hi - b.lo), dtype=dtype, device=mine.device)
-                    dist.all_gather_single(rows.view(-1), mine, group=g.group)  # type: ignore[arg-type]
+                    dist.all_gather_single(rows.view(-1), mine, group=g.group)
                 del mine
                 for s in b.segments:
                     local = _local(s.param)
@@ -298,7 +317,7 @@ class MixedPrecisionOptimizer:
             return local
         dp = Shard(s.dim) if g.n > 1 else Replicate()
         if hasattr(p, "device_mesh"):
-            mesh = _joint_mesh(g.mesh, p.device_mesh)  # type: ignore[attr-defined]
+            mesh = _joint_mesh(g.mesh, p.device_mesh)
             placements = (dp, *p.placements)  # type: ignore[attr-defined]
         else:
             mesh, placements = g.mesh, (dp,)

@@ -260,13 +260,13 @@ def lean_optimizer(cfg: TrainerConfig, mesh: MeshInfo, parts: list[Transformer],
     dense = [(n, q) for n, q in named if id(q) not in experts]
     expert = [(n, q) for n, q in named if id(q) in experts]
     several = mesh.dp_cp_size > 1
-    groups = [(dense, mesh.dp_cp_mesh.get_group() if several else None, mesh.dp_cp_mesh if several else None)]
+    groups: list[tuple[list, object, object]] = [
+        (dense, mesh.dp_cp_mesh.get_group() if several else None, mesh.dp_cp_mesh if several else None)]
     if expert and mesh.ep is None:
         groups[0] = (named, *groups[0][1:])
-    elif expert:
-        rep = mesh.ep.replica_size > 1  # type: ignore[union-attr]
-        groups.append((expert, mesh.ep.replica_group if rep else None,  # type: ignore[union-attr]
-                       mesh.ep.replica_mesh if rep else None))  # type: ignore[union-attr]
+    elif expert and mesh.ep is not None:
+        rep = mesh.ep.replica_size > 1
+        groups.append((expert, mesh.ep.replica_group if rep else None, mesh.ep.replica_mesh if rep else None))
     return MixedPrecisionOptimizer(groups, lambda masters: make_optimizer(cfg, masters),
                                    shard=cfg.parallel.zero_stage == 1, grad_dtype=cfg.train.grad_dtype)
 
