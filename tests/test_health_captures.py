@@ -490,3 +490,23 @@ def test_nvbandwidth_cut_anywhere_reads_only_what_is_whole(name):
             whole = full.get(t.name) or next(iter(full.values()))
             assert all(whole.rows.get(r) == row for r, row in t.rows.items()), (cut, t.name)
             assert t.total in (None, whole.total) and t.cov in (None, whole.cov), cut
+
+
+@pytest.mark.parametrize("kind, folder, name", [
+    ("dcgm-diag", "dcgm-diag", "a10g-4gpu-sagemaker-g5.12xlarge-dcgm3.3.9-r3-targeted-power-FAIL-gpu1.txt"),
+    ("ibstat", "ibstat", "azure-a100-8x-cx6-vf-hdr200-ibpanic-mlx5_8-missing-exit255.txt"),
+    ("nvlink-errors", "nvlink", "h100-nvl-2gpu-dcgmi-nvlink-link-status-all-18-links-Down-FAULT.txt"),
+    ("nvbandwidth", "nvbandwidth", "h100-80gb-8gpu-v0.10.0-d2d-memcpy-read-ce-395gbps-cov-line.txt"),
+    ("gpu-q", "nvidia-smi-query", "a10-1gpu-q-full-drv535.129.03-remapped-rows-uncorrectable4-pending-yes.txt"),
+])
+@pytest.mark.parametrize("mark", ["....", "…", "[...]", "  <snip>", "... (12 lines omitted)"])
+def test_a_pasted_capture_with_an_elided_line_is_judged_on_the_rest(kind, folder, name, mark):
+    """A person's "...." in a pasted capture is not the tool's: it is dropped and the rest read the
+    same as the whole capture (it refused the whole capture, issue 23)."""
+    from checks.parsers import parser_for, to_jsonable
+
+    text = read(folder, name)
+    lines = text.splitlines()
+    mid = len(lines) // 2
+    elided = "\n".join(lines[:mid] + [mark] + lines[mid:]) + "\n"
+    assert to_jsonable(parser_for(kind)(elided)) == to_jsonable(parser_for(kind)(text))

@@ -32,6 +32,17 @@ def strip_ansi(text: str) -> str:
     return ANSI_RE.sub("", text)
 
 
+#: A line a person put in a pasted capture for what they left out ("....", "…", "[...]", "<snip>"):
+#: not the tool's, so it is dropped and the rest judged (parser_for).
+ELISION_RE = re.compile(r"^[ \t]*(?:\.{3,}|…+|\[(?:\.{3}|…)\]|\((?:\.{3}|…)\)|<snip(?:ped)?>|\[snip(?:ped)?\]|"
+                        r"(?:\.{3}|…) ?[(\[]?\d+ (?:more )?lines? (?:omitted|elided|skipped|removed)[)\]]?)[ \t]*(?:\r?\n|$)",
+                        re.M | re.I)
+
+
+def drop_elisions(text: str) -> str:
+    return ELISION_RE.sub("", text) if ("..." in text or "…" in text or "snip" in text.lower()) else text
+
+
 def to_jsonable(obj: Any) -> Any:
     """Dataclasses (and their `to_dict`) to plain JSON values."""
     if hasattr(obj, "to_dict"):
@@ -74,7 +85,8 @@ def parser_for(kind: str) -> Callable[[str], Any]:
         "nvlink-errors": nvlink_errors.parse_nvlink_errors,
         "gpu-q": gpu_q.parse_gpu_q,
     }
-    return table[kind]
+    parse = table[kind]
+    return lambda text: parse(drop_elisions(text))
 
 
 KINDS = ("topo", "nccl-tests", "gpu-query", "nvlink", "ibstat", "xid", "dcgm-diag", "nvbandwidth", "perftest",
