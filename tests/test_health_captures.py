@@ -510,3 +510,41 @@ def test_a_pasted_capture_with_an_elided_line_is_judged_on_the_rest(kind, folder
     mid = len(lines) // 2
     elided = "\n".join(lines[:mid] + [mark] + lines[mid:]) + "\n"
     assert to_jsonable(parser_for(kind)(elided)) == to_jsonable(parser_for(kind)(text))
+
+
+CAPTURE_KINDS = {"perftest": "perftest", "nccl-tests": "nccl-tests", "nvbandwidth": "nvbandwidth",
+                 "dcgm-diag": "dcgm-diag", "gpu-q": "nvidia-smi-query", "nvlink-errors": "nvlink", "ibstat": "ibstat"}
+
+
+def _figures(obj, out: set) -> set:
+    if isinstance(obj, dict):
+        for v in obj.values():
+            _figures(v, out)
+    elif isinstance(obj, list):
+        for v in obj:
+            _figures(v, out)
+    elif isinstance(obj, float):
+        out.add(obj)
+    return out
+
+
+@pytest.mark.parametrize("kind", sorted(CAPTURE_KINDS))
+def test_captures_cut_at_every_hundredth_invent_no_figure(kind):
+    """Every real capture of a kind, cut at every 1 % of its bytes: the parse holds only figures the whole
+    capture holds, or is a ParseError (a last line cut mid-number was a measurement, issue 23)."""
+    from checks.parsers import parser_for, to_jsonable
+
+    names = sorted(p.name for p in shared_file(CAPTURE_KINDS[kind]).iterdir())
+    parse = parser_for(kind)
+    for name in names:
+        text = read(CAPTURE_KINDS[kind], name)
+        try:
+            whole = _figures(to_jsonable(parse(text)), set())
+        except ParseError:
+            continue
+        for cut in sorted({len(text) * i // 100 for i in range(1, 100)}):
+            try:
+                part = _figures(to_jsonable(parse(text[:cut])), set())
+            except ParseError:
+                continue
+            assert part <= whole, (name, cut, sorted(part - whole)[:3])

@@ -43,6 +43,16 @@ def drop_elisions(text: str) -> str:
     return ELISION_RE.sub("", text) if ("..." in text or "…" in text or "snip" in text.lower()) else text
 
 
+def whole_lines(text: str) -> str:
+    """The text up to its last line break: a capture cut mid-line ends in a line that may be cut
+    mid-number ("98.38" -> "9"), a figure the tool never printed. A tool's output ends with a line
+    break; text without one was cut."""
+    if not text or text.endswith(("\n", "\r")):
+        return text
+    cut = max(text.rfind("\n"), text.rfind("\r"))
+    return text[:cut + 1] if cut >= 0 else text
+
+
 def to_jsonable(obj: Any) -> Any:
     """Dataclasses (and their `to_dict`) to plain JSON values."""
     if hasattr(obj, "to_dict"):
@@ -86,7 +96,7 @@ def parser_for(kind: str) -> Callable[[str], Any]:
         "gpu-q": gpu_q.parse_gpu_q,
     }
     parse = table[kind]
-    return lambda text: parse(drop_elisions(text))
+    return lambda text: parse(drop_elisions(whole_lines(text)))
 
 
 KINDS = ("topo", "nccl-tests", "gpu-query", "nvlink", "ibstat", "xid", "dcgm-diag", "nvbandwidth", "perftest",
