@@ -33,14 +33,26 @@ def strip_ansi(text: str) -> str:
 
 
 #: A line a person put in a pasted capture for what they left out ("....", "…", "[...]", "<snip>"):
-#: not the tool's, so it is dropped and the rest judged (parser_for).
-ELISION_RE = re.compile(r"^[ \t]*(?:\.{3,}|…+|\[(?:\.{3}|…)\]|\((?:\.{3}|…)\)|<snip(?:ped)?>|\[snip(?:ped)?\]|"
-                        r"(?:\.{3}|…) ?[(\[]?\d+ (?:more )?lines? (?:omitted|elided|skipped|removed)[)\]]?)[ \t]*(?:\r?\n|$)",
-                        re.M | re.I)
+#: not the tool's. Parsers that note an elision (a fragment, a GPU's links cut) get it as "...";
+#: the others never see it, and judge the rest (parser_for).
+ELISION_RE = re.compile(r"[ \t]*(?:\.{3,}|…+|\[(?:\.{3}|…)\]|\((?:\.{3}|…)\)|<snip(?:ped)?>|\[snip(?:ped)?\]|"
+                        r"(?:\.{3}|…) ?[(\[]?\d+ (?:more )?lines? (?:omitted|elided|skipped|removed)[)\]]?)[ \t]*",
+                        re.I)
+#: kinds whose parser reads a "..." line itself (dcgm-diag: a fragment; nvlink / nvlink-errors: links cut)
+NOTES_ELISIONS = ("dcgm-diag", "nvlink", "nvlink-errors")
 
 
-def drop_elisions(text: str) -> str:
-    return ELISION_RE.sub("", text) if ("..." in text or "…" in text or "snip" in text.lower()) else text
+def drop_elisions(text: str, keep_mark: bool = False) -> str:
+    if not ("..." in text or "…" in text or "snip" in text.lower()):
+        return text
+    out = []
+    for line in text.splitlines(keepends=True):
+        if ELISION_RE.fullmatch(line.rstrip("\r\n")):
+            if keep_mark:
+                out.append("...\n")
+            continue
+        out.append(line)
+    return "".join(out)
 
 
 def whole_lines(text: str) -> str:
@@ -96,7 +108,8 @@ def parser_for(kind: str) -> Callable[[str], Any]:
         "gpu-q": gpu_q.parse_gpu_q,
     }
     parse = table[kind]
-    return lambda text: parse(drop_elisions(whole_lines(text)))
+    keep = kind in NOTES_ELISIONS
+    return lambda text: parse(drop_elisions(whole_lines(text), keep))
 
 
 KINDS = ("topo", "nccl-tests", "gpu-query", "nvlink", "ibstat", "xid", "dcgm-diag", "nvbandwidth", "perftest",

@@ -96,6 +96,9 @@ def _parse_dcgmi(lines: list[str]) -> NvlinkErrors:
             continue
         if section != "GPUs:" or not s:
             continue
+        if s in ("[...]", "...", "…"):
+            out.elided = True
+            continue
         if (m := DCGM_GPU_RE.match(s)) is not None:
             out.gpus.append(NvlinkErrGpu(index=int(m.group(1))))
             continue
