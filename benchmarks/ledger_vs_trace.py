@@ -171,6 +171,11 @@ EXTRA = [
                             micro_batch=2)),
     ("moe ep4 dp8 z0", case(TINY_MOE, 1, 8, 256, 16, tp=1, cp=1, pp=1, ep=4, zero=0, recompute="full",
                             micro_batch=2)),
+    # attention TP with the experts whole per TP rank (expert TP 1), experts over ep, the lean ZeRO 1
+    ("moe tp2 ep2 dp4 z1", case(TINY_MOE, 1, 8, 256, 16, tp=2, cp=1, pp=1, ep=2, zero=1, recompute="none",
+                                micro_batch=2)),
+    ("mixtral-mini tp2 ep4 pp2 z1 selective", case(MIXTRAL_MINI, 1, 16, 512, 32, tp=2, cp=1, pp=2, ep=4, zero=1,
+                                                   recompute="selective", micro_batch=1, schedule="1f1b")),
     ("mixtral-mini dp8 z3 selective", case(MIXTRAL_MINI, 1, 8, 512, 32, tp=1, cp=1, pp=1, ep=1, zero=3,
                                            recompute="selective", micro_batch=1)),
     ("mixtral-mini pp2 z3 selective", case(MIXTRAL_MINI, 1, 8, 512, 32, tp=1, cp=1, pp=2, ep=1, zero=3,

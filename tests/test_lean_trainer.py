@@ -72,3 +72,23 @@ def test_grad_dtype_fp32_adds_two_bytes_per_parameter():
     g16 = rank_memory(bf16.model, bf16.train, bf16.gpu, lay, "first").grads
     g32 = rank_memory(fp32.model, fp32.train, fp32.gpu, lay, "first").grads
     assert g32 / g16 == pytest.approx(2.0, rel=0.01)
+
+
+def test_a_mixtral_shaped_moe_plans_at_tp2_with_ep8():
+    """Attention TP with the experts whole per TP rank (expert TP 1) and split over ep: how Mixtral-class
+    models are trained; ZeRO 0/1 only (FSDP would not sum the experts' TP-replicated gradients)."""
+    from launcher.plan.planner import plan_job
+
+    spec = spec_from_dict({"model": "mixtral-8x7b", "train": {"seq_len": 4096, "global_batch": 256},
+                           "cluster": {"nodes": 8, "gpus_per_node": 8, "gpu": "h100-sxm"},
+                           "parallel": {"tp": 2, "ep": 8}})
+    best = plan_job(spec, top=0).best
+    assert best.fits and (best.layout.tp, best.layout.ep) == (2, 8) and best.layout.zero in (0, 1)
+
+
+def test_moe_under_tp_refuses_fsdp_with_the_field():
+    from launcher.errors import SpecError
+
+    with pytest.raises(SpecError, match="parallel.zero"):
+        spec_from_dict({"model": "mixtral-8x7b", "train": {"seq_len": 4096, "global_batch": 256},
+                        "cluster": {"nodes": 8, "gpus_per_node": 8}, "parallel": {"tp": 2, "zero": 3}})

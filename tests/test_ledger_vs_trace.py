@@ -44,6 +44,8 @@ TESTED = [
     "tiny dp8 z0 none", "tiny dp8 z1 selective", "tiny dp8 z2 none", "tiny dp8 z3 full", "tiny tp2 dp4 z3",
     "tiny cp2 dp4 z1", "tiny pp2 1f1b z2", "tiny pp2 gpipe z0", "mha-gelu tp2 pp2 z3",
     "tiny dp4 z2 fp32", "moe ep2 dp8 z2", "moe ep4 dp8 z0", "tiny-cpu example",
+    # MoE under TP (expert TP 1: the router and experts whole per TP rank) with EP, the lean ZeRO 1 (2-4 s CPU)
+    "moe tp2 ep2 dp4 z1", "mixtral-mini tp2 ep4 pp2 z1 selective",
     # reduced llama3-8b shapes: autocast over several micro-batches, several loss chunks, TP's embedding
     # gradient; an uneven stage split
     "dense cp2 z1 full", "dense tp2 pp2 z2 chunks", "uneven pp4 1f1b z2",

@@ -55,6 +55,9 @@ MOE_LAYOUTS = {
     "moe_pp2_1f1b_dp2_ep2_zero1": dict(MOE, pp=2, dp=2, ep=2, zero=1),
     "moe_cp2_dp2_ep2_zero2_recompute_full": dict(MOE, cp=2, dp=2, ep=2, zero=2, recompute="full", micro_batch=2),
     "moe_dp2_zero3_ep1": dict(MOE, dp=2, zero=3),
+    # attention TP with the router and experts whole per TP rank (expert TP 1), experts over ep: ZeRO 0/1
+    "moe_tp2_dp2_ep2_zero1": dict(MOE, tp=2, dp=2, ep=2, zero=1, micro_batch=2),
+    "moe_tp2_pp2_dp2_zero0": dict(MOE, tp=2, pp=2, dp=2, zero=0, micro_batch=2, schedule="1f1b"),
 }
 GELU_TIED = dict(model_over={"mlp": "gelu", "tied_embeddings": True})
 OTHER_MODEL = {
@@ -73,7 +76,7 @@ OTHER_MODEL = {
 ODD = dict(vocab=250)
 ODD_VOCAB = {
     "odd_vocab_unpadded": (dict(model_over=dict(ODD, vocab_multiple=1)), None),
-    "odd_vocab_tp4_dp2_zero1": (dict(model_over=ODD, tp=4, dp=2, zero=1, micro_batch=2), "odd_vocab_unpadded"),
+    "odd_vocab_tp2_dp4_zero1": (dict(model_over=ODD, tp=2, dp=4, zero=1, micro_batch=2), "odd_vocab_unpadded"),
     "odd_tied_unpadded": (dict(model_over=dict(ODD, vocab_multiple=1, mlp="gelu", tied_embeddings=True)), None),
     "odd_tied_pp2_tp2_dp2_zero3": (dict(model_over=dict(ODD, mlp="gelu", tied_embeddings=True), pp=2, tp=2, dp=2,
                                         schedule="1f1b", zero=3, micro_batch=2), "odd_tied_unpadded"),
@@ -136,8 +139,8 @@ def test_loss_parity_with_single_process(parity_results, name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n, (_, ref) in ODD_VOCAB.items() if ref])
 def test_padded_vocabulary_gives_the_unpadded_losses(parity_results, name):
-    """tp 4 of a 250-token vocabulary (padded to 512 rows) and a tied tp 2 pipeline (256 rows): the
-    losses and grad norms of the same model unpadded in one process."""
+    """tp 2 of a 250-token vocabulary (padded to 256 rows: 6 of TP rank 1's 128 are padding), ZeRO 1 and
+    a tied pipeline under ZeRO 3: the losses and grad norms of the same model unpadded in one process."""
     ref = ODD_VOCAB[name][1]
     assert _losses(parity_results, name) == pytest.approx(_losses(parity_results, ref), rel=RTOL)
     assert parity_results[name]["grad_norms"] == pytest.approx(parity_results[ref]["grad_norms"], rel=RTOL)

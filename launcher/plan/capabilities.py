@@ -40,8 +40,12 @@ RECOMPUTE = ("none", "selective", "full")
 #: Pipeline schedules (pipeline.py, torch.distributed.pipelining); "none" when pp = 1.
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 MLPS = ("swiglu", "gelu")
-#: Mixture-of-experts layers run without tensor parallelism (moe.py); experts split over dp·cp (ep).
-MOE_WITH_TP = False
+#: Mixture-of-experts models under TP: attention and norms tensor-parallel, the router and experts
+#: whole on every TP rank (expert TP 1), each rank routing its own sequence shard (tensor_parallel.py);
+#: experts split over dp·cp (ep). Their TP-replicated gradients are summed by the lean optimizer, so
+#: MoE with tp > 1 runs under ZeRO 0/1 (MOE_TP_ZERO).
+MOE_WITH_TP = True
+MOE_TP_ZERO = (0, 1)
 #: Context parallelism: keys and values all-gathered over the cp group, exact causal attention
 #: over a load-balanced head+tail split of the sequence into 2·cp chunks (context_parallel.py).
 CP_ATTENTION = "all-gather"
@@ -97,12 +101,21 @@ def model_problem(m: ModelSpec) -> tuple[str, str] | None:
 
 def tp_problem(m: ModelSpec, tp: int) -> str | None:
     """Why the trainer cannot shard this model over `tp` ranks (Megatron-style TP, vocab-parallel loss)."""
-    if m.experts > 1 and tp > 1 and not MOE_WITH_TP:
+    if m.experts > 1 and tp > 1 and not MOE_WITH_TP:  # pragma: no cover - kept for a trainer without it
         return ("with a mixture-of-experts model: the bundled trainer runs experts without tensor "
                 "parallelism; use tp 1 with ep (expert parallelism) instead")
     for name in ("heads", "kv_heads", "ffn_hidden"):        # the vocabulary is padded (padded_vocab)
         if getattr(m, name) % tp:
             return f"does not divide model.{name}={getattr(m, name)}"
+    return None
+
+
+def moe_tp_zero_problem(m: ModelSpec, tp: int, zero: int, dp_cp: int) -> str | None:
+    """MoE under TP keeps its router and experts whole on every TP rank; their gradients are summed over
+    TP by the lean optimizer (ZeRO 0/1), not by FSDP."""
+    if m.experts > 1 and tp > 1 and dp_cp > 1 and zero not in MOE_TP_ZERO:
+        return (f"with a mixture-of-experts model under tp {tp}: the experts' TP-replicated gradients are summed "
+                f"by ZeRO {' or '.join(map(str, MOE_TP_ZERO))}'s optimizer; choose zero 0 or 1")
     return None
 
 
@@ -182,6 +195,8 @@ def check_plan(plan: Plan) -> None:
          f"plan.layout: tp·cp·pp·dp = {lay.world} but plan.world_size is {plan.world_size}")
     why = tp_problem(m, lay.tp)
     need(why is None, f"plan.layout.tp={lay.tp} {why}")
+    why = moe_tp_zero_problem(m, lay.tp, lay.zero, lay.dp * lay.cp)
+    need(why is None, f"plan.layout.zero={lay.zero} {why}")
     why = cp_problem(t.seq_len, lay.cp, lay.tp)
     need(why is None, f"plan.layout.cp={lay.cp} {why}")
     why = ep_problem(m, lay.ep, lay.dp, lay.cp)

@@ -346,6 +346,8 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
     # recompute repeats the forward's.
     tp_bw = group_busbw(bw, lay.tp, st["tp"], gpus_per_node, per_gpu_nic=True)
     tp_colls = 12 if lay.recompute == "full" else 8
+    if model.experts > 1:
+        tp_colls //= 2      # a MoE block: attention's collectives only (the experts route each rank's own shard)
     tp_mb = tp_colls * ring(s_local * b * h * dtype, lay.tp, tp_bw, stack.alpha_s) * layers_stage
     # CP: K and V all-gathered forward (again under recompute), their gradients reduce-scattered
     # backward: 2 collectives per pass per layer, each of the full sequence's K (or V) for this rank's

@@ -262,8 +262,10 @@ def trainer_layer_activation_bytes(model, s: int, b: int, mode: str, num: Numeri
         return selective_layer_bytes(model, tokens, tp, num)
     # two RMSNorms: the fp32 input (x, or x.float()) and the normalised x before the weight multiply
     norms = 2 * (4 + r) * h * tokens / sp
-    # the normed input of the attention's and the MLP's matmuls (all-gathered under TP)
-    linear_in = 2 * e * h * tokens
+    # the normed input of the attention's and the MLP's matmuls (all-gathered under TP; a MoE routes each TP
+    # rank's own sequence shard, moe_tokens)
+    mt, mtp = moe_tokens(model, tokens, tp)
+    linear_in = e * h * tokens + e * h * mt
     # SDPA keeps q, k (after RoPE; RoPE itself keeps only its cos/sin tables) and v, its output (which
     # wo keeps as its input, a view) and its fp32 logsumexp
     if mode != "none":
@@ -273,7 +275,14 @@ def trainer_layer_activation_bytes(model, s: int, b: int, mode: str, num: Numeri
         # K and V all-gathered over CP (context_parallel.py), kept by SDPA; its two query chunks' outputs
         # are kept by SDPA and joined into one more copy that wo keeps
         attn += 2 * hkv / tp * e * s * b + hq / tp * e * tokens
-    return norms + linear_in + attn + mlp_activation_bytes(model, tokens, tp, e, ep=ep)
+    return norms + linear_in + attn + mlp_activation_bytes(model, mt, mtp, e, ep=ep)
+
+
+def moe_tokens(model, tokens: float, tp: int) -> tuple[float, int]:
+    """(tokens, tp) as a block's MLP sees them: a dense MLP gets the all-gathered tokens and splits its
+    width over TP; a MoE routes each TP rank's own sequence shard through whole experts (expert TP 1,
+    tensor_parallel.block_plan)."""
+    return (tokens / tp, 1) if model.experts > 1 else (tokens, tp)
 
 
 def selective_layer_bytes(model, tokens: float, tp: int, num: Numerics) -> float:
@@ -285,15 +294,17 @@ def selective_layer_bytes(model, tokens: float, tp: int, num: Numerics) -> float
     kept += (2 * hq + 2 * hkv) / tp * e * tokens             # wq, wk, wv outputs and SDPA's output
     kept += a / tp * 4 * tokens                              # SDPA's fp32 logsumexp
     kept += h * e * tokens                                   # wo's output (a partial sum under TP)
+    moe = model.experts > 1
     if tp > 1:
-        # the sequence-parallel all-gathers of both norms' outputs, the reduce-scatters of wo and w2
-        kept += 2 * r * h * tokens + 2 * h / tp * e * tokens
+        # the sequence-parallel all-gathers of both norms' outputs, the reduce-scatters of wo and w2 (a MoE
+        # block: attention's only, moe_tokens)
+        kept += (1 if moe else 2) * (r * h * tokens + h / tp * e * tokens)
     mats = 2 if model.mlp == "swiglu" else 1                 # w1 (and w3) outputs
-    if model.experts == 1:
+    if not moe:
         return kept + (mats * model.ffn_hidden / tp + h) * e * tokens    # + w2's output
     k = model.experts_per_token
     # the router's logits, and per routed (token, expert) pair its experts' matmul outputs
-    return kept + tokens * (model.experts * e + k * (mats * model.ffn_hidden + h) * e)
+    return kept + tokens / tp * (model.experts * e + k * (mats * model.ffn_hidden + h) * e)
 
 
 def mlp_activation_bytes(model, tokens: float, tp: int, e: int, input_copies: int = 1, ep: int = 1) -> float:
@@ -379,7 +390,11 @@ def _rank_params(model, t: int, pp: int, ep: int, v: int, r: int) -> RankParams:
     c = param_counts(model)
     layers = _rank_layer_counts(model.layers, pp, v)[r]
     norms = 2 * model.hidden
-    dense, expert = c.layer_dense * layers / t, c.layer_expert * layers / (t * ep)
+    # a MoE's router and experts are whole on every TP rank (expert TP 1), the rest of the block split over TP
+    et = 1 if model.experts > 1 else t
+    router = model.hidden * model.experts if model.experts > 1 else 0
+    dense = ((c.layer_dense - router) / t + router) * layers
+    expert = c.layer_expert * layers / (et * ep)
     vh = model.vocab * model.hidden / t
     root, head_w = 0.0, 0.0
     if r == 0:
@@ -389,11 +404,11 @@ def _rank_params(model, t: int, pp: int, ep: int, v: int, r: int) -> RankParams:
         root += (c.head + tied_copy + c.final_norm) / t
         head_w = vh          # the untied head, or the (tied) embedding the loss multiplies with
     matmul = dense + expert - norms * layers / t + head_w
-    largest = max(vh if root else 0.0, model.ffn_hidden * model.hidden / t, model.hidden * model.hidden / t)
-    block = (c.layer_dense / t + c.layer_expert / (t * ep))
+    largest = max(vh if root else 0.0, model.ffn_hidden * model.hidden / et, model.hidden * model.hidden / t)
+    block = (c.layer_dense - router) / t + router + c.layer_expert / (et * ep)
     # the MLP weights whose gradients wait for one FSDP post-backward: the block's (all its experts), or
     # with EP one expert's (each expert is its own FSDP unit: fsdp.apply_fsdp)
-    mlp_unit = c.layer_expert / (t * ep) if ep == 1 else c.layer_expert / (t * c.experts)
+    mlp_unit = c.layer_expert / (et * ep) if ep == 1 else c.layer_expert / (et * c.experts)
     return RankParams(dense, expert, root, matmul, head_w, largest, block, mlp_unit)
 
 
@@ -705,6 +720,26 @@ def _chunk(shape: tuple[int, ...], dim: int, n: int) -> int:
 
 
 @lru_cache(maxsize=4096)
+def lean_expert_pack_elems(model, ep: int, n: int, layers: int) -> float:
+    """lean_pack_elems for the EP experts' own group (their dp·cp/ep replicas, chunked n ways): each layer's
+    experts/ep local experts, whole under TP."""
+    h, f = model.hidden, model.ffn_hidden
+    mlp = [((f, h), 0), ((h, f), 0)] + ([((f, h), 0)] if model.mlp == "swiglu" else [])
+    return _largest_pack(mlp * (model.experts // ep) * layers, n)
+
+
+def _largest_pack(tensors: list[tuple[tuple[int, ...], int]], n: int) -> float:
+    """dist_optim's bucketing over (local shape, split dim) in order: the largest pack's elements."""
+    largest, row = 0.0, 0
+    for shape, dim in tensors:
+        c = _chunk(shape, dim, n)
+        if row and (row + c) * n > ALLREDUCE_BUCKET_ELEMS:
+            largest, row = max(largest, row * n), 0
+        row += c
+    return max(largest, row * n)
+
+
+@lru_cache(maxsize=4096)
 def lean_pack_elems(model, tp: int, n: int, ep: int, first: bool, last: bool, layers: int) -> float:
     """The largest fp32 pack (all n ranks' chunks of one bucket) dist_optim.MixedPrecisionOptimizer forms
     for this rank's dense weights: its bucketing run over the rank's local tensors in module order (each
@@ -718,20 +753,16 @@ def lean_pack_elems(model, tp: int, n: int, ep: int, first: bool, last: bool, la
              ((model.kv_heads * hd // t, h), col), ((h, a * hd // t), 0), ((h,), 0)]
     mlp = [((f // t, h), col), ((h, f // t), 0)] + ([((f // t, h), col)] if model.mlp == "swiglu" else [])
     if model.experts > 1:
-        layer.append(((model.experts, h), 0))    # the router; EP experts are a group of their own
-        layer += mlp * (model.experts if ep == 1 else 0)
+        # the router and experts are whole under TP (expert TP 1); EP experts are a group of their own
+        whole = [((f, h), 0), ((h, f), 0)] + ([((f, h), 0)] if model.mlp == "swiglu" else [])
+        layer.append(((model.experts, h), 0))
+        layer += whole * (model.experts if ep == 1 else 0)
     else:
         layer += mlp
     tensors = ([vocab] if first else []) + layer * layers
     if last:
         tensors += [((h,), 0)] + ([vocab] if not model.tied_embeddings or not first else [])
-    largest, row = 0.0, 0
-    for shape, dim in tensors:
-        c = _chunk(shape, dim, n)
-        if row and (row + c) * n > ALLREDUCE_BUCKET_ELEMS:
-            largest, row = max(largest, row * n), 0
-        row += c
-    return max(largest, row * n)
+    return _largest_pack(tensors, n)
 
 
 def _lean_step_memory(model, train, gpu, lay: Layout, rp: RankParams, n: int, params: float, grads: float,
@@ -742,10 +773,15 @@ def _lean_step_memory(model, train, gpu, lay: Layout, rp: RankParams, n: int, pa
     float64 copies of one tensor's chunk; the gather casts one bucket's master and all-gathers it."""
     shards = n if lay.zero == 1 else 1
     pack = lean_pack_elems(model, lay.tp, shards, lay.ep, r == 0, r == lay.pp - 1, layers)
+    stepped = pack / shards                       # the largest bucket the inner optimizer steps at once
+    if model.experts > 1 and lay.ep > 1:
+        ex_shards = max(1, n // lay.ep) if lay.zero == 1 else 1
+        ex_pack = lean_expert_pack_elems(model, lay.ep, ex_shards, layers)
+        pack, stepped = max(pack, ex_pack), max(stepped, ex_pack / ex_shards)
     # at a bucket's packing its weights' gradients still exist; its ZeRO 1 shard (4/n B an element) is made
     # once they are released (2 B an element): the pack beside every gradient is the reduce's peak
     reduce = 4 * pack
-    temp = max(optimizer_temp_bytes(train, gpu, pack / shards, pack / shards), 16 * rp.largest / shards)
+    temp = max(optimizer_temp_bytes(train, gpu, stepped, stepped), 16 * rp.largest / shards)
     moments = [RankMemory(params, grads, optimizer, 0.0, 0.0, reduce, "gradient reduce"),
                RankMemory(params, step_grads, optimizer, 0.0, temp, 0.0, "optimizer step")]
     return max(moments, key=lambda m: m.total)
@@ -1018,7 +1054,8 @@ def _block_peak(model, lay: Layout, num: Numerics, tokens: float, acts: float, r
     one block's parameters, 0 without FSDP): ZeRO 3 has gathered that block and prefetches the next
     (FSDP2's backward prefetch: one block's all-gather buffer); without a pipeline the block above's
     gradients are reduce-scattered after it (rank_memory's FSDP post-backward candidates)."""
-    routed = tokens * model.experts_per_token / model.experts if model.experts > 1 else tokens
+    mt, mtp = moe_tokens(model, tokens, lay.tp)
+    routed = mt * model.experts_per_token / model.experts if model.experts > 1 else tokens
     if lay.recompute == "selective" and model.experts == 1:
         # op-level selective recompute (recompute.py) replays the block at its backward's first unpack and then
         # drops the kept outputs nothing saves: wq's and wk's (RoPE makes q and k anew), wv's under CP (SDPA
@@ -1026,27 +1063,27 @@ def _block_peak(model, lay: Layout, num: Numerics, tokens: float, acts: float, r
         hkv = model.kv_heads * (model.hidden // model.heads)
         acts -= ((model.hidden + hkv * (2 if lay.cp > 1 else 1)) / lay.tp + model.hidden) * num.act * tokens
     if model.experts > 1:
-        temps = recomputed + mlp_backward_bytes(model, routed, lay.tp, num.act)
+        temps = recomputed + mlp_backward_bytes(model, routed, mtp, num.act)
         if lay.ep > 1 and recomputed > 0:
             # backward re-runs the MoE's forward: at its end, beside what it recomputed, EP's dispatch copies
             # of every routed row (moe.MoE._experts: the all-to-all receive buffer and its by-expert regrouping
             # in the input dtype; the empty_like the experts' output is copied into in its restored order, and
             # that copy, in the matmul dtype)
-            rows = tokens * model.experts_per_token
+            rows = mt * model.experts_per_token
             temps = max(temps, recomputed + rows * model.hidden * (2 * num.residual + 2 * num.act))
     else:
         temps = recomputed + dense_mlp_backward_bytes(model, tokens, lay, num, fsdp_block > 0)
     # the output head's gradient in the parameter dtype, made in the loss's backward, waits for the root
     # unit's FSDP post-backward at the end of the whole backward
     head_grad = num.gathered * fsdp_head
-    mlp_kept, after_mlp = _mlp_kept_bytes(model, tokens, lay.tp, num, lay.recompute, lay.ep), 0.0
+    mlp_kept, after_mlp = _mlp_kept_bytes(model, mt, mtp, num, lay.recompute, lay.ep), 0.0
     if fsdp_mlp and model.experts > 1:
         # after the MoE's backward, before the block's FSDP post-backward: all its local experts' weight
         # gradients in the parameter dtype (FSDP casts them to the fp32 reduce dtype only then), beside
         # what the attention's backward still needs of the recomputed block, and the MoE's input norm's
         # backward (RMSNorm in fp32: the upcast input, its square, the normalised x and their gradients,
         # about six fp32 [tokens, hidden] tensors, traced)
-        mlp_recomputed = mlp_activation_bytes(model, tokens, lay.tp, num.act, ep=lay.ep) - mlp_kept
+        mlp_recomputed = mlp_activation_bytes(model, mt, mtp, num.act, ep=lay.ep) - mlp_kept
         norm_backward = 6 * 4 * model.hidden * tokens / lay.tp
         after_mlp = max(0.0, recomputed - mlp_recomputed) + num.gathered * fsdp_mlp + norm_backward
     gathered = num.gathered * fsdp_block if zero == 3 else 0.0

@@ -295,6 +295,8 @@ class Search:
         p, t = self.par, self.train
         mbs = [p.micro_batch] if p.micro_batch is not None else divisors(t.global_batch // dp)
         zeros = [p.zero] if p.zero is not None else (list(capabilities.ZERO_STAGES) if dp * cp > 1 else [0])
+        if self.model.is_moe and tp > 1:
+            zeros = [z for z in zeros if capabilities.moe_tp_zero_problem(self.model, tp, z, dp * cp) is None]
         recomputes = [p.recompute] if p.recompute else list(RECOMPUTE_ORDER)
         per_mb = len(zeros) * len(recomputes)
         for sched, v in self.schedule_choices(pp):
@@ -402,6 +404,12 @@ def warnings_for(spec: JobSpec, cand: Candidate, cluster: Cluster, tp_local: boo
             out.append(f"{m} micro-batches < 4 × {lay.pp} stages: bubble {est.bubble_fraction:.1%} of compute "
                        "(raise global_batch or lower pp)")
     shard = lay.dp * lay.cp
+    if lay.pp > 1 and lay.zero >= 2 and shard > 1:
+        # torch's pipelining turns FSDP's gradient reduce-scatter (and ZeRO 3's reshard after backward) off
+        # until a stage's last micro-batch: its gradients accumulate unsharded in the fp32 reduce dtype
+        out.append(f"ZeRO {lay.zero} under pipeline parallelism: torch's pipelining keeps each stage's gradients "
+                   f"unsharded in fp32 until its last micro-batch ({led.grads_gb:.1f} GB per GPU here, not "
+                   f"1/{shard} of it); ZeRO 1 shards optimizer state only but keeps gradients in bf16")
     unsharded = led.params_gb + (led.grads_gb if lay.zero < 2 else 0.0)
     what = "params+grads" if lay.zero < 2 else "params"
     if shard > 1 and lay.zero < 3 and unsharded > 0.25 * led.capacity_gb:

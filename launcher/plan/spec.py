@@ -196,6 +196,9 @@ def _check_parallel(p: ParallelSpec, m: ModelSpec, t: TrainSpec, c: ClusterSpec)
         why = capabilities.tp_problem(m, p.tp)
         if why:
             raise SpecError("parallel.tp", f"{p.tp} {why}")
+        if p.zero is not None and m.experts > 1 and p.tp > 1 and p.zero not in capabilities.MOE_TP_ZERO:
+            raise SpecError("parallel.zero", f"{p.zero} with a mixture-of-experts model under tp {p.tp}: the experts' "
+                                             "TP-replicated gradients are summed by ZeRO 0/1's optimizer; choose 0 or 1")
         if c.gpus_per_node % p.tp and not p.allow_cross_node_tp:
             raise SpecError("parallel.tp", f"{p.tp} does not divide gpus_per_node={c.gpus_per_node} "
                                            "(set parallel.allow_cross_node_tp: true to force it)")

@@ -117,6 +117,16 @@ class Group:
         return offset
 
 
+def _tp_summed(p: nn.Parameter, g: torch.Tensor) -> torch.Tensor:
+    """A weight TP leaves whole under MoE (tensor_parallel.tag_tp_replicated): every TP rank's gradient is
+    its own tokens' share, summed over the TP group here."""
+    group = getattr(p, "tp_sum_group", None)
+    if group is not None:
+        g = g.contiguous()
+        dist.all_reduce(g, group=group)
+    return g
+
+
 def _replicated_slice(p: nn.Parameter, g: torch.Tensor) -> torch.Tensor | None:
     """This rank's shard of a weight's gradient that is Replicate where the weight is Shard(d) on a 1-D TP
     mesh, as a view (torch.chunk's split, as DTensor shards); None for any other placement pair."""
@@ -213,7 +223,7 @@ class MixedPrecisionOptimizer:
         of a TP-sharded weight (DTensor's embedding backward computes the whole vocabulary's) is read as a
         view of this rank's slice, not redistributed into a copy beside it."""
         if id(p) in self.main_grads:
-            return self.main_grads.pop(id(p))
+            return _tp_summed(p, self.main_grads.pop(id(p)))
         g = p.grad
         view = _replicated_slice(p, g) if g is not None else None
         if view is not None:
@@ -221,7 +231,7 @@ class MixedPrecisionOptimizer:
             return view
         found = local_grads([p])
         p.grad = None
-        return found[0][1] if found else None
+        return _tp_summed(p, found[0][1]) if found else None
 
     @torch.no_grad()
     def reduce_grads(self) -> None:

@@ -36,7 +36,7 @@ from launcher.trainer.pipeline import (
     tied_params,
 )
 from launcher.trainer.recompute import apply_recompute
-from launcher.trainer.tensor_parallel import apply_tp
+from launcher.trainer.tensor_parallel import apply_tp, tag_tp_replicated
 
 log = logging.getLogger("launcher.trainer")
 
@@ -89,6 +89,7 @@ def build_parts(cfg: TrainerConfig, mesh: MeshInfo, bf16: bool) -> tuple[list[Tr
         cpar.apply_cp(m, mesh.group("cp"), mesh.coords["cp"], p.cp, cfg.train.seq_len)
         m.init_weights(cfg.train.seed)
         moe.tag_expert_params(m)
+        tag_tp_replicated(m, mesh.tp_mesh)
         parts.append(m)
     return parts, stage_ids
 

@@ -24,7 +24,10 @@ from torch.distributed.tensor.parallel import (
 from launcher.trainer.model import Transformer
 
 
-def block_plan(gated: bool) -> dict:
+def block_plan(gated: bool, moe: bool = False) -> dict:
+    """A dense block: Megatron's column-then-row split of attention and MLP. A mixture-of-experts block:
+    attention as a dense one; the router and experts are not split (expert TP 1, Megatron's ETP=1): each
+    TP rank routes its own sequence shard's tokens, so the MoE takes and returns the local shard."""
     plan = {
         "attention_norm": SequenceParallel(),
         "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
@@ -38,7 +41,14 @@ def block_plan(gated: bool) -> dict:
         "feed_forward.w1": ColwiseParallel(),
         "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
     }
-    if gated:
+    if moe:
+        for k in ("feed_forward", "feed_forward.w1", "feed_forward.w2"):
+            del plan[k]
+        # the norm's sequence shard in, as a plain tensor; the MoE's output is this rank's shard of the
+        # residual stream (which the blocks carry as local tensors, as wo's and w2's outputs are)
+        plan["feed_forward"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),),
+                                                  use_local_output=True)
+    elif gated:
         plan["feed_forward.w3"] = ColwiseParallel()
     return plan
 
@@ -60,6 +70,18 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh) -> None:
         w = model.output.weight
         model.output.weight = nn.Parameter(distribute_tensor(w.detach(), tp_mesh, [Shard(0)], src_data_rank=None),  # type: ignore[operator]
                                            requires_grad=w.requires_grad)  # type: ignore[arg-type]
-    gated = model.args.mlp == "swiglu"
+    gated, moe = model.args.mlp == "swiglu", model.args.experts > 1
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, block_plan(gated))
+        parallelize_module(block, tp_mesh, block_plan(gated, moe))
+
+
+def tag_tp_replicated(model: Transformer, tp_mesh: DeviceMesh) -> None:
+    """Mark the MoE weights TP leaves whole (router, experts) with the TP group their gradients are summed
+    over: each TP rank's gradient is its own tokens' share (the lean optimizer sums them before its reduce).
+    Call on the final Parameter objects (after to_empty)."""
+    if tp_mesh.size() == 1 or model.args.experts <= 1:
+        return
+    group = tp_mesh.get_group()
+    for block in model.layers.values():
+        for p in block.feed_forward.parameters():
+            p.tp_sum_group = group  # type: ignore[attr-defined]
