@@ -552,3 +552,31 @@ def test_captures_cut_at_every_hundredth_invent_no_figure(kind):
             except ParseError:
                 continue
             assert part <= whole, (name, cut, sorted(part - whole)[:3])
+
+
+@pytest.mark.parametrize("kind, folder, name", [
+    ("dcgm-diag", "dcgm-diag", "a10g-4gpu-sagemaker-g5.12xlarge-dcgm3.3.9-r3-targeted-power-FAIL-gpu1.txt"),
+    ("nvlink-errors", "nvlink", "h100-nvl-2gpu-dcgmi-nvlink-link-status-all-18-links-Down-FAULT.txt"),
+    ("nvlink-errors", "nvlink", "h100-nvlink-e-all-zero-DOC-EXAMPLE-anonymised-uuid-elided.txt"),
+    ("perftest", "perftest", "a100-sxm4-80gb-ib-100g-ib_write_bw-use_cuda-2qp-a-sweep-client-81gbps.txt"),
+    ("gpu-q", "nvidia-smi-query", "a10-1gpu-q-full-drv535.129.03-remapped-rows-uncorrectable4-pending-yes.txt"),
+])
+def test_a_stderr_line_anywhere_leaves_the_verdict_as_it_was(kind, folder, name):
+    """A line from another stream (a CPU-frequency warning, a locale warning) put between any two lines
+    of a capture, with CRLF line ends too: the same findings as the clean capture (it changed the
+    verdict or refused the capture, issue 23)."""
+    from checks.health_judges import judge_parsed
+    from checks.parsers import parser_for
+
+    def verdict(text: str) -> list[tuple[str, str]]:
+        return [(f.status, f.component) for f in judge_parsed(kind, parser_for(kind)(text), node="n")]
+
+    text = read(folder, name)
+    want = verdict(text)
+    lines = text.splitlines()
+    for pos in range(1, len(lines)):
+        for junk in ("Conflicting CPU frequency values detected: 1500.000000 != 3400.000000",
+                     "bash: warning: setlocale: LC_ALL: cannot change locale (en_US.UTF-8)"):
+            mixed = "\n".join(lines[:pos] + [junk] + lines[pos:]) + "\n"
+            assert verdict(mixed) == want, (pos, junk)
+            assert verdict(mixed.replace("\n", "\r\n")) == want, (pos, "crlf")

@@ -153,6 +153,8 @@ def parse_dcgm_diag(text: str) -> DcgmDiag:
             continue
         if set(s) <= set("+-=|"):
             continue
+        if "|" not in s:
+            continue        # not the table's (stderr interleaved into the capture): every row has a pipe
         cells = _cells(s)
         if cells is None:
             raise ParseError(KIND, "expected a `| name | result |` row of a dcgmi diag table", i + 1, raw)

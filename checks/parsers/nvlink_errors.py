@@ -77,6 +77,8 @@ def parse_nvlink_errors(text: str) -> NvlinkErrors:
             out.gpus[-1].all_inactive = True
             continue
         m = COUNTER_RE.match(s)
+        if not m and not s.startswith("Link "):
+            continue        # not nvidia-smi's (stderr interleaved into the capture)
         if not m:
             raise ParseError(KIND, "expected 'Link n: <Counter> Errors: <count>'", i + 1, raw)
         if m.group(3) != "N/A":
@@ -103,6 +105,8 @@ def _parse_dcgmi(lines: list[str]) -> NvlinkErrors:
             out.gpus.append(NvlinkErrGpu(index=int(m.group(1))))
             continue
         letters = s.split()
+        if not any(x in STATES for x in letters):
+            continue        # no link state at all: not dcgmi's (stderr interleaved into the capture)
         if not out.gpus or not all(x in STATES for x in letters):
             raise ParseError(KIND, "expected a row of link states (U, D, X, _) under 'gpuId n:'", i + 1, raw)
         out.gpus[-1].link_states = {k: STATES[x] for k, x in enumerate(letters)}
