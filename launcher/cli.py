@@ -43,8 +43,7 @@ FILE = re.compile(r"^(?P<file>[^\s:]+\.(?:ya?ml|json)): ")
 FIELD = re.compile(r"^(?P<field>--[a-z][a-z0-9-]*|[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_\[\]-]+)*):")
 
 #: `--json` was given (before or after the command): errors then go to stdout as JSON too.
-JSON_KEY = "launch4d.json"
-_json_seen = [False]
+from launcher.commands import JSON_KEY, _json_seen  # noqa: E402  # the --json state the commands share
 
 
 def error_payload(message: str, field: str | None = None, exit_code: int = 2) -> dict:

@@ -10,11 +10,14 @@ from typing import Any
 
 import click
 
+#: where the root context remembers --json (before or after the subcommand); _json_seen[0] is set once any
+#: command's --json was seen, for errors raised before a context exists (launcher.cli)
+JSON_KEY = "launch4d.json"
+_json_seen = [False]
+
 
 def _json_flag(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
     """The command's --json, or the group's (`launch --json plan ...`); remembered for the errors."""
-    from launcher.cli import JSON_KEY, _json_seen
-
     value = bool(value) or bool(ctx.find_root().meta.get(JSON_KEY))
     if value:
         ctx.find_root().meta[JSON_KEY] = True

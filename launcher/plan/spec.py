@@ -68,7 +68,7 @@ class TrainSpec:
     optimizer: Optimizer = bounded("adam", doc="adam (AdamW), adam8bit (block-wise 8-bit AdamW) or sgd")
     precision: Precision = bounded("bf16", why_not=capabilities.PRECISION_REFUSED, doc="compute precision")
     grad_dtype: GradDtype = bounded("bf16", doc="where gradients accumulate over micro-batches under ZeRO 0/1: "
-                                                "bf16 (2 B/param, the seed's count) or an fp32 buffer (4 B/param)")
+                                                "bf16 (2 B/param, the ZeRO paper's count) or an fp32 buffer (4 B/param)")
     lr: float = bounded(3e-4, 0.0, 10.0, doc="peak learning rate")
     warmup_steps: int = bounded(0, 0, 1 << 40, doc="linear warm-up steps")
     weight_decay: float = bounded(0.0, 0.0, 10.0, doc="decoupled weight decay")

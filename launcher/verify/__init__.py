@@ -4,7 +4,7 @@
 mesh, TP plan, pipeline stages, FSDP wrapping, CP, optimizer — as that rank of the full job
 would, under a fake process group and FakeTensorMode, runs one optimizer step through the plan's
 schedule and measures the rank's peak memory by category with torch's tracker
-(launcher/trainer/memtrace.py). Pipeline ranks whose shards are identical share traces
+(launcher/verify/memtrace.py). Pipeline ranks whose shards are identical share traces
 (roles.py says how). It also builds the world's last rank. Nothing here imports
 torch at module level: the trainer side is imported inside trace_plan.
 """
@@ -108,7 +108,7 @@ def trace_plan(plan: Plan, progress: Callable[[str], None] | None = None,
         notes.append("bf16 traced as on the nodes: FSDP casts parameters to bf16 (fp32 reduce); without FSDP, "
                      "bf16 weights with fp32 masters in the optimizer")
     if (plan.model.experts or 1) > 1:
-        from launcher.trainer.memtrace import ROUTING_ASSUMPTION
+        from launcher.verify.memtrace import ROUTING_ASSUMPTION
 
         notes.append(ROUTING_ASSUMPTION)
     if replay:

@@ -46,7 +46,7 @@ def run_one(plan: Plan, rank: int, bf16: bool, counts: list[int] | None,
 
     import torch
 
-    from launcher.trainer import memtrace
+    from launcher.verify import memtrace
     from launcher.trainer.config import config_from_plan
 
     logging.getLogger("launcher.trainer").setLevel(logging.WARNING)
@@ -85,7 +85,7 @@ def run_roles(plan: Plan, trace_jobs: list[tuple[int, list[int], list[tuple[int,
     jobs = list(trace_jobs) + [(r, None, None, None) for r in build_ranks]
     n = max(1, min(len(jobs), workers or os.cpu_count() or 1))
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["launcher.trainer.memtrace", "launcher.trainer.config"])
+    ctx.set_forkserver_preload(["launcher.verify.memtrace", "launcher.trainer.config"])
     out: dict[int, dict] = {}
     with ProcessPoolExecutor(max_workers=n, mp_context=ctx, max_tasks_per_child=1) as pool:
         futures = {pool.submit(run_one, plan, r, bf16, c, v, rp): (r, c) for r, c, v, rp in jobs}
