@@ -46,8 +46,8 @@ def run_one(plan: Plan, rank: int, bf16: bool, counts: list[int] | None,
 
     import torch
 
-    from launcher.verify import memtrace
     from launcher.trainer.config import config_from_plan
+    from launcher.verify import memtrace
 
     logging.getLogger("launcher.trainer").setLevel(logging.WARNING)
     torch.set_num_threads(1)
