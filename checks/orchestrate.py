@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from checks import levels
 from checks.hosts import compress
@@ -91,8 +92,17 @@ def gpu_count(probes: dict[str, CommandResult]) -> int | None:
     return None
 
 
+class _Pool(ThreadPoolExecutor):
+    """A fan-out that, when the main thread leaves it with an exception (Ctrl-C, SIGTERM, a bug),
+    cancels the work not yet started and does not wait for the work that is: a host that accepted
+    the connection but never answers would hold Ctrl-C for as long as its timeouts run."""
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.shutdown(wait=exc_type is None, cancel_futures=exc_type is not None)
+
+
 def _pool(workers: int, n: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=max(1, min(workers, n)))
+    return _Pool(max_workers=max(1, min(workers, n)))
 
 
 def run_preflight(runner: Runner, hosts: Sequence[str], options: PreflightOptions | None = None,
@@ -179,6 +189,10 @@ def run_preflight(runner: Runner, hosts: Sequence[str], options: PreflightOption
         with _pool(opts.workers, len(hosts)) as pool:
             list(pool.map(node_phase, hosts))
         runs = [f.result() for _, f in sorted(round1, key=lambda x: first.index(x[0]))]
+    except BaseException:
+        pair_pool.shutdown(wait=False, cancel_futures=True)
+        runner.close()  # what the workers still wait on (connections, remote commands) ends now
+        raise
     finally:
         pair_pool.shutdown()
     for p in opts.probes:

@@ -239,3 +239,39 @@ def test_a_terminal_that_cannot_show_an_em_dash_gets_the_output_not_a_traceback(
     for args in (["plan", job], ["render", job, "--backend", "slurm"]):
         r = subprocess.run([LAUNCH, *args], capture_output=True, env=env, timeout=120)
         assert r.returncode == 0 and b"Traceback" not in r.stderr and r.stdout, (args, r.stderr[-500:])
+
+
+def test_ctrl_c_during_preflight_does_not_wait_for_a_host_that_never_answers():
+    """A host that accepted the connection but never sends its banner held Ctrl-C for its timeouts
+    (~116 s, issue 23): the fan-out no longer waits for its workers once interrupted, and the runner is
+    closed so what they wait on (the handshake, a remote command) ends at once."""
+    import threading
+
+    from checks.orchestrate import PreflightOptions, run_preflight
+    from checks.results import CommandResult
+    from checks.runners import Runner
+
+    class Hung(Runner):
+        launcher = None
+
+        def __init__(self):
+            self.closed = threading.Event()
+            self.released_by_close: list[bool] = []
+
+        def run(self, host, command, timeout):
+            if host == "b":
+                raise KeyboardInterrupt        # Ctrl-C arrives while "hung" is still connecting
+            self.released_by_close.append(self.closed.wait(60))   # bounded: a regression fails, not hangs
+            return CommandResult(host, command, error="connection closed")
+
+        def close(self):
+            self.closed.set()
+
+    runner = Hung()
+    with pytest.raises(KeyboardInterrupt):
+        run_preflight(runner, ["b", "hung"], PreflightOptions(workers=2))
+    assert runner.closed.is_set()
+    for t in threading.enumerate():                # the worker ends once released
+        if t.name.startswith("ThreadPoolExecutor"):
+            t.join(60)
+    assert runner.released_by_close == [True]

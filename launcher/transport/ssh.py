@@ -110,6 +110,7 @@ class SSHHosts:
         if cfg.exists():
             self._config = paramiko.SSHConfig.from_path(str(cfg))
         self._clients: dict[str, Any] = {}
+        self._connecting: set[Any] = set()  # clients whose handshake is under way
         self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
         self._kh_lock = threading.Lock()
@@ -238,6 +239,8 @@ class SSHHosts:
                 return self._clients[alias]
             t = self.target(alias)
             client = self._new_client()
+            with self._lock:
+                self._connecting.add(client)   # close() ends a handshake a hung host never answers
             try:
                 sock = None
                 jump = self.options.jump or t.proxy_jump
@@ -249,6 +252,9 @@ class SSHHosts:
             except Exception as exc:  # noqa: BLE001 - every failure becomes a reason, never a traceback
                 client.close()
                 raise self._error(exc, t) from None
+            finally:
+                with self._lock:
+                    self._connecting.discard(client)
             self._clients[alias] = client
             return client
 
@@ -261,9 +267,10 @@ class SSHHosts:
 
     def close(self) -> None:
         with self._lock:
-            for c in self._clients.values():
+            for c in [*self._clients.values(), *self._connecting]:
                 c.close()
             self._clients.clear()
+            self._connecting.clear()
             if self._jump_client is not None:
                 self._jump_client.close()
                 self._jump_client = None
