@@ -560,6 +560,8 @@ def test_captures_cut_at_every_hundredth_invent_no_figure(kind):
     ("nvlink-errors", "nvlink", "h100-nvlink-e-all-zero-DOC-EXAMPLE-anonymised-uuid-elided.txt"),
     ("perftest", "perftest", "a100-sxm4-80gb-ib-100g-ib_write_bw-use_cuda-2qp-a-sweep-client-81gbps.txt"),
     ("gpu-q", "nvidia-smi-query", "a10-1gpu-q-full-drv535.129.03-remapped-rows-uncorrectable4-pending-yes.txt"),
+    ("xid", "xid", "pci-10de-26b5-fallen-off-bus-multiline-NO-xid-drv570.158.01-dmesg.txt"),
+    ("xid", "xid", "journal-kernel-xid45-caused-by-previous-xid149-xid145-nvlink-EXCERPT.txt"),
 ])
 def test_a_stderr_line_anywhere_leaves_the_verdict_as_it_was(kind, folder, name):
     """A line from another stream (a CPU-frequency warning, a locale warning) put between any two lines

@@ -111,6 +111,21 @@ def _short(pci: str) -> str:
     return re.sub(r"\.\d$", "", pci).lower()
 
 
+def _continuation(lines: list[str], start: int, want: int = 2) -> list[str]:
+    """The wrapped notice's next lines (indented, `NVRM:`, no timestamp), stepping over lines of other
+    writers that landed between them (a kernel log interleaves), until another record starts."""
+    out: list[str] = []
+    for ln in lines[start:start + want + 3]:
+        if "NVRM:" not in ln:
+            continue                      # another writer's line between the notice's lines
+        if not ln[:1].isspace():
+            break                         # a new timestamped NVRM record: the notice has ended
+        out.append(ln.split("NVRM:", 1)[-1].strip())
+        if len(out) == want:
+            break
+    return out
+
+
 def parse_xid(text: str) -> XidLog:
     events: list[XidEvent] = []
     bus: list[BusEvent] = []
@@ -120,8 +135,7 @@ def parse_xid(text: str) -> XidLog:
         b = BUS_RE.search(raw) if not m else None
         if b:
             # the "fallen off the bus" notice is wrapped: read it with its next two lines
-            tail = " ".join([b.group(2)] + [ln.split("NVRM:", 1)[-1].strip() for ln in lines[i + 1:i + 3]
-                                            if ln[:1].isspace() and "NVRM:" in ln])
+            tail = " ".join([b.group(2)] + _continuation(lines, i + 1))
             what = ("fallen off the bus" if "fallen off the bus" in tail and "Xid" not in b.group(2) else
                     "RmInitAdapter failed" if "RmInitAdapter failed" in b.group(2) else None)
             if what and not any(x.pci == _short(b.group(1)) and x.message == what for x in bus):
