@@ -31,8 +31,9 @@ ZERO_REFUSED: dict[int, str] = {}
 #: which the trainer does not do.
 PRECISIONS = ("bf16", "fp32")
 #: Where gradients accumulate over micro-batches without FSDP: in the weights' dtype (the seed's
-#: 2 B/param), or an fp32 buffer per weight (Megatron's main_grad, 4 B/param). FSDP (ZeRO 2/3)
-#: reduces in fp32 either way.
+#: 2 B/param, the default), or an fp32 buffer per weight (Megatron's main_grad, 4 B/param). FSDP (ZeRO
+#: 2/3) reduces in fp32 either way. Measured (benchmarks/bf16_grads.py, 200 steps x 16 micro-batches):
+#: both follow the fp32 reference within 1.5e-3 per step, the bf16 weights dominating the difference.
 GRAD_DTYPES = ("bf16", "fp32")
 PRECISION_REFUSED = {"fp16": "is not run by the bundled trainer (no loss scaling); choose bf16 or fp32"}
 OPTIMIZERS = ("adam", "sgd", "adam8bit")
