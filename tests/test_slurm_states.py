@@ -306,3 +306,25 @@ def test_a_waiting_job_names_the_nodes_its_check_left_out():
     assert st.detail == ("BadConstraints; left out n2 (node check: nvidia-smi: Unable to determine the device "
                          "handle)")
     assert st.restarts == 1 and not st.done
+
+
+def test_a_job_its_node_check_failed_says_which_check_on_which_node():
+    """The batch script ended the job (exit 3) instead of requeueing it to pend for ever (issue 23):
+    `launch status` says why, from the job's own output, with sacct and without it."""
+    out = (b"launch4d: job 42 restart 0 nodes n[1-2] master n1:20042\n"
+           b"launch4d: node check: n1 left out: missing: nvidia-smi is not installed on the node\n"
+           b"launch4d: node check: n2 left out: missing: nvidia-smi is not installed on the node\n"
+           b"launch4d: node check: nvidia-smi is not installed on the node on every allocated node (n1 n2): a "
+           b"configuration error, not a node fault; not requeueing\n"
+           b"launch4d: step finished with exit code 3\n")
+    files = {"/runs/job/logs/slurm-42.out": out}
+    r = FakeRunner({"squeue": (0, "", ""), "sacct --helpformat": (0, "JobID State ExitCode NodeList Elapsed\n", ""),
+                    "sacct": (0, "42|FAILED|3:0|n[1-2]|00:00:09\n", "")}, files)
+    st = backend(r).status(handle())
+    assert (st.state, st.exit_code) == ("FAILED", 3)
+    assert st.detail.startswith("node check: n1 left out: missing: nvidia-smi is not installed on the node; "
+                                "node check: n2 left out") and "a configuration error, not a node fault" in st.detail
+    _SACCT_FIELDS.clear()
+    r = FakeRunner({"squeue": (0, "", ""), "sacct --helpformat": (1, "", "sacct: command not found")}, files)
+    st = backend(r).status(handle())
+    assert st.exit_code == 3 and "every allocated node (n1 n2)" in st.detail and "not in squeue" in st.detail

@@ -419,7 +419,8 @@ class SlurmBackend(Backend):
             st = normalize_state(r.get("State", ""))
             code = r.get("ExitCode", "").split(":")[0]
             restarts = r.get("Restarts", "")
-            return SlurmJobStatus(state_of(st), int(code) if code.isdigit() else None, "",
+            detail = self._check_failure(runner, handle) if st == "FAILED" and code == "3" else ""
+            return SlurmJobStatus(state_of(st), int(code) if code.isdigit() else None, detail,
                                   slurm_state=st, source="sacct", nodes=r.get("NodeList") or None,
                                   elapsed=r.get("Elapsed") or None,
                                   restarts=int(restarts) if restarts.isdigit() else None, requeue=requeue)
@@ -444,6 +445,13 @@ class SlurmBackend(Backend):
         nodes = [n for n in exc.split(",") if n in why]
         return "; ".join(f"left out {n} (node check: {why[n]})" for n in nodes)
 
+    def _check_failure(self, runner, handle: JobHandle) -> str:
+        """For a job that ended with exit 3: what the node check said (which check failed on which node,
+        a tool missing everywhere, too few nodes left), from the job's own output."""
+        out = (read_tail(runner, f"{log_dir(handle)}/slurm-{handle.id}.out") or b"").decode(errors="replace")
+        said = [ln[len("launch4d: "):] for ln in out.splitlines() if ln.startswith("launch4d: node check")]
+        return "; ".join(said[-4:]) + (f" (+{len(said) - 4} more)" if len(said) > 4 else "")
+
     def _status_from_log(self, runner, handle: JobHandle, sacct_note: str, requeue: bool) -> SlurmJobStatus:
         """Neither squeue nor sacct knows the job: read the batch script's own last words."""
         base = f"{log_dir(handle)}/slurm-{handle.id}"
@@ -454,7 +462,9 @@ class SlurmBackend(Backend):
         if done and out.rfind("launch4d: step finished") > out.rfind("launch4d: requeueing"):
             code = int(done[-1])
             st = "COMPLETED" if code == 0 else "FAILED"
-            return SlurmJobStatus(state_of(st), code, note, slurm_state=st, source="job log", requeue=requeue)
+            check = self._check_failure(runner, handle) if code == 3 else ""
+            return SlurmJobStatus(state_of(st), code, f"{check}; {note}" if check else note, slurm_state=st,
+                                  source="job log", requeue=requeue)
         if "CANCELLED AT" in out + err:
             return SlurmJobStatus(CANCELLED, None, note, slurm_state="CANCELLED", source="job log",
                                   requeue=requeue)
