@@ -70,8 +70,10 @@ def test_memory_never_rises_with_zero_stage_or_dp(model, tp, pp, dp, recompute, 
         lay = Layout(tp, 1, pp, dp, 1, zero, recompute, mb, ga, "1f1b" if pp > 1 else "none", 1)
         gb = memory_ledger(spec.model, spec.train, spec.gpu, lay).per_gpu_gb
         # under PP torch's pipelining keeps ZeRO 2/3 gradients and parameters unsharded until the last
-        # micro-batch, so only ZeRO 3 < ZeRO 0 holds there; without PP every stage shards more
-        assert prev is None or gb <= prev + 1e-9 or pp > 1
+        # micro-batch, so only ZeRO 3 < ZeRO 0 holds there; without PP each stage of a family (0-1: the lean
+        # optimizer, 2-3: FSDP) shards more. The lean ZeRO 1 holds about what FSDP's ZeRO 2 does
+        # (2 + 2 + 12/dp against 2 + 16/dp B/param), and FSDP's buffers can tip it either way
+        assert prev is None or gb <= prev + 1e-9 or pp > 1 or zero == 2
         prev = gb
         by_zero.append(gb)
     assert by_zero[3] <= by_zero[0]
@@ -116,7 +118,8 @@ def test_the_lowest_fitting_zero_stage_is_kept_where_a_higher_one_does_not_fit()
     assert memory_ledger(m, t, g, z2, headroom).fits
     assert not memory_ledger(m, t, g, dataclasses.replace(z2, zero=3), headroom).fits
     result = plan_job(spec, top=3)
-    assert any(p.zero_stage == 2 for p in [result.best, *result.alternatives] if p is not None)
+    # the lean ZeRO 1 (bf16 weights and gradients, 12/dp B of fp32 state) fits too, and beats both
+    assert result.best.fits and result.best.zero_stage in (1, 2)
     assert result.rejected["dominated by a lower ZeRO stage that fits"] >= 1
 
 
@@ -133,13 +136,14 @@ def test_example_plans_are_sensible(name, tp_max):
         assert best.pp == 1                          # no pipeline where memory does not ask for one
 
 
-def test_moe_plans_use_expert_parallelism_without_tp():
+def test_moe_plans_use_expert_parallelism_and_tp_only_under_zero_0_1():
+    """Attention TP with whole experts (expert TP 1) is searched too, under ZeRO 0/1 only; experts over ep."""
     result = plan_job(load_spec(EXAMPLES / "mixtral-8x7b.yaml"), top=5)
     for p in [result.best] + result.alternatives:
-        assert p.tp == 1 and 8 % p.degrees["ep"] == 0 and (p.dp * p.cp) % p.degrees["ep"] == 0
-    assert result.rejected["tp with a mixture-of-experts model"] > 0
-    with pytest.raises(Exception, match="parallel.tp: 2 with a mixture-of-experts model: the bundled trainer runs experts"):
-        job("mixtral-8x7b", nodes=2, parallel={"tp": 2})
+        assert 8 % p.degrees["ep"] == 0 and (p.dp * p.cp) % p.degrees["ep"] == 0
+        assert p.tp == 1 or p.zero_stage in (0, 1)
+    with pytest.raises(Exception, match="parallel.zero: 3 with a mixture-of-experts model under tp 2"):
+        job("mixtral-8x7b", nodes=2, parallel={"tp": 2, "zero": 3})
 
 
 def test_pipeline_only_where_memory_asks():

@@ -203,7 +203,8 @@ def test_verify_bad_input_is_one_line_exit_2(tmp_path):
     path = tmp_path / "bad.json"
     plan.save(path)
     r = launch("verify", str(path))
-    assert r.returncode == 2 and r.stderr.startswith("error: plan.") and r.stderr.count("\n") == 1
+    # the loader names the file, then the field (plan.json's invariants: one line)
+    assert r.returncode == 2 and r.stderr.startswith(f"error: {path}: plan.") and r.stderr.count("\n") == 1
 
 
 def test_moe_step_is_traced_with_routing_assumed_from_shapes():
