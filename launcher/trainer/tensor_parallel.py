@@ -83,5 +83,7 @@ def tag_tp_replicated(model: Transformer, tp_mesh: DeviceMesh) -> None:
         return
     group = tp_mesh.get_group()
     for block in model.layers.values():
-        for p in block.feed_forward.parameters():
+        ffn = block.feed_forward
+        assert isinstance(ffn, nn.Module)
+        for p in ffn.parameters():
             p.tp_sum_group = group  # type: ignore[attr-defined]
