@@ -5,10 +5,10 @@ B/param).
 
 The other rows at the full 32 layers (benchmarks/seed_table_traced.py, not a test: ~45 s of CPU each):
 ZeRO 0 123.4 GB against the seed's 107.8 (+14.5 %: the step holds the fp32 gradient beside the bf16 weights
-and one bucket's temporaries, 18 B/param); ZeRO 3 16.6 against 13.5 (+23 %: FSDP's fp32 reduce-scatter
-input of one block, 0.8 GB, the prefetched block's all-gather, the step's temporaries); ZeRO 2 40.6 against
-25.3 (the trace files 25.1 GB as communication buffers, one block's fp32 reduce-scatter input per block but
-one: not resolved here, see the closing note).
+and one bucket's temporaries, 18 B/param); ZeRO 2 25.4 against 25.3 (+0.5 %); ZeRO 3 16.6 against 13.5
+(+23 %: FSDP's fp32 reduce-scatter input of one block, 0.8 GB, the prefetched block's all-gather, 0.4 GB, and
+the step's temporaries, 1.3 GB, do not shrink with dp). At 4 layers those fixed transients outweigh the
+state, so only ZeRO 1, whose step holds no more than its state's share, is tested at that depth.
 
 At 4 layers and a 4096-token vocabulary here (tracing costs per op; the embedding and head, which FSDP's
 root unit keeps gathered with unsharded gradients, stay 4 % of the parameters, as the real vocabulary is
