@@ -50,3 +50,29 @@ def test_benchmark_runs_top_plans_and_picks_by_measurement(tmp_path):
                           "--dry-run", "--json"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout)["plan"]["layout"] == written["layout"]
+
+
+def test_sigterm_during_a_benchmark_leaves_nothing_running(tmp_path):
+    """A CI job's timeout SIGTERMs `launch plan --benchmark`: the run it was waiting for is stopped with it
+    (torchrun and every trainer carrying the run dir), and launch exits non-zero."""
+    import os
+    import signal
+    import time
+
+    from launcher.backends import procs
+
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump({**JOB, "backend": {"kind": "local", "log_dir": str(tmp_path / "runs")}}))
+    bench = tmp_path / "bench"
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "plan", str(job), "--benchmark", "1",
+                             "--benchmark-steps", "1000", "--benchmark-dir", str(bench)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not list(bench.glob("*/metrics.jsonl")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)                          # until a trainer has logged a step
+    assert proc.poll() is None, proc.stderr.read()[-2000:] if proc.stderr else ""
+    run_dir = next(bench.glob("*/metrics.jsonl")).parent
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) != 0
+    left = [p for p in procs.marked(("LAUNCH4D_RUN_DIR", str(run_dir))) if p != os.getpid()]
+    assert left == [], left
