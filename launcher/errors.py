@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+
 
 class UserError(Exception):
     """Bad input from a person (a job file, a flag, a missing file): no traceback, exit 2."""
@@ -22,3 +25,21 @@ class RunError(Exception):
     trainer prints it without a traceback and exits 1."""
 
     exit_code = 1
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """SIGTERM raises KeyboardInterrupt while the block runs, so the caller's cleanup stops what it started
+    (a CI job's timeout sends SIGTERM, not SIGINT). Outside the main thread, signals are left alone."""
+    def stop(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        before = signal.signal(signal.SIGTERM, stop)
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)

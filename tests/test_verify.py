@@ -265,3 +265,45 @@ def test_verify_traces_interleaved_1f1b_under_zero3(tmp_path):
     for role in rep["roles"]:
         assert role["status"] == "traced", role.get("error")
         assert all(s.startswith("traced") for s in role["sources"].values()), role["sources"]
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below pid (by /proc's parent links)."""
+    import os
+
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    out, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out.update(kids)
+        todo.extend(kids)
+    return out
+
+
+def test_sigterm_of_verify_leaves_no_tracing_process():
+    """SIGTERM while the roles are traced: the fork server and its workers go with launch verify."""
+    import os
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "verify", str(EXAMPLES / "llama3-70b-64xh100.yaml")],
+                            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline, seen = time.monotonic() + 120, set()
+    while len(seen) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+        seen |= _descendants(proc.pid)           # the fork server, then its tracing workers
+    assert proc.poll() is None and len(seen) >= 2, proc.stderr.read()[-2000:] if proc.stderr else ""
+    seen |= _descendants(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) != 0
+    time.sleep(1.0)
+    alive = [p for p in seen if os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split()[2] != "Z"]
+    assert alive == [], alive

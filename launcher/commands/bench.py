@@ -10,16 +10,14 @@ no checkpoints; the first step (start-up, allocator warm-up) is not counted.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import signal
 import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from launcher.errors import UserError
+from launcher.errors import UserError, sigterm_as_interrupt
 
 
 @dataclass
@@ -79,24 +77,6 @@ def measure(run_dir: Path) -> tuple[float | None, float | None, float | None, in
             max(r.get("peak_mem_gb", 0.0) for r in recs), len(recs))
 
 
-@contextlib.contextmanager
-def sigterm_raises():
-    """SIGTERM as KeyboardInterrupt while waiting for a benchmark run, so the caller's cleanup cancels it
-    (a CI job's timeout sends SIGTERM, not SIGINT)."""
-    def stop(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    try:
-        before = signal.signal(signal.SIGTERM, stop)
-    except ValueError:                  # not the main thread: leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, before)
-
-
 def run_benchmark(spec, plans: list, base: Path, job_text: str | None, as_json: bool,
                   timeout_s: float | None = None) -> list[Measured]:
     """Run each plan in turn through the job's backend (local: torchrun here) and measure it."""
@@ -120,7 +100,7 @@ def run_benchmark(spec, plans: list, base: Path, job_text: str | None, as_json: 
         t0 = time.time()
         handle = _start(backend, spec, plan, rd, "never", job_text)
         try:
-            with sigterm_raises():
+            with sigterm_as_interrupt():
                 status = backend.wait(handle, timeout=timeout_s)
         except BaseException:           # Ctrl-C or SIGTERM of `launch plan --benchmark`: nothing left running
             backend.cancel(handle, force=True)
@@ -163,7 +143,7 @@ def run_benchmark_slurm(spec, plans: list, base: Path, job_text: str | None,
     for i, (plan, h) in enumerate(zip(plans, handles)):
         t0 = time.time()
         try:
-            with sigterm_raises():
+            with sigterm_as_interrupt():
                 status = wait(backend, h, timeout_s, cap=15.0)
         except BaseException:           # interrupted: the array's remaining tasks are cancelled too
             for rest in handles[i:]:

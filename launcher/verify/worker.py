@@ -12,6 +12,7 @@ turned into its one line in the worker).
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import resource
@@ -19,6 +20,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
+from launcher.errors import sigterm_as_interrupt
 from launcher.plan.model import Plan
 
 
@@ -87,17 +89,45 @@ def run_roles(plan: Plan, trace_jobs: list[tuple[int, list[int], list[tuple[int,
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["launcher.verify.memtrace", "launcher.trainer.config"])
     out: dict[int, dict] = {}
-    with ProcessPoolExecutor(max_workers=n, mp_context=ctx, max_tasks_per_child=1) as pool:
-        futures = {pool.submit(run_one, plan, r, bf16, c, v, rp): (r, c) for r, c, v, rp in jobs}
-        for fut in as_completed(futures):
-            rank, c = futures[fut]
-            try:
-                out[rank] = fut.result()
-            except Exception as exc:  # noqa: BLE001 - the worker died (e.g. out of host memory)
-                out[rank] = {"error": f"rank {rank}: the tracing process failed: {one_line(exc)}", "seconds": 0.0,
-                             "cpu_seconds": 0.0}
-            if progress:
-                what = "traced" if "traces" in out[rank] else ("built" if c is None and "error" not in out[rank]
-                                                            else "not traced")
-                progress(f"verify: rank {rank} {what} ({out[rank]['seconds']:.1f} s)")
+    pool = ProcessPoolExecutor(max_workers=n, mp_context=ctx, max_tasks_per_child=1)
+    try:
+        with sigterm_as_interrupt():
+            _collect(pool, plan, jobs, bf16, out, progress)
+    except BaseException:            # Ctrl-C or SIGTERM of `launch verify`: no tracing process left behind
+        _kill_pool(pool)
+        raise
+    pool.shutdown()
     return out
+
+
+def _kill_pool(pool: ProcessPoolExecutor) -> None:
+    """SIGKILL the pool's workers and the forkserver that forks them (each would trace on at full CPU)."""
+    import signal
+    from multiprocessing import forkserver
+
+    procs = list(getattr(pool, "_processes", {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        with contextlib.suppress(Exception):
+            p.kill()
+    server = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    if server:
+        with contextlib.suppress(OSError):
+            os.kill(server, signal.SIGKILL)
+
+
+def _collect(pool: ProcessPoolExecutor, plan: Plan, jobs: list, bf16: bool, out: dict[int, dict],
+             progress: Callable[[str], None] | None) -> None:
+    """Submit every job, then gather each outcome as it finishes (progress per rank)."""
+    futures = {pool.submit(run_one, plan, r, bf16, c, v, rp): (r, c) for r, c, v, rp in jobs}
+    for fut in as_completed(futures):
+        rank, c = futures[fut]
+        try:
+            out[rank] = fut.result()
+        except Exception as exc:  # noqa: BLE001 - the worker died (e.g. out of host memory)
+            out[rank] = {"error": f"rank {rank}: the tracing process failed: {one_line(exc)}", "seconds": 0.0,
+                         "cpu_seconds": 0.0}
+        if progress:
+            what = "traced" if "traces" in out[rank] else ("built" if c is None and "error" not in out[rank]
+                                                        else "not traced")
+            progress(f"verify: rank {rank} {what} ({out[rank]['seconds']:.1f} s)")
