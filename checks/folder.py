@@ -84,8 +84,9 @@ def load_dir(path: str | Path) -> PreflightResults:
 
 
 #: probe-meta.json: per probe, what ran and how it ended (checks/probe.py `save` writes it)
-META_TYPES: dict[str, tuple[type, ...]] = {"command": (str,), "stderr": (str,), "rc": (int,), "timed_out": (bool,),
-                                           "error": (str, type(None))}
+#: (rc null: the tool timed out or never ran)
+META_TYPES: dict[str, tuple[type, ...]] = {"command": (str,), "stderr": (str,), "rc": (int, type(None)),
+                                           "timed_out": (bool,), "error": (str, type(None))}
 
 
 def _probe_meta(path: Path) -> dict[str, dict[str, Any]]:
@@ -105,7 +106,7 @@ def _probe_meta(path: Path) -> dict[str, dict[str, Any]]:
             raise UserError(f"{path}: {probe}: expected a JSON object, not {type(m).__name__}")
         for key, value in m.items():
             want = META_TYPES.get(key)
-            if want is not None and (not isinstance(value, want) or (want == (int,) and isinstance(value, bool))):
+            if want is not None and (not isinstance(value, want) or (int in want and isinstance(value, bool))):
                 raise UserError(f"{path}: {probe}.{key}: {value!r:.60} is not "
                                 f"{' or '.join('null' if t is type(None) else t.__name__ for t in want)}")
     return meta

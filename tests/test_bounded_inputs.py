@@ -256,11 +256,14 @@ def test_ctrl_c_during_preflight_does_not_wait_for_a_host_that_never_answers():
 
         def __init__(self):
             self.closed = threading.Event()
+            self.connecting = threading.Event()
             self.released_by_close: list[bool] = []
 
         def run(self, host, command, timeout):
             if host == "b":
+                self.connecting.wait(60)       # (on a loaded machine "hung" may not have started yet)
                 raise KeyboardInterrupt        # Ctrl-C arrives while "hung" is still connecting
+            self.connecting.set()
             self.released_by_close.append(self.closed.wait(60))   # bounded: a regression fails, not hangs
             return CommandResult(host, command, error="connection closed")
 

@@ -166,6 +166,9 @@ def test_a_node_failing_its_check_is_excluded_and_the_job_requeued(tmp_path):
     spec, plan = spec_plan(**{"backend.slurm.node_check": {"gpus": True}})
     s = render_slurm(spec, plan, str(run)).files["train.sbatch"]
     (run / "logs").mkdir(parents=True)
+    (tmp_path / "bin").mkdir()                 # a partition with nodes to spare (not the test Slurm's two)
+    (tmp_path / "bin" / "sinfo").write_text("#!/bin/bash\necho n1; echo n2; echo n3; echo bad0\n")
+    (tmp_path / "bin" / "sinfo").chmod(0o755)
     out, calls = run_script(s, tmp_path, bad="n2", exc="bad0")
     assert out.returncode == 0, out.stderr
     assert not [ln for ln in out.stdout.splitlines() if ln.startswith("RUN ")]      # torchrun never started

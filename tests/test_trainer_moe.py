@@ -95,7 +95,7 @@ def test_config_accepts_moe_and_refuses_what_it_cannot_run():
     config_from_plan(make_plan(dp=2, zero=3, model_over=MOE))          # ep=1: experts sharded by FSDP
     config_from_plan(make_plan(dp=4, ep=2, zero=3, model_over=MOE))    # experts: FSDP over dp·cp/ep
     cases = [
-        (dict(tp=2, dp=2, model_over=MOE), r"plan.layout.tp=2 with a mixture-of-experts model: .* use tp 1"),
+        (dict(tp=2, dp=2, model_over=MOE), r"plan.layout.zero=3 with a mixture-of-experts model under tp 2: .* choose zero 0 or 1"),
         (dict(dp=4, ep=2, zero=1), r"plan.layout.ep=2 needs a mixture-of-experts model"),
         (dict(dp=6, ep=3, zero=1, global_batch=6, model_over=MOE), r"plan.layout.ep=3 does not divide model.experts=4"),
         (dict(dp=2, ep=4, zero=1, model_over=MOE), r"plan.layout.ep=4 does not divide dp·cp=2"),
