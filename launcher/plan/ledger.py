@@ -331,10 +331,9 @@ def mlp_activation_bytes(model, tokens: float, tp: int, e: int, input_copies: in
 class RankParams:
     """Parameters one rank holds, local to it (after TP and EP), by how FSDP treats them."""
 
-    blocks_dense: float     # its transformer blocks: attention, norms, router (÷tp)
-    blocks_expert: float    # its experts (÷tp·ep), an FSDP unit of their own with ep > 1
+    blocks_dense: float     # its transformer blocks: attention, norms (÷tp), the router (whole)
+    blocks_expert: float    # its experts (÷ep; whole under TP), an FSDP unit of their own with ep > 1
     root: float             # embedding / output head / final norm: the FSDP root unit (÷tp)
-    matmul: float           # weights a Linear or the loss multiplies with
     head: float             # the weight the loss multiplies with on this rank (0 without the head)
     largest: float          # the largest single local parameter (per-parameter optimizer temporaries)
     block: float            # one block's dense + expert parameters (one FSDP all-gather)
@@ -389,7 +388,6 @@ def rank_params(model, lay: Layout, role: str | int) -> RankParams:
 def _rank_params(model, t: int, pp: int, ep: int, v: int, r: int) -> RankParams:
     c = param_counts(model)
     layers = _rank_layer_counts(model.layers, pp, v)[r]
-    norms = 2 * model.hidden
     # a MoE's router and experts are whole on every TP rank (expert TP 1), the rest of the block split over TP
     et = 1 if model.experts > 1 else t
     router = model.hidden * model.experts if model.experts > 1 else 0
@@ -403,13 +401,12 @@ def _rank_params(model, t: int, pp: int, ep: int, v: int, r: int) -> RankParams:
         tied_copy = c.embedding if model.tied_embeddings and pp > 1 else 0   # model.keep_only
         root += (c.head + tied_copy + c.final_norm) / t
         head_w = vh          # the untied head, or the (tied) embedding the loss multiplies with
-    matmul = dense + expert - norms * layers / t + head_w
     largest = max(vh if root else 0.0, model.ffn_hidden * model.hidden / et, model.hidden * model.hidden / t)
     block = (c.layer_dense - router) / t + router + c.layer_expert / (et * ep)
     # the MLP weights whose gradients wait for one FSDP post-backward: the block's (all its experts), or
     # with EP one expert's (each expert is its own FSDP unit: fsdp.apply_fsdp)
     mlp_unit = c.layer_expert / (et * ep) if ep == 1 else c.layer_expert / (et * c.experts)
-    return RankParams(dense, expert, root, matmul, head_w, largest, block, mlp_unit)
+    return RankParams(dense, expert, root, head_w, largest, block, mlp_unit)
 
 
 def optimizer_temp_bytes(train, gpu, local_params: float, largest: float) -> float:
