@@ -34,7 +34,8 @@ What the bundled trainer communicates, and where it overlaps (launcher/trainer, 
   themselves with `is_causal` / `causal_lower_right` SDPA, no mask tensor, so on GPUs the kernel
   skips the causal upper triangle and a rank does exactly 1/cp of the causal work
   (cp_attention_factor 1; CPU kernels take a mask, but plans are for GPUs).
-- TP (sequence parallel): per layer 2 all-gathers + 2 reduce-scatters forward, as many backward.
+- TP (sequence parallel): per layer 2 all-gathers + 2 reduce-scatters forward, as many backward; selective
+  recompute gathers the norms' outputs again in backward (2 more), full recompute repeats the forward's 4.
 """
 
 from __future__ import annotations
@@ -345,7 +346,8 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
     # TP (+SP): per layer 2 all-gathers + 2 reduce-scatters of s·b·h forward, as many backward; full
     # recompute repeats the forward's.
     tp_bw = group_busbw(bw, lay.tp, st["tp"], gpus_per_node, per_gpu_nic=True)
-    tp_colls = 12 if lay.recompute == "full" else 8
+    # selective recompute makes the norms' sequence all-gathers again in backward (recompute.SAVED_OPS): 2 more
+    tp_colls = 12 if lay.recompute == "full" else 10 if lay.recompute == "selective" else 8
     if model.experts > 1:
         tp_colls //= 2      # a MoE block: attention's collectives only (the experts route each rank's own shard)
     tp_mb = tp_colls * ring(s_local * b * h * dtype, lay.tp, tp_bw, stack.alpha_s) * layers_stage

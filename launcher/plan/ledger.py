@@ -296,9 +296,9 @@ def selective_layer_bytes(model, tokens: float, tp: int, num: Numerics) -> float
     kept += h * e * tokens                                   # wo's output (a partial sum under TP)
     moe = model.experts > 1
     if tp > 1:
-        # the sequence-parallel all-gathers of both norms' outputs, the reduce-scatters of wo and w2 (a MoE
-        # block: attention's only, moe_tokens)
-        kept += (1 if moe else 2) * (r * h * tokens + h / tp * e * tokens)
+        # the reduce-scatters of wo and w2 (a MoE block: attention's only, moe_tokens); the norms' sequence
+        # all-gathers are made again in backward (recompute.SAVED_OPS)
+        kept += (1 if moe else 2) * h / tp * e * tokens
     mats = 2 if model.mlp == "swiglu" else 1                 # w1 (and w3) outputs
     if not moe:
         return kept + (mats * model.ffn_hidden / tp + h) * e * tokens    # + w2's output

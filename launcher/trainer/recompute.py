@@ -2,9 +2,11 @@
 
 selective keeps what is expensive to recompute and recomputes what is cheap, per op (torch's
 selective activation checkpointing, as torchtitan's op-level SAC and Megatron's norm/activation
-recompute do): the outputs of the matmuls, of SDPA (output and logsumexp) and of the collectives
-are saved; the norms, RoPE, the MLP activation and its gate product, residual adds and casts are
-recomputed in backward from them. Recomputing only the attention core (Megatron's original
+recompute do): the outputs of the matmuls, of SDPA (output and logsumexp) and of TP's reduce-scatters
+(sequence shards) are saved; the norms, RoPE, the MLP activation and its gate product, residual adds,
+casts and TP's sequence all-gathers are recomputed in backward from them. Keeping an all-gather's
+output would keep the whole sequence per TP rank (s·b·h, not s·b·h/tp): Megatron keeps the shard and
+gathers again in backward, torchtitan's SAC list saves no all-gather either. Recomputing only the attention core (Megatron's original
 "selective") saves nothing here: SDPA never materialises the s×s scores.
 
 Why flags on the model rather than checkpoint_wrapper: the module names (and therefore the
@@ -29,14 +31,15 @@ MODES = ("none", "selective", "full")
 _aten = torch.ops.aten
 _c10d = torch.ops._c10d_functional
 #: ops whose outputs selective recompute keeps: GEMMs, attention kernels (every backend's), and the
-#: tensor-parallel collectives (so backward never repeats communication for them)
+#: tensor-parallel reduce-scatters and all-reduces (their outputs are shards or small); all-gathers are
+#: made again in backward (one more sequence all-gather per norm under TP)
 SAVED_OPS = frozenset({
     _aten.mm.default, _aten.addmm.default, _aten.bmm.default,
     _aten._scaled_dot_product_flash_attention.default,
     _aten._scaled_dot_product_flash_attention_for_cpu.default,
     _aten._scaled_dot_product_efficient_attention.default,
     _aten._scaled_dot_product_cudnn_attention.default,
-    _c10d.all_gather_into_tensor.default, _c10d.reduce_scatter_tensor.default, _c10d.all_reduce.default,
+    _c10d.reduce_scatter_tensor.default, _c10d.all_reduce.default,
 })
 
 
