@@ -135,7 +135,9 @@ def test_no_cp_at_short_sequences_unless_it_wins_by_more_than_the_model_error(mo
     the best one without it by more than two bands (the model's error plus the CP margin)."""
     result = plan_job(job(model, nodes, seq, gb), top=0)
     assert seq < CP_SHORT_SEQ
-    if model != "llama3-405b":
+    if model not in ("llama3-405b", "llama3-70b"):
+        # (Llama 3 70B on 64 GPUs at 8k: tp4 cp2 pp4 selective beats the best layout without CP by 14 %, more
+        # than the two bands, since selective no longer keeps TP's all-gathered sequence)
         assert result.best.cp == 1
     if result.best.cp > 1:
         no_cp = plan_job(job(model, nodes, seq, gb, cp=1), top=0).best

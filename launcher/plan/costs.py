@@ -81,6 +81,7 @@ class Stack:
     grad_reduce_bytes: float          # bytes per gradient element reduced
     selective_matmul_recompute: float = 0.0   # share of the matmul forward that selective recompute repeats
     selective_attention_recompute: float = 1.0   # share of the attention core it repeats (Megatron's: all)
+    selective_regathers: bool = False         # selective recompute repeats TP's sequence all-gathers in backward
     replicated_param_bytes: float = 2.0       # bytes per parameter ZeRO 1 gathers back (replicated state)
     dp_per_gpu_nic: bool = False      # DP collectives across nodes reach one NIC's bandwidth per GPU, not k·NIC
     ceiling_by_generation: tuple[tuple[str, float], ...] = ()   # efficiency_max per GPU generation, where it differs
@@ -112,7 +113,7 @@ STACKS: dict[str, Stack] = {
                      ceiling_by_generation=(("ampere", 0.69),),
                      # op-level selective recompute (trainer/recompute.py) keeps every matmul's and
                      # SDPA's output: backward repeats only norms, RoPE and activations (no FLOPs here)
-                     selective_attention_recompute=0.0),
+                     selective_attention_recompute=0.0, selective_regathers=True),
     # Megatron-LM / NeMo: fused kernels, distributed optimizer overlapping grad reduce and param gather
     "megatron": Stack("Megatron-LM / NeMo", efficiency_max=0.68, fsdp_overlap=0.8, grad_sync_overlap=0.8,
                       cp_overlap=0.8, cp_attention_factor=1.0, zero2_sync_per_microbatch=False,
@@ -346,8 +347,10 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
     # TP (+SP): per layer 2 all-gathers + 2 reduce-scatters of s·b·h forward, as many backward; full
     # recompute repeats the forward's.
     tp_bw = group_busbw(bw, lay.tp, st["tp"], gpus_per_node, per_gpu_nic=True)
-    # selective recompute makes the norms' sequence all-gathers again in backward (recompute.SAVED_OPS): 2 more
-    tp_colls = 12 if lay.recompute == "full" else 10 if lay.recompute == "selective" else 8
+    # the bundled trainer's selective recompute makes the norms' sequence all-gathers again in backward
+    # (recompute.SAVED_OPS): 2 more
+    tp_colls = 12 if lay.recompute == "full" else 10 if lay.recompute == "selective" and stack.selective_regathers \
+        else 8
     if model.experts > 1:
         tp_colls //= 2      # a MoE block: attention's collectives only (the experts route each rank's own shard)
     tp_mb = tp_colls * ring(s_local * b * h * dtype, lay.tp, tp_bw, stack.alpha_s) * layers_stage
