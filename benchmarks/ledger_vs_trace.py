@@ -156,6 +156,9 @@ EXTRA = [
                                  micro_batch=1, schedule="1f1b")),
     # bf16 weights over several micro-batches (the lean ZeRO 1: flat fp32 masters, the reduce bucket)
     ("dense cp2 z1 full", case(DENSE, 1, 8, 512, 32, tp=1, cp=2, pp=1, zero=1, recompute="full", micro_batch=1)),
+    # train.grad_dtype fp32: each micro-batch's bf16 gradient added into an fp32 buffer (Megatron's main_grad)
+    ("dense dp8 z1 fp32 grads", case(DENSE, 1, 8, 512, 32, tp=1, cp=1, pp=1, zero=1, recompute="full", micro_batch=1,
+                                     train_extra={"grad_dtype": "fp32"})),
     # the optimizer step as the GPU runs it (foreach): SGD adds weight decay to a copy of every gradient
     ("dense dp8 z0 sgd decay", case(DENSE, 1, 8, 512, 8, train_extra={"optimizer": "sgd", "weight_decay": 0.1},
                                     tp=1, cp=1, pp=1, zero=0, recompute="full", micro_batch=1)),

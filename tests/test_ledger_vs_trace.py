@@ -48,7 +48,7 @@ TESTED = [
     "moe tp2 ep2 dp4 z1", "mixtral-mini tp2 ep4 pp2 z1 selective",
     # reduced llama3-8b shapes: autocast over several micro-batches, several loss chunks, TP's embedding
     # gradient; an uneven stage split
-    "dense cp2 z1 full", "dense tp2 pp2 z2 chunks", "uneven pp4 1f1b z2",
+    "dense cp2 z1 full", "dense tp2 pp2 z2 chunks", "uneven pp4 1f1b z2", "dense dp8 z1 fp32 grads",
     # a scaled-down Mixtral (expert weights dominate its blocks): ZeRO 3, ZeRO 3 under PP, EP with FSDP experts
     "mixtral-mini dp8 z3 selective", "mixtral-mini pp2 z3 selective", "mixtral-mini ep4 pp2 z2 selective",
     # interleaved 1F1B, priced per model chunk from the rank's own action order (4.0 and 6.4 s CPU)

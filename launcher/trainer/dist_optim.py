@@ -193,7 +193,9 @@ class MixedPrecisionOptimizer:
             for g in self.groups:
                 for s in g.segments:
                     if _local(s.param).dtype != torch.float32:
-                        self._hooks.append(s.param.register_post_accumulate_grad_hook(self._accumulate))
+                        # looked up at call time, so launch verify's tracker can file what it makes
+                        self._hooks.append(s.param.register_post_accumulate_grad_hook(
+                            lambda p: self._accumulate(p)))
 
     # --- gradients ---------------------------------------------------------------------------------
 
