@@ -343,8 +343,8 @@ def above(ours: dict, meg: dict, coef: float | None = None, meg_coef: float | No
 
 
 def refile_main_grads(cats: dict, zero: int, grad_dtype: str) -> bool:
-    """Under ZeRO 0/1 with grad_dtype fp32 the tracer (at this commit) files the fp32 main-grad buffer
-    as temporaries and reads grads 0. Traced at grad_dtype bf16, the same layout reads grads = params
+    """Under ZeRO 0/1 with grad_dtype fp32 the tracer before commit 9043260 filed the fp32 main-grad buffer
+    as temporaries and read grads 0 (it files them as gradients since; this only moves figures that read 0). Traced at grad_dtype bf16, the same layout reads grads = params
     (2 B/param); at fp32 grads 0 and temporaries 4 B/param more (llama2-7b/2L tp1 dp8 z1 full: grads
     1.334 -> 0 GB, temporaries 0.978 -> 3.645 GB, +2.667 = 2 × its 1.336 GB of bf16 weights). For the
     per-term comparison (Megatron's "6" is 2 B weight + 4 B main grad) move 4 B/param, twice the bf16
