@@ -73,10 +73,18 @@ class Segment:
         size = _local(self.param).shape[self.dim]
         return max(0, min(self.chunk, size - r * self.chunk))
 
-    def view(self, flat: torch.Tensor, r: int | None = None) -> torch.Tensor:
-        """This segment's chunk of a flat shard (r None) or of rank r's row of a [n, row] bucket."""
-        row = flat if r is None else flat[r]
-        return row[self.offset:self.offset + self.numel].view(self.shape)
+    def scatter(self, full: torch.Tensor, row: torch.Tensor, r: int, base: int = 0) -> None:
+        """Rank r's chunk of `full` (a tensor of the weight's local shape) into its place in `row`, a 1-D
+        tensor starting at flat offset `base`."""
+        k = self.valid(r)
+        if k:
+            _place(self, row, base).narrow(self.dim, 0, k).copy_(full.narrow(self.dim, r * self.chunk, k))
+
+    def gather(self, row: torch.Tensor, full: torch.Tensor, r: int, base: int = 0) -> None:
+        """The reverse of scatter: rank r's chunk in `row` back into its rows of `full`."""
+        k = self.valid(r)
+        if k:
+            full.narrow(self.dim, r * self.chunk, k).copy_(_place(self, row, base).narrow(self.dim, 0, k))
 
 
 @dataclass
@@ -180,22 +188,18 @@ class MixedPrecisionOptimizer:
                 b.master = g.master[b.lo:b.hi]
             with torch.no_grad():
                 for s in g.segments:
-                    k = s.valid(g.rank)
-                    if k:
-                        _place(s, g.master).narrow(s.dim, 0, k).copy_(_local(s.param).narrow(s.dim, g.rank * s.chunk, k))
+                    s.scatter(_local(s.param), g.master, g.rank)
             self.groups.append(g)
         self.masters = [g.master for g in self.groups]
         self.slices = [b.master for g in self.groups for b in g.buckets]
         self.inner: torch.optim.Optimizer = make_inner(self.slices)
         self.main_grads: dict[int, torch.Tensor] = {}
-        self._hooks = []
         if grad_dtype == "fp32":
             for g in self.groups:
                 for s in g.segments:
                     if _local(s.param).dtype != torch.float32:
                         # looked up at call time, so launch verify's tracker can file what it makes
-                        self._hooks.append(s.param.register_post_accumulate_grad_hook(
-                            lambda p: self._accumulate(p)))
+                        s.param.register_post_accumulate_grad_hook(lambda p: self._accumulate(p))
 
     # --- gradients ---------------------------------------------------------------------------------
 
@@ -245,9 +249,7 @@ class MixedPrecisionOptimizer:
                 for s in b.segments:
                     grad = self._take_grad(s.param)
                     for r in range(g.n if grad is not None else 0):
-                        k = s.valid(r)
-                        if k:
-                            _place(s, pack[r], b.lo).narrow(s.dim, 0, k).copy_(grad.narrow(s.dim, r * s.chunk, k))  # type: ignore[union-attr]
+                        s.scatter(grad, pack[r], r, b.lo)  # type: ignore[arg-type]
                     del grad
                 if g.n == 1:
                     if g.size > 1:
@@ -306,11 +308,8 @@ class MixedPrecisionOptimizer:
                     dist.all_gather_single(rows.view(-1), mine, group=g.group)
                 del mine
                 for s in b.segments:
-                    local = _local(s.param)
                     for r in range(g.n):
-                        k = s.valid(r)
-                        if k:
-                            local.narrow(s.dim, r * s.chunk, k).copy_(_place(s, rows[r], b.lo).narrow(s.dim, 0, k))
+                        s.gather(rows[r], _local(s.param), r, b.lo)
                 del rows
 
     # --- checkpoints -----------------------------------------------------------------------------------
