@@ -8,7 +8,6 @@ on what it gathered; `launch preflight parse KIND FILE` calls them on one captur
 
 from __future__ import annotations
 
-import re
 import statistics
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ from checks.parsers.nvlink import NvlinkStatus
 from checks.parsers.nvlink_errors import NvlinkErrors
 from checks.parsers.perftest import Perftest
 from checks.parsers.xid import XID_CATALOG, XID_SOURCE, XidLog
+from checks.parsers.xid_catalog import verdict as xid_verdict
 
 STATUS_ORDER = {"pass": 0, "warn": 1, "fail": 2}
 
@@ -330,19 +330,11 @@ def judge_gpu_q(result: GpuQ, node: str = "") -> list[Finding]:
 
 # ---------------------------------------------------------------- Xid
 
-CAUSED_BY_RE = re.compile(r"caused by previous Xid (\d+)")
-
-
 def classify_xid(code: int, message: str = "") -> tuple[str, str, str]:
-    """(meaning, status, remediation) for one Xid: hardware -> fail (drain), application -> warn."""
-    m = CAUSED_BY_RE.search(message)
-    if code == 45 and m and int(m.group(1)) in XID_CATALOG:
-        meaning, hw, fix = XID_CATALOG[int(m.group(1))]
-        return f"cleanup after Xid {m.group(1)} ({meaning})", "fail" if hw else "warn", fix
-    if code not in XID_CATALOG:
-        return "not in the catalog", "warn", "look it up in NVIDIA's Xid catalog; run dcgmi diag -r 2"
-    meaning, hw, fix = XID_CATALOG[code]
-    return meaning, "fail" if hw else "warn", fix
+    """(meaning, status, remediation) for one Xid, from NVIDIA's catalog: an action that takes the GPU out
+    of service -> fail (drain); the application's, or nothing to do -> warn; a code not in it -> warn, unknown."""
+    v = xid_verdict(code, message)
+    return v.meaning, v.status, v.action
 
 
 def judge_xid(log: XidLog, node: str = "") -> list[Finding]:
@@ -356,7 +348,8 @@ def judge_xid(log: XidLog, node: str = "") -> list[Finding]:
         first.setdefault(key, e.message)
     for (pci, code, meaning), count in groups.items():
         _, status, fix = classify_xid(code, first[(pci, code, meaning)])
-        out.append(Finding(node, f"GPU {pci}", "xid", status, code, "hardware Xid: fail; application Xid: warn",
+        out.append(Finding(node, f"GPU {pci}", "xid", status, code, "NVIDIA's action takes the GPU out of service: fail; "
+                           "the application's, or none: warn; not in the catalog: warn",
                            f"Xid {code} x{count}: {meaning}", fix, XID_SOURCE))
     xid79 = {e.pci for e in log.events if e.code == 79}
     for b in log.bus_events:

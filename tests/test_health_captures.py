@@ -342,8 +342,9 @@ XID_EXPECT = {
     "akash-provider-gpu-xid79-fallen-off-bus-dmesg-T-crash-dump-multiline.txt": [("fail", "GPU 0000:a1:00")],
     "akash-provider-vm-xid43-xid31-mmu-fault-xid94-contained-dmesg-T-EXCERPT.txt":
         [("warn", "GPU 0000:00:05"), ("warn", "GPU 0000:00:07"), ("warn", "GPU 0000:00:08")],
+    # Xid 109 (context switch timeout): NVIDIA's catalog says RESET_GPU; Xid 13 is the application's
     "gpu-dmesg-ctime-xid13-illegal-instruction-xid109-ctx-switch-timeout-peermem.txt":
-        [("warn", "GPU 0000:cb:00"), ("warn", "GPU 0000:cb:00")],
+        [("fail", "GPU 0000:cb:00"), ("warn", "GPU 0000:cb:00")],
     "gpu-xid48-dbe-then-xid63-row-remap-then-xid94-contained-iso-timestamps.txt":
         [("fail", "GPU 0000:19:00"), ("fail", "GPU 0000:19:00"), ("warn", "GPU 0000:19:00")],
     "hgx-dell-xe9680-gpu4-xid119-gsp-rpc-timeout-dmesg-T-with-stack.txt": [("fail", "GPU 0000:9b:00")],

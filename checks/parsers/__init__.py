@@ -115,4 +115,4 @@ def parser_for(kind: str) -> Callable[[str], Any]:
 KINDS = ("topo", "nccl-tests", "gpu-query", "nvlink", "ibstat", "xid", "dcgm-diag", "nvbandwidth", "perftest",
          "nvlink-errors", "gpu-q")
 #: kinds whose `preflight parse` output carries the judges' findings beside the parse
-JUDGED_KINDS = ("dcgm-diag", "nvbandwidth", "perftest", "nvlink-errors", "gpu-q")
+JUDGED_KINDS = ("dcgm-diag", "nvbandwidth", "perftest", "nvlink-errors", "gpu-q", "xid")

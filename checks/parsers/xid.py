@@ -3,8 +3,9 @@
 A kernel log holds much else; only `NVRM: Xid (PCI:<bus>): <code>, ...` lines are events, in any
 prefix format (`dmesg`, `dmesg -T`, `--ctime`, `--decode --time-format iso`, syslog, journal
 `kernel:`). Such a line whose code is not a number is garbled: ParseError naming it. Which XIDs are
-critical (hardware: drain the node) and which are the application's follows NVIDIA's Xid catalog
-(XID_CATALOG; it covers every code Azure's health checks call critical, notes/preflight.md §3).
+critical (the node leaves service) and which are the application's follows NVIDIA's whole Xid catalog
+with each code's resolution buckets (checks.parsers.xid_catalog, which cites it) and Azure's health
+checks (notes/preflight.md §3); a code the catalog lacks is reported as unknown.
 Two driver messages without an Xid line are kept too: `The NVIDIA GPU <bus> ... has fallen off the
 bus` (the message is wrapped over continuation lines that carry no timestamp) and `RmInitAdapter
 failed!` (a GPU the driver could not initialise).
@@ -17,47 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from checks.parsers import ParseError, strip_ansi
+from checks.parsers.xid_catalog import CATALOG, SOURCE, verdict
 
 KIND = "xid"
-XID_SOURCE = "NVIDIA Xid catalog (docs.nvidia.com/deploy/xid-errors)"
-RESET = "reset the GPU or reboot; drain the node until it passes dcgmi diag -r 3; RMA if it recurs"
-APP = "the application faulted (bad address, illegal instruction, timeout): fix or restart the job; the node is fine"
-# code -> (meaning, hardware?, remediation)
+XID_SOURCE = SOURCE
+# code -> (meaning, fails the node?, remediation), from NVIDIA's whole catalog (checks.parsers.xid_catalog)
 XID_CATALOG: dict[int, tuple[str, bool, str]] = {
-    13: ("graphics engine exception", False, APP),
-    31: ("GPU memory page fault (MMU fault)", False, APP),
-    43: ("GPU stopped processing (channel reset)", False, APP),
-    45: ("preemptive cleanup after an earlier error", False, "follow the Xid that caused it"),
-    48: ("double-bit ECC error (DBE)", True, RESET),
-    56: ("display engine error", True, RESET),
-    57: ("error programming video memory interface", True, RESET),
-    58: ("unstable video memory interface", True, RESET),
-    61: ("internal microcontroller breakpoint", True, RESET),
-    62: ("internal microcontroller halt", True, RESET),
-    63: ("ECC page retirement / row remapping recorded", True, "reset the GPU so the remap takes effect"),
-    64: ("ECC page retirement / row remapping failed", True, "drain the node and RMA the GPU"),
-    65: ("video processor exception", True, RESET),
-    68: ("video processor exception", True, RESET),
-    69: ("graphics engine class error", True, RESET),
-    73: ("NVENC2 error", True, RESET),
-    74: ("NVLink error", True, "check the NVLink/NVSwitch path; " + RESET),
-    79: ("GPU has fallen off the bus", True, "reboot; drain the node and RMA if it recurs (check PCIe slot/power)"),
-    80: ("corrupted data sent to the GPU", True, RESET),
-    81: ("VGA subsystem error", True, RESET),
-    92: ("high single-bit ECC error rate", True, "watch; RMA if it keeps rising"),
-    94: ("contained ECC error", False, "the job that hit it was stopped: restart it; reset the GPU if it repeats"),
-    95: ("uncontained ECC error", True, RESET),
-    109: ("context switch timeout", False, "restart the job; if it repeats without a job bug, reset the GPU"),
-    119: ("GSP RPC timeout", True, RESET),
-    120: ("GSP error", True, RESET),
-    121: ("C2C link error", True, RESET),
-    140: ("unrecovered ECC error", True, RESET),
-    143: ("GPU initialisation failure", True, RESET),
-    144: ("NVLink SAW error", True, "check the NVLink path; " + RESET),
-    145: ("NVLink RLW error", True, "check the NVLink path; " + RESET),
-    149: ("NVLink NETIR error", True, "check the NVLink/NVSwitch fabric; " + RESET),
-    154: ("GPU recovery action changed (reset / reboot required)", True, RESET),
-}
+    code: ((v := verdict(code)).meaning, v.status == "fail", v.action) for code in CATALOG}
 CRITICAL_XIDS = frozenset(code for code, (_, hardware, _) in XID_CATALOG.items() if hardware)
 XID_RE = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f:.]+)\):\s*(.*)$")
 CODE_RE = re.compile(r"^(\d+),?\s*(.*)$")
@@ -73,7 +40,12 @@ class XidEvent:
 
     @property
     def critical(self) -> bool:
-        return self.code in CRITICAL_XIDS
+        """The node fails preflight on it (the catalog's action takes the GPU out of service)."""
+        return verdict(self.code, self.message).status == "fail"
+
+    @property
+    def known(self) -> bool:
+        return self.code in CATALOG
 
 
 @dataclass
@@ -100,9 +72,10 @@ class XidLog:
         return [e for e in self.events if e.critical]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"events": [{**vars(e), "critical": e.critical} for e in self.events],
+        return {"events": [{**vars(e), "critical": e.critical, "known": e.known} for e in self.events],
                 "codes": sorted({e.code for e in self.events}),
                 "critical_codes": sorted({e.code for e in self.critical}),
+                "unknown_codes": sorted({e.code for e in self.events if not e.known}),
                 "bus_events": [vars(b) for b in self.bus_events], "fallen_off_bus": self.fallen_off_bus}
 
 

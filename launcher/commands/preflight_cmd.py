@@ -436,7 +436,7 @@ def _human_findings(findings: list[Any]) -> str:
 def parse_cmd(kind: str, file: str, node: str, against: str | None, link_rate: float | None, model: str | None,
               as_json: bool) -> int:
     """Show what the parser for KIND makes of one captured output FILE (and, for the deep-health kinds
-    dcgm-diag, nvbandwidth, perftest, nvlink-errors, gpu-q, what the judges conclude: exit 1 on a fail)."""
+    dcgm-diag, nvbandwidth, perftest, nvlink-errors, gpu-q, xid, what the judges conclude: exit 1 on a fail)."""
     from checks.parsers import JUDGED_KINDS, ParseError, parser_for, to_jsonable
     from launcher.formats.files import read_text
 
