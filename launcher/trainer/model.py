@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from launcher.plan.spec import ModelSpec
+from launcher.trainer import sequence_parallel as sp_ops
 from launcher.trainer.recompute import selective_contexts
 
 NORM_EPS = 1e-5
@@ -67,16 +68,23 @@ class Attention(nn.Module):
         self.wv = nn.Linear(a.hidden, kv_heads * a.head_dim, bias=False)
         self.wo = nn.Linear(a.heads * a.head_dim, a.hidden, bias=False)
         self.cp = None                  # a context_parallel.CPAttention once CP is applied
+        self.sp: tuple[int, str] | None = None   # (size, name) of the TP group once TP is applied
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        b, s = x.shape[0], x.shape[1]
+        if self.sp is None:
+            q, k, v = self.wq(x), self.wk(x), self.wv(x)
+        else:
+            # x is this rank's sequence shard: gathered inside the op, q/k/v for this rank's heads out
+            q, k, v = sp_ops.gather_linear(x, [local(self.wq.weight), local(self.wk.weight),
+                                                local(self.wv.weight)], *self.sp)
+        b, s = q.shape[0], q.shape[1]
         # After TP the projections return this rank's heads only; -1 picks that count up.
-        q = self.wq(x).view(b, s, -1, self.head_dim)
-        k = self.wk(x).view(b, s, -1, self.head_dim)
-        v = self.wv(x).view(b, s, -1, self.head_dim)
+        q, k, v = (t.view(b, s, -1, self.head_dim) for t in (q, k, v))
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        out = self.core(q, k, v)
-        return self.wo(out.reshape(b, s, -1))
+        out = self.core(q, k, v).reshape(b, s, -1)
+        if self.sp is None:
+            return self.wo(out)
+        return sp_ops.linear_scatter(out, local(self.wo.weight), *self.sp)
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))      # [b, heads, s, d]
@@ -97,11 +105,24 @@ class FeedForward(nn.Module):
         self.w2 = nn.Linear(ffn, a.hidden, bias=False)
         if self.gated:
             self.w3 = nn.Linear(a.hidden, ffn, bias=False)
+        self.sp: tuple[int, str] | None = None   # (size, name) of the TP group once TP is applied
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sp is not None:
+            return self._forward_sp(x)
         if self.gated:
             return self.w2(F.silu(self.w1(x)) * self.w3(x))
         return self.w2(F.gelu(self.w1(x)))
+
+    def _forward_sp(self, x: torch.Tensor) -> torch.Tensor:
+        """x is this rank's sequence shard; so is the result (sequence_parallel.py)."""
+        assert self.sp is not None
+        if self.gated:
+            a, g = sp_ops.gather_linear(x, [local(self.w1.weight), local(self.w3.weight)], *self.sp)
+            inner = F.silu(a) * g
+        else:
+            inner = F.gelu(sp_ops.gather_linear(x, [local(self.w1.weight)], *self.sp)[0])
+        return sp_ops.linear_scatter(inner, local(self.w2.weight), *self.sp)
 
 
 class Block(nn.Module):
@@ -228,6 +249,11 @@ class Transformer(nn.Module):
         if hasattr(h, "to_local"):      # sequence-parallel DTensor -> this rank's sequence shard
             h = h.to_local()
         return h
+
+
+def local(w: torch.Tensor) -> torch.Tensor:
+    """A TP-sharded weight's local shard (differentiable: its gradient returns as the same DTensor)."""
+    return w.to_local() if hasattr(w, "to_local") else w
 
 
 def param_seed(seed: int, name: str) -> int:

@@ -3,10 +3,11 @@
 selective keeps what is expensive to recompute and recomputes what is cheap, per op (torch's
 selective activation checkpointing, as torchtitan's op-level SAC and Megatron's norm/activation
 recompute do): the outputs of the matmuls, of SDPA (output and logsumexp) and of TP's reduce-scatters
-(sequence shards) are saved; the norms, RoPE, the MLP activation and its gate product, residual adds,
-casts and TP's sequence all-gathers are recomputed in backward from them. Keeping an all-gather's
-output would keep the whole sequence per TP rank (s·b·h, not s·b·h/tp): Megatron keeps the shard and
-gathers again in backward, torchtitan's SAC list saves no all-gather either. Recomputing only the attention core (Megatron's original
+(sequence shards) are saved, and the sequence-parallel linears' outputs (sequence_parallel.py: the op is
+kept whole, so neither its gathered input nor a row-parallel partial sum is held or replayed); the norms,
+RoPE, the MLP activation and its gate product, residual adds and casts are recomputed in backward from
+them. Keeping an all-gather's output would keep the whole sequence per TP rank (s·b·h, not s·b·h/tp):
+Megatron keeps the shard and gathers again in backward, torchtitan's SAC list saves no all-gather either. Recomputing only the attention core (Megatron's original
 "selective") saves nothing here: SDPA never materialises the s×s scores.
 
 Why flags on the model rather than checkpoint_wrapper: the module names (and therefore the
@@ -23,6 +24,8 @@ import torch
 from torch.utils.checkpoint import SAC_IGNORED_OPS as _SAC_IGNORED_OPS
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from launcher.trainer.sequence_parallel import OPS as SP_OPS
+
 if TYPE_CHECKING:
     from launcher.trainer.model import Transformer
 
@@ -30,10 +33,11 @@ MODES = ("none", "selective", "full")
 
 _aten = torch.ops.aten
 _c10d = torch.ops._c10d_functional
-#: ops whose outputs selective recompute keeps: GEMMs, attention kernels (every backend's), and the
-#: tensor-parallel reduce-scatters and all-reduces (their outputs are shards or small); all-gathers are
-#: made again in backward (one more sequence all-gather per norm under TP)
-SAVED_OPS = frozenset({
+#: ops whose outputs selective recompute keeps: GEMMs, attention kernels (every backend's), the
+#: sequence-parallel linears (their outputs: q/k/v and the MLP's inner rows, and sequence shards; what they
+#: gather they gather again in their own backward) and the remaining reduce-scatters and all-reduces
+#: (shards or small); other all-gathers are made again in backward
+SAVED_OPS = frozenset({*SP_OPS,
     _aten.mm.default, _aten.addmm.default, _aten.bmm.default,
     _aten._scaled_dot_product_flash_attention.default,
     _aten._scaled_dot_product_flash_attention_for_cpu.default,

@@ -3,7 +3,8 @@
 Why this plan: attention heads and the MLP's inner dimension split column-then-row so each
 block needs one all-gather in and one reduce-scatter out per sub-layer; the norms and the
 residual stream stay sharded along the sequence (SequenceParallel), so no rank stores the
-full s·b·h activations outside attention/MLP. The embedding is vocab-sharded (RowwiseParallel)
+full s·b·h activations outside attention/MLP, and the linears (sequence_parallel.py) keep the
+shard, not the gathered sequence, for their backward. The embedding is vocab-sharded (RowwiseParallel)
 and the output projection is vocab-sharded too: the loss (loss.py) is computed vocab-parallel
 from those shards, so full logits are never gathered.
 """
@@ -14,7 +15,6 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
     PrepareModuleInput,
     RowwiseParallel,
     SequenceParallel,
@@ -24,33 +24,48 @@ from torch.distributed.tensor.parallel import (
 from launcher.trainer.model import Transformer
 
 
-def block_plan(gated: bool, moe: bool = False) -> dict:
-    """A dense block: Megatron's column-then-row split of attention and MLP. A mixture-of-experts block:
-    attention as a dense one; the router and experts are not split (expert TP 1, Megatron's ETP=1): each
-    TP rank routes its own sequence shard's tokens, so the MoE takes and returns the local shard."""
-    plan = {
+def block_plan(moe: bool = False) -> dict:
+    """The modules DTensor handles in a block: the norms, sequence-parallel (their weights replicated,
+    their inputs and outputs sequence shards), and the sub-layers' inputs handed over as this rank's
+    plain sequence shard. The linears themselves are sequence_parallel.py's ops (shard_block's weights);
+    a mixture-of-experts block's router and experts are not split (expert TP 1, Megatron's ETP=1): each
+    TP rank routes its own sequence shard's tokens."""
+    shard_in = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),),
+                                  use_local_output=True)
+    return {
         "attention_norm": SequenceParallel(),
         "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None),
-                                        desired_input_layouts=(Replicate(), None, None)),
-        "attention.wq": ColwiseParallel(),
-        "attention.wk": ColwiseParallel(),
-        "attention.wv": ColwiseParallel(),
-        "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+                                        desired_input_layouts=(Shard(1), None, None), use_local_output=True),
         "ffn_norm": SequenceParallel(),
-        "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-        "feed_forward.w1": ColwiseParallel(),
-        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        # the MoE's output is this rank's shard of the residual stream, as linear_scatter's is
+        "feed_forward": shard_in,
     }
+
+
+def _shard_weight(linear: nn.Module, tp_mesh: DeviceMesh, dim: int) -> None:
+    """Replace a Linear's weight by its TP DTensor: dim 0 (column-parallel) or 1 (row-parallel)."""
+    w = linear.weight
+    linear.weight = nn.Parameter(distribute_tensor(w.detach(), tp_mesh, [Shard(dim)], src_data_rank=None),  # type: ignore[operator]
+                                 requires_grad=w.requires_grad)  # type: ignore[arg-type]
+
+
+def shard_block(block: nn.Module, tp_mesh: DeviceMesh, moe: bool) -> None:
+    """Megatron's column-then-row split of attention (and a dense MLP): heads and the MLP's inner
+    dimension over TP, the sequence-parallel ops given the group (model.Attention.sp, FeedForward.sp)."""
+    group = (tp_mesh.size(), tp_mesh.get_group().group_name)
+    attn = block.attention
+    for name in ("wq", "wk", "wv"):
+        _shard_weight(getattr(attn, name), tp_mesh, 0)
+    _shard_weight(attn.wo, tp_mesh, 1)
+    attn.sp = group  # type: ignore[assignment]
     if moe:
-        for k in ("feed_forward", "feed_forward.w1", "feed_forward.w2"):
-            del plan[k]
-        # the norm's sequence shard in, as a plain tensor; the MoE's output is this rank's shard of the
-        # residual stream (which the blocks carry as local tensors, as wo's and w2's outputs are)
-        plan["feed_forward"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),),
-                                                  use_local_output=True)
-    elif gated:
-        plan["feed_forward.w3"] = ColwiseParallel()
-    return plan
+        return
+    ffn = block.feed_forward
+    for name in ("w1", "w3"):
+        if hasattr(ffn, name):
+            _shard_weight(getattr(ffn, name), tp_mesh, 0)
+    _shard_weight(ffn.w2, tp_mesh, 1)
+    ffn.sp = group  # type: ignore[assignment]
 
 
 def apply_tp(model: Transformer, tp_mesh: DeviceMesh) -> None:
@@ -70,19 +85,22 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh) -> None:
         w = model.output.weight
         model.output.weight = nn.Parameter(distribute_tensor(w.detach(), tp_mesh, [Shard(0)], src_data_rank=None),  # type: ignore[operator]
                                            requires_grad=w.requires_grad)  # type: ignore[arg-type]
-    gated, moe = model.args.mlp == "swiglu", model.args.experts > 1
+    moe = model.args.experts > 1
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, block_plan(gated, moe))
+        parallelize_module(block, tp_mesh, block_plan(moe))
+        shard_block(block, tp_mesh, moe)
 
 
 def tag_tp_replicated(model: Transformer, tp_mesh: DeviceMesh) -> None:
-    """Mark the MoE weights TP leaves whole (router, experts) with the TP group their gradients are summed
+    """Mark the MoE weights TP leaves whole (router, experts, shared experts) with the TP group their gradients are summed
     over: each TP rank's gradient is its own tokens' share (the lean optimizer sums them before its reduce).
     Call on the final Parameter objects (after to_empty)."""
     if tp_mesh.size() == 1 or model.args.experts <= 1:
         return
     group = tp_mesh.get_group()
     for block in model.layers.values():
+        if not block.is_moe:            # a dense layer of a MoE model (first_dense_layers): split as usual
+            continue
         ffn = block.feed_forward
         assert isinstance(ffn, nn.Module)
         for p in ffn.parameters():
