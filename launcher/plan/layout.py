@@ -117,3 +117,32 @@ def rank_map_table(ranks: Sequence[RankPlacement], mesh_order: Sequence[str], gp
         row = sorted(by_node[n], key=lambda r: r.gpu)
         lines.append(f"{n:<5} " + " ".join(cells[r.rank].ljust(width) for r in row))
     return "\n".join(lines)
+
+
+def groups_over(degrees: dict[str, int], mesh_order: Sequence[str], dims: Sequence[str]) -> list[list[int]]:
+    """Every group of ranks that differ only in the coordinates `dims`, flattened in mesh order (the
+    dp·cp group FSDP and the gradient reduction use: dims ("dp", "cp"))."""
+    st = strides(degrees, mesh_order)
+    inner = [d for d in mesh_order if d in dims]
+    others = [d for d in mesh_order if d not in dims]
+    out = []
+    for combo in itertools.product(*(range(degrees[d]) for d in others)):
+        base = sum(c * st[d] for c, d in zip(combo, others))
+        out.append(sorted(base + sum(c * st[d] for c, d in zip(inner_combo, inner))
+                          for inner_combo in itertools.product(*(range(degrees[d]) for d in inner))))
+    return out
+
+
+def ep_groups(degrees: dict[str, int], mesh_order: Sequence[str], ep: int) -> list[list[int]]:
+    """The expert-parallel groups: within one (pp, tp) slice, dp·cp index f (dp and cp flattened in mesh
+    order) has EP rank f % ep, and a group is ep consecutive f (the trainer's mesh.ep_layout)."""
+    dims = [d for d in mesh_order if d in ("dp", "cp")]
+    world = 1
+    for d in mesh_order:
+        world *= degrees[d]
+    out: dict[tuple[int, int, int], list[int]] = {}
+    for r in range(world):
+        c = coords_of(r, degrees, mesh_order)
+        f = c[dims[0]] * degrees[dims[1]] + c[dims[1]]
+        out.setdefault((c["pp"], c["tp"], f // ep), []).append(r)
+    return [out[k] for k in sorted(out)]
