@@ -44,11 +44,16 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 
-from launcher.plan.kernels import kernels
 from launcher.plan.layout import stage_layers, strides
 from launcher.plan.ledger import Layout, ParamCounts, param_counts
 
 # --- calibration constants (fitted in benchmarks/calibrate_costs.py; errors printed there) -------
+#: Per-GPU weight-slice size (h·h/tp, millions of elements) at which efficiency is half the maximum:
+#: thin TP slices of small models leave the GPU underfed (Korthikanti 22B vs 530B).
+COMPUTE_EFFICIENCY_HALF_MELEM = 1.5
+#: Tokens per GPU per micro-batch (b·s/cp) at which efficiency is half the maximum: context
+#: parallelism and tiny micro-batches shrink the GEMMs' other dimension.
+COMPUTE_EFFICIENCY_HALF_TOKENS = 128
 #: Fraction of the advertised per-direction NVLink bandwidth an all-reduce reaches (nccl-tests: ~370-480
 #: GB/s busbw on 450 GB/s per direction).
 NVLINK_EFFICIENCY = 0.8
@@ -65,8 +70,8 @@ class Stack:
     model with published runs of those stacks without pretending they run like ours."""
 
     name: str
-    efficiency_max: float        # fitted factor on the kernel-level compute time (kernels.py): 1 = the kernels' rate
-    fsdp_overlap: float          # share of the concurrent compute ZeRO 2/3 traffic can hide behind
+    efficiency_max: float        # achieved fraction of peak for large GEMM-bound layers
+    fsdp_overlap: float          # fraction of ZeRO 2/3 traffic hidden behind concurrent compute
     grad_sync_overlap: float     # fraction of the ZeRO 0/1 gradient reduction hidden behind backward
     cp_overlap: float            # fraction of the CP K/V exchange hidden behind attention
     cp_attention_factor: float   # attention time multiplier under CP
@@ -81,8 +86,6 @@ class Stack:
     replicated_param_bytes: float = 2.0       # bytes per parameter ZeRO 1 gathers back (replicated state)
     dp_per_gpu_nic: bool = False      # DP collectives across nodes reach one NIC's bandwidth per GPU, not k·NIC
     ceiling_by_generation: tuple[tuple[str, float], ...] = ()   # efficiency_max per GPU generation, where it differs
-    elementwise_passes: float = 12.0  # bf16 hidden-size passes per token and layer (fwd+bwd) of memory-bound ops
-    fused_attention: bool = False     # cuDNN / FA3-class attention (Megatron, TE, XLA) instead of SDPA's FA2
 
     def ceiling(self, gpu) -> float:
         """The efficiency ceiling on `gpu`: its generation's where the stack has one, else efficiency_max."""
@@ -96,41 +99,32 @@ GENERATIONS = {"a100-40gb": "ampere", "a100-80gb": "ampere", "h100-sxm": "hopper
 
 
 STACKS: dict[str, Stack] = {
-    # eager PyTorch FSDP2 + SDPA (torchtitan-class). Its factor and elementwise passes are fitted on the
-    # eager rows (benchmarks/calibrate_costs.py --fit; cross-validated by source with --cv): the GEMMs and
-    # attention run at the kernels' rates (kernels.py), the norms, RoPE, activations and casts between
-    # them at HBM speed, which is why the same code reaches a smaller share of an H100's peak (3x the
-    # A100's FLOPs, 1.6x its bandwidth). FSDP2 prefetches the next block's all-gather during the current
-    # block and reduce-scatters on its own stream: all but the first gather and last reduce of a pass can
-    # hide behind the compute running then (fsdp_overlap 1).
+    # eager PyTorch FSDP2 + SDPA (torchtitan-class): ceilings fitted on the eager rows' fit half
+    # (benchmarks/calibrate_costs.py), one per GPU generation: an eager step's fixed costs (kernel
+    # launches, memory-bound norms, activations and casts between the GEMMs) do not shrink with
+    # Hopper's 3x tensor-core throughput (1.6x HBM bandwidth), so the same code reaches a smaller
+    # fraction of an H100's peak than of an A100's. Hopper's is the default (newer GPUs: no rows).
     # DP collectives across nodes are charged at one NIC per GPU: the only ZeRO-3 runs measured at scale
-    # (Narayanan et al. Table 2) ran at that rate; the k-NIC node aggregate would make ZeRO-3 at 1,000+
-    # GPUs look free.
-    "bundled": Stack("bundled trainer (eager PyTorch, FSDP2)", efficiency_max=0.8, fsdp_overlap=1.0,
+    # (Narayanan et al. Table 2) ran at that rate, and torchtitan's FSDP128 row fits it (+6%) as well
+    # as the k-NIC node aggregate (-3%); the aggregate would make ZeRO-3 at 1,000+ GPUs look free.
+    "bundled": Stack("bundled trainer (eager PyTorch, FSDP2)", efficiency_max=0.42, fsdp_overlap=0.8,
                      grad_sync_overlap=0.0, cp_overlap=0.0, cp_attention_factor=1.0,
                      zero2_sync_per_microbatch=True, zero1_allreduce=False, dp_collectives_per_layer=1, alpha_s=8e-6,
                      grad_reduce_bytes=4.0, dp_per_gpu_nic=True, replicated_param_bytes=2.0,
+                     ceiling_by_generation=(("ampere", 0.69),),
                      # op-level selective recompute (trainer/recompute.py) keeps every matmul's and
                      # SDPA's output: backward repeats only norms, RoPE and activations (no FLOPs here)
-                     selective_attention_recompute=0.0, selective_regathers=True, elementwise_passes=16.0),
-    # Megatron-LM / NeMo: fused kernels (TE, cuDNN attention), distributed optimizer overlapping grad reduce
-    # and param gather with compute
-    "megatron": Stack("Megatron-LM / NeMo", efficiency_max=0.9, fsdp_overlap=0.8, grad_sync_overlap=0.8,
+                     selective_attention_recompute=0.0, selective_regathers=True),
+    # Megatron-LM / NeMo: fused kernels, distributed optimizer overlapping grad reduce and param gather
+    "megatron": Stack("Megatron-LM / NeMo", efficiency_max=0.68, fsdp_overlap=0.8, grad_sync_overlap=0.8,
                       cp_overlap=0.8, cp_attention_factor=1.0, zero2_sync_per_microbatch=False,
-                      zero1_allreduce=False, dp_collectives_per_layer=1, alpha_s=8e-6, grad_reduce_bytes=4.0,
-                      elementwise_passes=6.0, fused_attention=True),
+                      zero1_allreduce=False, dp_collectives_per_layer=1, alpha_s=8e-6, grad_reduce_bytes=4.0),
     # DeepSpeed ZeRO-3 as measured in 2021 (Narayanan et al. Table 2): per-parameter collectives
     # (its collectives reach one NIC's bandwidth per GPU, and several per layer: the fit's choice)
-    "deepspeed": Stack("DeepSpeed ZeRO-3 (2021)", efficiency_max=0.8, fsdp_overlap=0.5,
+    "deepspeed": Stack("DeepSpeed ZeRO-3 (2021)", efficiency_max=0.68, fsdp_overlap=0.5,
                        grad_sync_overlap=0.5, cp_overlap=0.0, cp_attention_factor=1.0,
                        zero2_sync_per_microbatch=True, zero1_allreduce=False, dp_collectives_per_layer=4,
-                       alpha_s=8e-6, grad_reduce_bytes=2.0, dp_per_gpu_nic=True, elementwise_passes=16.0),
-    # JAX/XLA FSDP (MaxText, PaxML): the compiler fuses the elementwise work and schedules the FSDP
-    # all-gathers and reduce-scatters asynchronously behind the layers' compute
-    "jax": Stack("JAX / XLA (MaxText, PaxML)", efficiency_max=0.9, fsdp_overlap=1.0, grad_sync_overlap=0.8,
-                 cp_overlap=0.0, cp_attention_factor=1.0, zero2_sync_per_microbatch=True, zero1_allreduce=False,
-                 dp_collectives_per_layer=1, alpha_s=8e-6, grad_reduce_bytes=4.0, dp_per_gpu_nic=True,
-                 elementwise_passes=6.0, fused_attention=True),
+                       alpha_s=8e-6, grad_reduce_bytes=2.0, dp_per_gpu_nic=True),
 }
 # Meta's Llama 3 stack (arXiv 2407.21783 §3.3.2) runs like Megatron but for its CP: K and V all-gathered
 # with the latency "exposed in the critical path"; FSDP keeps parameters gathered from forward to backward
@@ -141,8 +135,6 @@ BUNDLED = STACKS["bundled"]
 # (notes/trainers.md §1.4), where ours keeps them all
 STACKS["torchtitan"] = replace(BUNDLED, name="torchtitan (eager, op-level selective AC)",
                                selective_matmul_recompute=0.5)
-# llm-foundry / Composer: FSDP1 FULL_SHARD with backward prefetch and its own flash attention (Triton)
-STACKS["llmfoundry"] = replace(BUNDLED, name="llm-foundry (Composer FSDP1)")
 
 
 @dataclass(frozen=True)
@@ -322,57 +314,15 @@ def _sequence_flops(model, s: int, recompute: str, selective_matmul: float,
     return fwd, model_fl, hw_fl
 
 
-#: Share of the counted attention FLOPs (4·s²·h, causal masking not discounted) a causal flash kernel does.
-CAUSAL_WORK = 0.5
-
-
-def gemm_calls_per_layer(model, lay: Layout) -> int:
-    """GEMM calls of one block's forward on one rank (q, k, v, o; the MLP's two or three, per local expert)."""
-    mlp = 3 if model.mlp == "swiglu" else 2
-    if model.experts > 1:
-        return 4 + 1 + mlp * max(1, model.experts // max(lay.ep, 1))      # + the router
-    return 4 + mlp
-
-
-def compute_seconds(model, lay: Layout, seq_len: int, gpu, stack: Stack = BUNDLED, layers: float = 1.0,
-                    logits: bool = False, factor: float | None = None) -> tuple[float, float]:
-    """(seconds, hardware FLOPs) of one micro-batch's forward + backward (+ recompute) on one rank for
-    `layers` blocks (and the logits when `logits`): every GEMM at the GPU's maximum achievable matmul
-    rate plus a fixed time per call (kernels.py, from public GEMM benchmarks), attention at the
-    flash-attention rate on the causal half, elementwise work at HBM speed (the stack's passes over
-    the activations), all divided by the stack's fitted factor (or `factor`: cluster.compute_efficiency /
-    `launch calibrate`'s, which scales this kernel-level time)."""
-    k = kernels(gpu)
-    peak = gpu.peak_tflops * 1e12
-    fwd = forward_flops_per_sequence(model, seq_len)
-    share = lay.micro_batch / (lay.tp * lay.cp)               # this rank's part of one sequence's work
-    rc_mm = {"none": 0.0, "selective": stack.selective_matmul_recompute, "full": 1.0}[lay.recompute]
-    rc_attn = {"none": 0.0, "selective": stack.selective_attention_recompute, "full": 1.0}[lay.recompute]
-    mm = fwd["matmul"] / model.layers * (3 + rc_mm) * share * layers
-    calls = gemm_calls_per_layer(model, lay) * (3 + rc_mm) * layers
-    if logits:
-        mm += 3 * fwd["logits"] * share
-        calls += 3
-    attn = fwd["attention"] / model.layers * (3 + rc_attn) * share * layers
-    if lay.cp > 1:
-        attn *= stack.cp_attention_factor
-    attn_rate = k.attention_fused if stack.fused_attention else k.attention
-    tokens = lay.micro_batch * seq_len / lay.cp
-    elem_bytes = stack.elementwise_passes * 2 * tokens * model.hidden / lay.tp * layers * (3 + rc_mm) / 3
-    seconds = (k.gemm_seconds(mm, calls, peak) + attn * CAUSAL_WORK / (peak * attn_rate)
-               + elem_bytes / (k.hbm_tbs * 1e12))
-    return seconds / (factor or stack.ceiling(gpu)), mm + attn
-
-
 def compute_efficiency(model, lay: Layout, seq_len: int, efficiency_max: float | None = None,
-                       stack: Stack = BUNDLED, gpu=None) -> float:
-    """Achieved fraction of peak of one block's compute (compute_seconds): the kernels' rate at this
-    layout's shapes times the stack's factor (`efficiency_max`: cluster.compute_efficiency or a cluster
-    profile's replaces it), so it is linear in that factor. Without a GPU, an H100's kernels."""
-    from launcher.plan.spec import resolve_gpu
-    gpu = gpu or resolve_gpu("h100-sxm")
-    seconds, flops = compute_seconds(model, lay, seq_len, gpu, stack, factor=efficiency_max)
-    return flops / (gpu.peak_tflops * 1e12 * seconds)
+                       stack: Stack = BUNDLED) -> float:
+    """Achieved fraction of peak: the stack's ceiling, lowered as the per-GPU GEMMs shrink — a thin
+    weight slice (h²/tp) or few tokens per rank (b·s/cp) leave the GPU underfed (a size-efficiency
+    curve, as Calculon's). `efficiency_max` (cluster.compute_efficiency) replaces the ceiling."""
+    slice_m = model.hidden * model.hidden / lay.tp / 1e6
+    tokens = lay.micro_batch * seq_len / lay.cp
+    return ((efficiency_max or stack.efficiency_max) * slice_m / (slice_m + COMPUTE_EFFICIENCY_HALF_MELEM)
+            * tokens / (tokens + COMPUTE_EFFICIENCY_HALF_TOKENS))
 
 
 @lru_cache(maxsize=4096)
@@ -463,19 +413,21 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
     fwd, model_seq, hw_seq = _sequence_flops(model, s, lay.recompute, stack.selective_matmul_recompute,
                                              stack.selective_attention_recompute)
     model_fl, hw_fl = model_seq * train.global_batch, hw_seq * train.global_batch
-    factor = efficiency_max or stack.ceiling(gpu)
+    eff = compute_efficiency(model, lay, s, efficiency_max or stack.ceiling(gpu), stack)
+    # Hardware FLOPs of one layer (one sequence); under CP a stack's attention may run slower (mask).
+    layer_fl = (hw_seq - 3 * fwd["logits"]) / model.layers
     attn_again = {"none": 0.0, "selective": stack.selective_attention_recompute, "full": 1.0}[lay.recompute]
     attn_layer = fwd["attention"] * (3 + attn_again) / model.layers
+    if lay.cp > 1:
+        layer_fl += attn_layer * (stack.cp_attention_factor - 1)
     # The pipeline runs at the pace of its busiest rank: its layers (uneven splits and interleaving
     # with layer counts not divisible by pp·v included) plus, on the last rank, the logits and loss.
     per_rank = rank_stage_layers(model.layers, p, v)
     most = max(per_rank)
-    t_most, fl_most = compute_seconds(model, lay, s, gpu, stack, most, p == 1, factor)
-    t_last, fl_last = (t_most, fl_most) if p == 1 else compute_seconds(model, lay, s, gpu, stack, per_rank[-1],
-                                                                       True, factor)
-    layers_stage = per_rank[-1] if t_last >= t_most else most
-    compute_mb, mb_flops = (t_last, fl_last) if t_last >= t_most else (t_most, fl_most)
-    eff = mb_flops / (peak * compute_mb)
+    last = per_rank[-1] * layer_fl + 3 * fwd["logits"]
+    layers_stage = per_rank[-1] if last >= most * layer_fl else most
+    compute_mb = max(last, most * layer_fl) * b / (lay.tp * lay.cp) / (peak * eff)
+
     s_local = s / lay.cp
     # TP (+SP): per layer 2 all-gathers + 2 reduce-scatters of s·b·h forward, as many backward; full
     # recompute repeats the forward's.
@@ -524,11 +476,7 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
         # FSDP overlaps with the compute running at the same time: every micro-batch's outside PP; under
         # PP the per-step gather and reduce meet only the first forward and the last backward.
         concurrent = busy if p == 1 or lay.zero == 3 else mb_time
-        # the first block's all-gather of each pass and the last block's reduce-scatter have no compute
-        # beside them (prefetch starts from the second block): one block's collectives per pass exposed
-        edge = dp_comm / max(most, 1)
-        rest = dp_comm - edge
-        dp_exposed = edge + max(rest * (1 - stack.fsdp_overlap), rest - concurrent * stack.fsdp_overlap)
+        dp_exposed = max(dp_comm * (1 - stack.fsdp_overlap), dp_comm - concurrent * stack.fsdp_overlap)
     else:
         backward = busy * 2 / 3
         dp_exposed = max(dp_comm * (1 - stack.grad_sync_overlap), dp_comm - backward * stack.grad_sync_overlap)
