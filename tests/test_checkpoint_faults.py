@@ -55,24 +55,53 @@ def saved_twice(run_dir: Path):
     return states
 
 
+@pytest.mark.parametrize("how", ["overwritten", "cut in half"])
 @pytest.mark.parametrize("victim", ["__0_0.distcp", ".metadata", "extra.pt"])
-def test_corrupt_latest_falls_back_to_the_previous_checkpoint(tmp_path, capsys, victim):
+def test_corrupt_latest_falls_back_to_the_previous_checkpoint(tmp_path, capsys, caplog, victim, how):
+    """One line names the unreadable file and the checkpoint resumed instead; no traceback on the terminal
+    or in the log (a half-truncated .metadata made DCP log two UnpicklingError tracebacks, issue 23)."""
     states = saved_twice(tmp_path)
     bad = tmp_path / "checkpoints" / "step-2" / victim
-    bad.write_bytes(b"not a checkpoint" * 4)
+    if how == "overwritten":
+        bad.write_bytes(b"not a checkpoint" * 4)
+    else:
+        with open(bad, "r+b") as f:
+            f.truncate(bad.stat().st_size // 2)
     model, opt, sched = make_training(seed=7)
     ck = Checkpointer(tmp_path, 1)
     assert ck.load_latest(model, opt, sched) == (1, {"pos": 1})
     for k, v in model.state_dict().items():
         assert torch.equal(v, states[1][k]), k
     err = capsys.readouterr().err
-    assert str(bad) in err and "unreadable" in err and "step-1" in err
-    assert "Traceback" not in err
+    [line] = [ln for ln in err.splitlines() if ln.startswith("warning: ")]
+    assert line.startswith(f"warning: checkpoint {tmp_path / 'checkpoints' / 'step-2'} is unreadable ({bad}")
+    assert line.endswith(f"resumed from the previous complete one, {tmp_path / 'checkpoints' / 'step-1'}")
+    assert "Traceback" not in err and not [r for r in caplog.records if r.exc_info]
     # the next save of step 2 replaces the corrupt copy instead of pointing `latest` at it again
     train_steps(model, opt, sched, 1, seed=2)
     ck.save(2, model, opt, sched, {"pos": 2})
     again = Checkpointer(tmp_path, 1)
     assert again.load_latest(*make_training(seed=8)) == (2, {"pos": 2})
+
+
+def test_dcp_tracebacks_become_one_line(tmp_path, caplog):
+    """What DCP itself logs with a traceback while a checkpoint loads (its metadata fallback, through the
+    root logger) is one line with the exception's last line."""
+    import logging
+
+    import torch.distributed.checkpoint as dcp
+
+    from launcher.trainer.checkpoint import _dcp_tracebacks_as_lines
+
+    (tmp_path / ".metadata").write_bytes(b"\x80\x04truncated")
+    caplog.set_level(logging.WARNING)
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    with _dcp_tracebacks_as_lines(), pytest.raises(CheckpointException):
+        dcp.load({"w": torch.zeros(2)}, checkpoint_id=str(tmp_path))
+    fallback = [r for r in caplog.records if r.name == "root" and "metadata" in r.getMessage()]
+    assert fallback and not [r for r in fallback if r.exc_info]
+    assert "(UnpicklingError: " in fallback[0].getMessage()
 
 
 def test_no_readable_checkpoint_is_one_error_naming_each(tmp_path):

@@ -19,6 +19,7 @@ import yaml
 from click.testing import CliRunner
 
 from launcher.cli import cli
+from launcher.errors import UserError
 from tests.conftest import EXAMPLES
 
 pytestmark = pytest.mark.unit
@@ -373,6 +374,140 @@ def test_local_wrapper_records_the_exit_code_without_following_a_link(tmp_path):
     assert out.returncode == 3 and out.stdout.splitlines() == ["LDLP=/opt/x y", "SHELL=unset"], out
     assert exit_file.read_text() == "3\n" and not exit_file.is_symlink()
     assert target.read_text() == "precious\n" and not os.path.lexists(f"{exit_file}.tmp")
+
+
+def _precious(tmp_path: Path) -> tuple[Path, Path]:
+    """A file and a directory outside the run dir that a planted link points at; neither may change."""
+    (tmp_path / "victim").mkdir()
+    (tmp_path / "victim" / "keep").write_text("precious dir\n")
+    (tmp_path / "victim.txt").write_text("precious\n")
+    return tmp_path / "victim.txt", tmp_path / "victim"
+
+
+def _untouched(file: Path, folder: Path) -> None:
+    assert file.read_text() == "precious\n"
+    assert sorted(p.name for p in folder.iterdir()) == ["keep"] and (folder / "keep").read_text() == "precious dir\n"
+
+
+def _write_latest(rd: Path) -> None:
+    from launcher.trainer.checkpoint import Checkpointer
+
+    Checkpointer(rd, 1)._write_latest("step-3")
+    assert (rd / "checkpoints" / "latest").read_text() == "step-3\n"
+    assert not (rd / "checkpoints" / "latest").is_symlink()
+
+
+def _save_checkpoint(rd: Path) -> None:
+    from launcher.trainer.checkpoint import Checkpointer
+    from tests.test_trainer_checkpoint import make_training
+
+    model, opt, sched = make_training()
+    Checkpointer(rd, 1).save(3, model, opt, sched, {"pos": 3})
+    assert (rd / "checkpoints" / "step-3" / "extra.pt").is_file() and not (rd / "checkpoints" / "step-3").is_symlink()
+
+
+def _metrics(rd: Path) -> None:
+    import io
+
+    from launcher.trainer.metrics import MetricsLogger
+    from tests.trainer_helpers import make_plan
+
+    MetricsLogger(rd, 0, make_plan(), stream=io.StringIO()).log_step(1, 1.0, 1.0, 1.0, 10)
+
+
+def _heartbeat(rd: Path) -> None:
+    from launcher.trainer.metrics import Heartbeat
+
+    Heartbeat(rd, 0, "h").beat(1, "forward")
+    assert not (rd / "heartbeat" / "rank0.json").is_symlink()
+
+
+def _stacks(rd: Path) -> None:
+    from launcher.trainer.stalls import StallWatchdog
+
+    StallWatchdog(rd, 0, "h", 0).close()
+
+
+def _flight(rd: Path) -> None:
+    from launcher.formats import nofollow
+
+    nofollow.write_atomic(rd, rd / "logs" / "flight" / "rank_0", b"dump")
+    assert (rd / "logs" / "flight" / "rank_0").read_bytes() == b"dump"
+
+
+#: where a link is planted while the job runs -> (points at the file or the dir, the writer that meets it,
+#: refused: PlantedLinkError naming the link | replaced: the write lands in a new file of ours). Issue 23.
+RUN_DIR_LINKS: dict[str, tuple[str, str, Callable[[Path], None], str]] = {
+    "latest-tmp": ("checkpoints/.latest.tmp", "file", _write_latest, "replaced"),
+    "latest": ("checkpoints/latest", "file", _write_latest, "replaced"),
+    "checkpoints-dir": ("checkpoints", "dir", _write_latest, "refused"),
+    "step-tmp-dir": ("checkpoints/step-3.tmp", "dir", _save_checkpoint, "replaced"),
+    "step-final": ("checkpoints/step-3", "dir", _save_checkpoint, "replaced"),
+    "metrics": ("metrics.jsonl", "file", _metrics, "refused"),
+    "heartbeat-file": ("heartbeat/rank0.json", "file", _heartbeat, "replaced"),
+    "heartbeat-tmp": ("heartbeat/.rank0.json.tmp", "file", _heartbeat, "replaced"),
+    "heartbeat-dir": ("heartbeat", "dir", _heartbeat, "refused"),
+    "stacks-file": ("logs/stacks/rank0.txt", "file", _stacks, "refused"),
+    "logs-dir": ("logs", "dir", _stacks, "refused"),
+    "flight-tmp": ("logs/flight/.rank_0.tmp", "file", _flight, "replaced"),
+}
+
+
+@pytest.mark.parametrize("case", list(RUN_DIR_LINKS))
+def test_the_trainer_never_writes_through_a_link_planted_in_its_run_dir(tmp_path, case):
+    """Each of the trainer's writes inside the run dir (checkpoints and their .tmp dirs, latest, metrics,
+    heartbeats, stack and flight-recorder dumps) with a link planted at its path while the job runs: the
+    link's target is untouched; the write either replaces the link with a file of its own or stops with one
+    line naming the link (launcher.formats.nofollow)."""
+    from launcher.formats.nofollow import PlantedLinkError
+
+    file, folder = _precious(tmp_path)
+    rel, kind, writer, outcome = RUN_DIR_LINKS[case]
+    rd = tmp_path / "run"
+    (rd / rel).parent.mkdir(parents=True, exist_ok=True)
+    (rd / rel).symlink_to(file if kind == "file" else folder)
+    if outcome == "refused":
+        with pytest.raises(PlantedLinkError) as info:
+            writer(rd)
+        assert str(info.value).startswith(f"{rd / rel} is a symbolic link (-> ") and "\n" not in str(info.value)
+    else:
+        writer(rd)
+        assert not (rd / rel).is_symlink()
+    _untouched(file, folder)
+
+
+def test_local_backend_opens_its_log_without_following_a_link(tmp_path, monkeypatch):
+    """logs/node0.log (or logs/ itself) planted as a link between the run-dir check and the job's start:
+    `launch run` refuses in one line naming it, and starts nothing."""
+    import launcher.backends.local as local
+    from launcher.backends import prepare_run_dir
+    from launcher.plan.planner import plan_job
+    from launcher.plan.spec import load_spec
+
+    file, folder = _precious(tmp_path)
+    spec = load_spec(CPU_JOB)
+    plan = plan_job(spec).best
+    for rel, target in (("logs/node0.log", file), ("logs", folder)):
+        rd = tmp_path / f"run-{rel.replace('/', '-')}"
+
+        def prepare_then_plant(run_dir, plan, job_text, rel=rel, target=target):
+            out = prepare_run_dir(run_dir, plan, job_text)
+            victim = Path(run_dir) / rel
+            if victim.is_dir():
+                import shutil
+
+                shutil.rmtree(victim)
+            victim.symlink_to(target)
+            return out
+
+        monkeypatch.setattr(local, "prepare_run_dir", prepare_then_plant)
+        backend = local.LocalBackend()
+        request = backend.dryrun(spec, plan, run_dir=rd)
+        request.extra["argv"] = ["true"]
+        with pytest.raises(UserError, match=re.escape(f"{rd / rel} is a symbolic link (-> {target})")):
+            backend.submit(request)
+        _untouched(file, folder)
+        assert not backend._procs
 
 
 # --- bandwidth maps with wrong values (issue 23) ----------------------------------------------------

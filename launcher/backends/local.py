@@ -52,7 +52,7 @@ from launcher.backends import (
     trainer_env,
 )
 from launcher.errors import UserError
-from launcher.formats import rundir
+from launcher.formats import nofollow, rundir
 from launcher.formats.files import read_text
 from launcher.plan.spec_backend import split_env
 from launcher.transport import CHUNK_LIMIT
@@ -179,8 +179,10 @@ class LocalBackend(Backend):
         backend.env's LD_LIBRARY_PATH / PATH / PYTHONPATH are torchrun's alone, not this shell's."""
         prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in sorted(trainer_env.items()))
         tmp, final = shlex.quote(f"{exit_file}.tmp"), shlex.quote(str(exit_file))
+        logs = shlex.quote(str(exit_file.parent))  # logs/ itself replaced by a link: write nothing there
         return (f"trap ':' TERM INT USR1 USR2\n{prefix}{shlex.join(cmd)}\nrc=$?\n"
-                f"rm -f -- {tmp} && (set -C; echo $rc > {tmp}) && mv -fT -- {tmp} {final}\nexit $rc\n")
+                f"[ ! -L {logs} ] && rm -f -- {tmp} && (set -C; echo $rc > {tmp}) && mv -fT -- {tmp} {final}\n"
+                "exit $rc\n")
 
     def submit(self, request: Request) -> JobHandle:
         """Write the run dir (refusing one that holds another job), then start the command detached."""
@@ -202,8 +204,10 @@ class LocalBackend(Backend):
         env[procs.MARKER] = token
         wrapper = self.wrapper(cmd, exit_file, request.extra.get("trainer_env") or {})
         started = time.time()
-        try:  # never through a link planted since the run dir was checked
-            log_fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:  # never through a link planted since the run dir was checked (logs/ or the log itself)
+            log_fd = nofollow.open_fd(rd, log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        except nofollow.PlantedLinkError as exc:
+            raise UserError(str(exc)) from None
         except OSError as exc:
             raise UserError(f"{log}: cannot write the job's log ({exc.strerror})") from None
         with open(log_fd, "ab") as out:

@@ -21,9 +21,10 @@ Why this shape:
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import logging
 import os
-import shutil
 import signal
 import sys
 import time
@@ -36,6 +37,7 @@ import torch.distributed as dist
 from torch import nn
 
 from launcher.errors import RunError
+from launcher.formats import nofollow
 from launcher.formats.exitcodes import PREEMPT_EXIT_CODE
 from launcher.formats.rundir import CHECKPOINT_EXTRA as EXTRA
 from launcher.formats.rundir import LATEST, RunDir, checkpoint_step, complete_checkpoints, latest_checkpoint
@@ -194,6 +196,7 @@ class Checkpointer:
     """Saves every `every` steps (0 = only when forced) under <run_dir>/checkpoints; resumes from latest."""
 
     def __init__(self, run_dir: str | Path, every: int, keep: int | None = None):
+        self.root = Path(run_dir)  # every write below it goes through formats.nofollow: never through a link
         self.dir = RunDir(run_dir).checkpoints
         self.every = int(every)
         self.keep = keep
@@ -265,8 +268,10 @@ class Checkpointer:
             self.last_saved = step
             return final
         if _rank() == 0:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(tmp, ignore_errors=True)
+            nofollow.make_dirs(self.root, self.dir)
+            with contextlib.suppress(OSError):
+                nofollow.remove_tree(self.root, tmp)  # a leftover, or a link planted at its name
+            nofollow.make_dirs(self.root, tmp)
         _barrier()
         module = merge_parts(model)
         aliases = _tied_aliases(model)
@@ -287,7 +292,8 @@ class Checkpointer:
             why = _why(failed, self.dir)
         if why is not None:
             if _rank() == 0:
-                shutil.rmtree(tmp, ignore_errors=True)  # frees the space the partial copy took
+                with contextlib.suppress(OSError):
+                    nofollow.remove_tree(self.root, tmp)  # frees the space the partial copy took
             raise CheckpointError(f"checkpoint step {step} failed: {why} (writing {tmp}; removed the partial "
                                   f"copy; {self.dir / LATEST} still names the last complete checkpoint)") from failed
         self.last_saved = step
@@ -302,7 +308,7 @@ class Checkpointer:
                  else (scheds[0].state_dict() if scheds else None),
                  "world_size": dist.get_world_size() if _distributed() else 1,
                  "saved_at": time.time()}
-        with open(tmp / EXTRA, "wb") as f:
+        with os.fdopen(nofollow.open_fd(self.root, tmp / EXTRA, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as f:
             torch.save(extra, f)
             f.flush()
             os.fsync(f.fileno())
@@ -313,27 +319,22 @@ class Checkpointer:
     def _publish(self, tmp: Path, final: Path) -> None:
         """Make a fully written checkpoint visible: rename the dir, then repoint `latest`."""
         _fsync_dir(tmp)
-        if final.exists():  # an incomplete leftover of that name (complete ones return earlier)
-            shutil.rmtree(final)
+        if os.path.lexists(final):  # an incomplete leftover of that name (complete ones return earlier), or a link
+            nofollow.remove_tree(self.root, final)
         os.replace(tmp, final)
         _fsync_dir(self.dir)
         self._write_latest(final.name)
 
     def _write_latest(self, name: str) -> None:
-        tmp = self.dir / f".{LATEST}.tmp"
-        with open(tmp, "w") as f:
-            f.write(name + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.dir / LATEST)
-        _fsync_dir(self.dir)
+        nofollow.write_atomic(self.root, self.dir / LATEST, name + "\n", durable=True)
 
     def _prune(self) -> None:
         if not self.keep:
             return
         done = complete_checkpoints(self.dir)
         for old in done[: max(0, len(done) - self.keep)]:
-            shutil.rmtree(old, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                nofollow.remove_tree(self.root, old)
 
     # --- load ----------------------------------------------------------------------------------
     def latest_dir(self) -> Path | None:
@@ -365,20 +366,19 @@ class Checkpointer:
         for path in map(Path, found):
             err = None
             try:
-                result = self._load(path, model, optimizer, scheduler)
+                with _dcp_tracebacks_as_lines():
+                    result = self._load(path, model, optimizer, scheduler)
             except (Exception, CheckpointException) as exc:  # noqa: BLE001 - reported, then the next one
                 err = _why_load(exc, path)
             err = _any_error(err)
             if err is None:
-                if bad and _rank() == 0:
-                    print(f"warning: resuming from {path} (the newer one is unreadable)", file=sys.stderr,
+                if bad and _rank() == 0:  # one line: what was unreadable, and where the run resumed instead
+                    skipped = "; ".join(f"checkpoint {b}" for b in bad)
+                    print(f"warning: {skipped}; resumed from the previous complete one, {path}", file=sys.stderr,
                           flush=True)
                 return result
-            bad.append(f"{path} is unreadable: {err}")
+            bad.append(f"{path} is unreadable ({err})")
             self.unreadable.add(str(path))
-            if _rank() == 0:
-                print(f"warning: checkpoint {path} is unreadable ({err}); trying the previous complete one",
-                      file=sys.stderr, flush=True)
         if bad:
             raise CheckpointError(f"no readable checkpoint in {self.dir}: {'; '.join(bad)}")
         return None
@@ -386,6 +386,7 @@ class Checkpointer:
     def _load(self, path: Path, model: nn.Module | Sequence[nn.Module], optimizer: Any,
               scheduler: Any) -> tuple[int, dict | None]:
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import FileSystemReader
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
         module = merge_parts(model)
@@ -398,6 +399,11 @@ class Checkpointer:
             int(extra["step"])
         except Exception as exc:  # noqa: BLE001 - any unreadable extras: this checkpoint is bad
             raise CheckpointError(f"{path / EXTRA}: not a readable checkpoint file ({type(exc).__name__})") from exc
+        try:  # DCP's own read of an unreadable .metadata logs two tracebacks before it gives up
+            FileSystemReader(str(path)).read_metadata()
+        except Exception as exc:  # noqa: BLE001 - truncated, overwritten, unreadable: this checkpoint is bad
+            raise CheckpointError(f"{path / '.metadata'}: not readable ({type(exc).__name__}: {_last_line(exc)})") \
+                from exc
         state = _state_dict(module, optims, aliases)
         dcp.load(state, checkpoint_id=str(path))
         lean = _lean(optims)
@@ -415,6 +421,28 @@ class Checkpointer:
                 s.load_state_dict(sd)
         self.last_saved = int(extra["step"])
         return int(extra["step"]), extra.get("data")
+
+
+class _OneLine(logging.Filter):
+    """torch.distributed.checkpoint logs through the root logger with exc_info (state_dict_loader's metadata
+    fallback): the trainer's log gets the message and the exception's last line, not its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and "torch/distributed/checkpoint" in record.pathname.replace(os.sep, "/"):
+            exc = record.exc_info[1]
+            record.msg = f"{record.getMessage()} ({type(exc).__name__}: {_last_line(exc) if exc else ''})"
+            record.args, record.exc_info, record.exc_text = None, None, None
+        return True
+
+
+@contextlib.contextmanager
+def _dcp_tracebacks_as_lines():
+    root, one = logging.getLogger(), _OneLine()
+    root.addFilter(one)
+    try:
+        yield
+    finally:
+        root.removeFilter(one)
 
 
 def _any_error(err: str | None) -> str | None:

@@ -23,21 +23,12 @@ from pathlib import Path
 
 import torch
 
+from launcher.formats import nofollow
 from launcher.formats.rundir import RunDir
 from launcher.plan.model import Plan
 from launcher.plan.spec import ModelSpec
 
 PHASES = ("init", "forward", "backward", "optimizer", "checkpoint", "done", "error")
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def _sig(x: float, digits: int = 6) -> float:
@@ -63,6 +54,7 @@ class MetricsLogger:
 
     def __init__(self, run_dir: str | Path, rank: int, plan: Plan, stream=None):
         self.rank = rank
+        self.root = Path(run_dir)  # writes go through formats.nofollow: never through a link in the run dir
         self.path = RunDir(run_dir).metrics
         self.steps = plan.train.steps
         self.world = plan.world_size
@@ -71,21 +63,21 @@ class MetricsLogger:
         self.stream = stream or sys.stdout
         self._trimmed = False
         if rank == 0:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            nofollow.make_dirs(self.root, self.path.parent)
 
     def _trim_from(self, step: int) -> None:
         """On the first step after a resume, drop lines of steps the restarted run will redo."""
         self._trimmed = True
-        if not self.path.exists():
+        if not os.path.lexists(self.path):
             return
         kept = []
-        for line in self.path.read_text().splitlines():
+        for line in nofollow.read_text(self.root, self.path).splitlines():
             try:
                 if json.loads(line)["step"] < step:
                     kept.append(line)
             except (json.JSONDecodeError, KeyError, TypeError):
                 continue  # a line cut short by a crash
-        _atomic_write(self.path, "".join(x + "\n" for x in kept))
+        nofollow.write_atomic(self.root, self.path, "".join(x + "\n" for x in kept))
 
     def record(self, step: int, loss: float, grad_norm: float, step_time_s: float, tokens: int,
                lr: float | None = None) -> dict:
@@ -111,7 +103,7 @@ class MetricsLogger:
         if not self._trimmed:
             self._trim_from(step)
         rec = self.record(step, loss, grad_norm, step_time_s, tokens, lr)
-        with open(self.path, "a") as f:
+        with nofollow.open_append(self.root, self.path) as f:
             f.write(json.dumps(rec) + "\n")
         print(self.format(rec), file=self.stream, flush=True)
         return rec
@@ -134,8 +126,9 @@ class Heartbeat:
         self.rank = rank
         self.host = host or socket.gethostname()
         self.pid = os.getpid()
+        self.root = Path(run_dir)
         self.path = RunDir(run_dir).heartbeat_file(rank)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        nofollow.make_dirs(self.root, self.path.parent)
         self.collectives = 0
         self.last_collective: str | None = None
         self.step = 0
@@ -161,7 +154,7 @@ class Heartbeat:
             rec.update(step_time_s=round(walls[len(walls) // 2], 6), busy_s=round(busy[len(busy) // 2], 6),
                        timed_steps=len(self.times))
         try:
-            _atomic_write(self.path, json.dumps(rec) + "\n")
+            nofollow.write_atomic(self.root, self.path, json.dumps(rec) + "\n")
         except OSError:
             # A heartbeat is a diagnostic: on a full or failing disk the last one written stays, and
             # the error the trainer is reporting (e.g. a checkpoint's ENOSPC) is not masked by this one.

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import IO
 
 from launcher.errors import UserError
-from launcher.formats import rundir
+from launcher.formats import nofollow, rundir
 
 log = logging.getLogger("launcher.trainer")
 
@@ -46,8 +46,8 @@ class StallWatchdog:
         self.run_dir, self.rank, self.host = Path(run_dir), rank, host
         self.after_s, self.local_rank = float(after_s), local_rank
         self.path = stack_file(run_dir, rank)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.file: IO[str] = open(self.path, "a", buffering=1)  # noqa: SIM115 - open for the process's life
+        # open for the process's life; never through a link planted in the run dir (formats.nofollow)
+        self.file: IO[str] = nofollow.open_append(run_dir, self.path, buffering=1)
         faulthandler.register(DUMP_SIGNAL, file=self.file, all_threads=True, chain=False)
         self.last = time.monotonic()
         self.dumped = False
@@ -104,10 +104,7 @@ class StallWatchdog:
             self.file.write(f"# flight recorder: not dumped ({exc})\n")
             return
         out = self.run_dir / rundir.FLIGHT / f"rank_{self.rank}"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, out)
+        nofollow.write_atomic(self.run_dir, out, data)
         self.file.write(f"# flight recorder: {out}\n")
 
     def close(self) -> None:
@@ -142,12 +139,11 @@ def ras_status(run_dir: Path, host: str, timeout_s: float = 20.0) -> str:
     if client is None:
         return "skipped (ncclras is not on PATH)"
     out = Path(run_dir) / rundir.RAS / f"{host}.txt"
-    out.parent.mkdir(parents=True, exist_ok=True)
     try:
         r = subprocess.run([client], capture_output=True, timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"failed ({exc})"
-    out.write_bytes(r.stdout[: 4 << 20] + r.stderr[: 1 << 20])
+    nofollow.write_atomic(run_dir, out, r.stdout[: 4 << 20] + r.stderr[: 1 << 20])
     return str(out)
 
 
