@@ -225,7 +225,8 @@ class SlurmBackend(Backend):
         if run_dir is None:
             run_dir = child_path(Path(job.backend.log_dir).expanduser().resolve(), job.name, "name")
         rd = self._job_dir(job, run_dir, target)
-        rendered = render_slurm(job, plan, rd, templates, exclude, measured_env, node_order)
+        rendered = render_slurm(job, plan, rd, templates, exclude, measured_env, node_order,
+                                preflight_plan=options.get("preflight_plan"))
         files = dict(rendered.files)
         if job_text is not None:
             files[rundir.JOB] = job_text

@@ -19,6 +19,23 @@ from launcher.commands import emit, json_option, progress
 from launcher.errors import UserError
 
 BACKEND_CHOICE = click.Choice(["slurm", "k8s"])
+PREFLIGHT_PLAN_OPTIONS = (
+    click.option("--preflight-plan", "preflight_plan", is_flag=True,
+                 help="Gate the job on the plan's own communication groups: inside the allocation, before the "
+                      "trainer, measure each TP/CP/PP/DP/EP group's collective (`launch preflight --plan`); a group "
+                      "slower than the plan assumed leaves its node(s) out and the job requeues, as the node check "
+                      "does (Slurm). Measurements: RUN_DIR/preflight-plan.json."),
+    click.option("--tolerance", type=click.FloatRange(0, 1, max_open=True), default=0.3, show_default=True,
+                 help="With --preflight-plan: how much below the plan's assumed bandwidth a group may measure."),
+)
+
+
+def preflight_plan_options(f: Any) -> Any:
+    for opt in reversed(PREFLIGHT_PLAN_OPTIONS):
+        f = opt(f)
+    return f
+
+
 PLAN_OPTION = click.option("--plan", "plan_path", type=click.Path(dir_okay=False),
                            help="A plan.json to launch as it is (its layout, rank map and stage split), after "
                                 "checking it was made for JOB_FILE (same model, cluster and train).")
@@ -62,6 +79,16 @@ def _backend(kind: str):
     return get_backend(kind)
 
 
+def _gate(kind: str, preflight_plan: bool, tolerance: float) -> float | None:
+    """--preflight-plan's tolerance for the backend's rendering (None: no gate)."""
+    if not preflight_plan:
+        return None
+    if kind != "slurm":
+        raise UserError(f"--preflight-plan: the gate runs inside a Slurm allocation (backend slurm), not {kind}; "
+                        "measure the plan's groups with `launch preflight --plan plan.json` first")
+    return tolerance
+
+
 # --- render ---------------------------------------------------------------------------------
 @click.command()
 @click.argument("job_file", type=click.Path(dir_okay=False))
@@ -72,9 +99,10 @@ def _backend(kind: str):
 @PLAN_OPTION
 @click.option("--templates", type=click.Path(file_okay=False), help="Directory whose templates override ours, file by file.")
 @click.option("--force", is_flag=True, help="With -o: overwrite files of another job in that directory.")
+@preflight_plan_options
 @json_option
 def render(job_file: str, backend: str | None, out_dir: str | None, bwmap: str | None, plan_path: str | None,
-           templates: str | None, force: bool, as_json: bool) -> None:
+           templates: str | None, force: bool, preflight_plan: bool, tolerance: float, as_json: bool) -> None:
     """Render the sbatch script or Kubernetes manifest (TrainJob or PyTorchJob; nothing is submitted) of
     JOB_FILE: a job file, planned now, or a plan.json from `launch plan -o`, rendered as it is.
     Same input, same bytes."""
@@ -84,7 +112,8 @@ def render(job_file: str, backend: str | None, out_dir: str | None, bwmap: str |
     job, kind = _load(job_file, backend, bwmap, plan_path)
     spec, plan, text = job.spec, job.plan, job.text
     req = _backend(kind).dryrun(spec, plan, Path(out_dir).resolve() if out_dir else None, templates=templates,
-                                exclude=job.exclude, node_order=job.node_order)
+                                exclude=job.exclude, node_order=job.node_order,
+                                preflight_plan=_gate(kind, preflight_plan, tolerance))
     for line in req.warnings:
         progress(f"warning: {line}")
     written: list[str] = []
@@ -110,9 +139,11 @@ def render(job_file: str, backend: str | None, out_dir: str | None, bwmap: str |
 @click.option("--verify", "verify_", is_flag=True,
               help="Trace the plan with the real trainer first (`launch verify`); submit nothing unless every role "
                    "builds and fits.")
+@preflight_plan_options
 @json_option
 def submit(job_file: str, backend: str | None, bwmap: str | None, plan_path: str | None, run_dir: str | None,
-           templates: str | None, dry_run: bool, verify_: bool, as_json: bool) -> None:
+           templates: str | None, dry_run: bool, verify_: bool, preflight_plan: bool, tolerance: float,
+           as_json: bool) -> None:
     """Submit a job to Slurm (sbatch, here or over SSH) or Kubernetes (TrainJob or PyTorchJob). JOB_FILE
     is a job file, planned now, or a plan.json from `launch plan -o`, submitted as it is."""
     from launcher.backends.jobstate import check_state, record_handle
@@ -135,7 +166,7 @@ def submit(job_file: str, backend: str | None, bwmap: str | None, plan_path: str
     if not dry_run:
         check_state()  # a broken state file is found before anything is submitted
     req = be.dryrun(spec, plan, rd, templates=templates, job_text=text, exclude=job.exclude,
-                    node_order=job.node_order)
+                    node_order=job.node_order, preflight_plan=_gate(kind, preflight_plan, tolerance))
     for line in req.warnings:
         progress(f"warning: {line}")
     if dry_run:

@@ -172,6 +172,14 @@ def threshold_options(f: Any) -> Any:
 @click.option("--image", default="nvcr.io/nvidia/pytorch:24.05-py3", show_default=True,
               help="k8s backend: image with nvidia-smi and nccl-tests.")
 @click.option("--kube-context", help="k8s backend: kubeconfig context.")
+@click.option("--plan", "plan_file", type=click.Path(dir_okay=False),
+              help="Measure this plan.json's own communication groups instead (TP, CP, PP neighbours, DP/ZeRO, EP: "
+                   "each group's collective at the plan's message size) and compare them with what its time model "
+                   "assumed; --backend local (default), ssh (--hosts: node i is host i) or slurm (a batch job; waits).")
+@click.option("--tolerance", type=click.FloatRange(0, 1, max_open=True), default=0.3, show_default=True,
+              help="With --plan: a group measuring below (1 - tolerance) x the assumed bandwidth fails (exit 1).")
+@click.option("--iters", type=click.IntRange(1, 1000), default=5, show_default=True,
+              help="With --plan: timed calls per group (the median counts), after 2 untimed ones.")
 @threshold_options
 @json_option
 @click.pass_context
@@ -186,10 +194,18 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
               gpus_per_node: int | None, srun_mpi: str, dry_run: bool, namespace: str, image: str, kube_context: str | None,
               thresholds: str | None, expected_gpus: int | None, min_intra_busbw: float | None,
               min_inter_busbw: float | None, output: str | None, exclude_failed: bool, drain: bool,
-              scheduler: str | None, do_apply: bool, as_json: bool) -> int | None:
-    """Measure nodes and links (nvidia-smi topo, health, nccl-tests); write a bandwidth map."""
+              scheduler: str | None, do_apply: bool, as_json: bool, plan_file: str | None = None,
+              tolerance: float = 0.3, iters: int = 5) -> int | None:
+    """Measure nodes and links (nvidia-smi topo, health, nccl-tests); write a bandwidth map. With --plan:
+    measure the plan's own communication groups against what it assumed."""
     if ctx.invoked_subcommand is not None:
         return None
+    if plan_file:
+        return _plan_preflight(plan_file, hosts_expr, hostfile, backend, tolerance, iters, nccl_timeout, output,
+                               as_json, dict(user=user, port=port, identity_file=identity_file,
+                                             known_hosts=known_hosts, accept_new_hosts=accept_new_hosts, jump=jump,
+                                             ssh_config=ssh_config, connect_timeout=connect_timeout),
+                               dict(out_dir=out_dir, partition=partition, account=account, time=time_limit))
     from checks.hosts import HostsError, expand, from_allocation, from_file
     from checks.orchestrate import PreflightOptions, run_preflight
     from checks.pairing import NcclOptions
@@ -268,6 +284,21 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
             raise UserError(f"--save-raw {save_raw}: cannot write ({exc.strerror})") from None
     bw = assemble(results, cfg)
     return _finish(bw, output, as_json, exclude_failed, drain_to, do_apply)
+
+
+def _plan_preflight(plan_file: str, hosts_expr: str | None, hostfile: str | None, backend: str | None,
+                    tolerance: float, iters: int, timeout_s: float, output: str | None, as_json: bool,
+                    ssh: dict[str, Any], slurm: dict[str, Any]) -> int:
+    """`preflight --plan` (launcher/commands/preflight_plan.py)."""
+    from checks.hosts import HostsError, expand, from_file
+    from launcher.commands import preflight_plan
+
+    try:
+        hosts = expand(hosts_expr) if hosts_expr else from_file(hostfile) if hostfile else None
+    except HostsError as exc:
+        raise UserError(str(exc)) from None
+    return preflight_plan.run(plan_file, backend, hosts, tolerance, iters, timeout_s, output, as_json,
+                              ssh={**ssh, "master_port": 29511, "python": "python3"}, slurm=slurm)
 
 
 def _k8s_backend(context: str | None) -> Any:

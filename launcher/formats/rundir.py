@@ -40,6 +40,9 @@ STACK_HEADER = "# launch4d stack dump"
 STACK_SIGNAL = signal.SIGQUIT
 SUBDIRS = (LOGS, NCCL_LOGS, FLIGHT, HEARTBEAT, CHECKPOINTS)
 NODECHECK_LOG = "logs/nodecheck.log"  # the sbatch script's node health check, one line per bad node
+PREFLIGHT_PLAN = "preflight-plan.json"            # the plan's groups as measured before the trainer (gate)
+PREFLIGHT_PLAN_SPEC = "preflight-plan.spec.json"  # the groups to measure, as submitted (formats/groupprobe.py)
+PREFLIGHT_PLAN_LOG = "logs/preflight-plan.log"    # the probe's own output
 EXIT_CODE = "logs/exit_code"  # the local backend's wrapper writes torchrun's exit status here
 LATEST = "latest"            # checkpoints/latest holds the name of the newest complete step-N dir
 CHECKPOINT_EXTRA = "extra.pt"  # rank 0's step/scheduler/data state; with DCP's .metadata marks a complete checkpoint
@@ -66,6 +69,7 @@ class RunDir:
     checkpoints = property(lambda self: self.root / CHECKPOINTS)
     exit_code = property(lambda self: self.root / EXIT_CODE)
     lock = property(lambda self: self.root / LOCK)
+    preflight_plan = property(lambda self: self.root / PREFLIGHT_PLAN)
 
     def node_log(self, node: int = 0) -> Path:
         """One node's combined output (the local backend's torchrun, every rank line prefixed)."""

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 
 from launcher.formats.groupprobe import DEFAULT_TOLERANCE, KINDS, GroupProbe, ProbeGroup
 from launcher.plan import layout
-from launcher.plan.costs import BUNDLED, Bandwidth, Collective, collectives, compute_efficiency, estimate
+from launcher.plan.costs import BUNDLED, Bandwidth, Collective, collectives, estimate
 from launcher.plan.model import Plan
 
 #: Timed calls per group (their median is the group's figure), after WARMUP untimed ones.
@@ -98,13 +98,17 @@ def measured_busbw(plan: Plan, probe: GroupProbe) -> dict[str, float]:
 
 
 def step_time(plan: Plan, busbw: dict[str, float] | None = None) -> float:
-    """The time model's step for the plan as planned (its bandwidths, its compute-efficiency ceiling),
-    with `busbw` (GB/s by group kind) in place of the assumed figures where given."""
-    curve = compute_efficiency(plan.model, plan.layout, plan.train.seq_len, 1.0)
-    ceiling = plan.estimate.get("efficiency", 0) / curve if curve else None
-    return estimate(plan.model, plan.train, plan.gpu, plan.layout, plan_bandwidth(plan), plan.gpus_per_node,
-                    tuple(plan.mesh_order), efficiency_max=ceiling or None, stack=BUNDLED,
-                    busbw=busbw).step_time_s
+    """The plan's step time (what it was chosen on), moved by what `busbw` (GB/s by group kind, in place
+    of the assumed figures) changes in the time model's estimate of the same layout."""
+    planned = float(plan.estimate.get("step_time_s") or 0.0)
+    if not busbw:
+        return planned
+
+    def model(over: dict[str, float] | None) -> float:
+        return estimate(plan.model, plan.train, plan.gpu, plan.layout, plan_bandwidth(plan), plan.gpus_per_node,
+                        tuple(plan.mesh_order), stack=BUNDLED, busbw=over).step_time_s
+
+    return max(planned + model(busbw) - model(None), 0.0)
 
 
 def with_measured_step(plan: Plan, probe: GroupProbe) -> GroupProbe:

@@ -188,14 +188,21 @@ def slurm_context(spec: JobSpec, plan: Plan, run_dir: str, exclude: list[str] | 
 
 def render_slurm(spec: JobSpec, plan: Plan, run_dir: str, templates: str | Path | None = None,
                  exclude: list[str] | None = None, measured_env: dict[str, str] | None = None,
-                 node_order: list[str] | None = None) -> Rendered:
+                 node_order: list[str] | None = None, preflight_plan: float | None = None) -> Rendered:
     """`node_order`: the BandwidthMap's host order (default: the plan's hosts); the batch script
-    ranks the nodes it is given in this order."""
+    ranks the nodes it is given in this order. `preflight_plan`: a tolerance, to measure the plan's
+    communication groups on the allocated nodes before the trainer (`launch submit --preflight-plan`)."""
     ctx = slurm_context(spec, plan, run_dir, exclude, measured_env, node_order)
+    probe_files: dict[str, str] = {}
+    ctx["probe"] = None
+    if preflight_plan is not None:
+        from launcher.render.groupprobe import probe_files as files_for
+
+        ctx["probe"], probe_files = files_for(plan, preflight_plan, spec.diagnostics.init_timeout_s)
     script = render_template("slurm/train.sbatch.j2", ctx, templates)
     bash_syntax_check(script)
     return Rendered("slurm", run_dir, "train.sbatch",
-                    {"train.sbatch": script, rundir.PLAN: plan.to_json() + "\n"})
+                    {"train.sbatch": script, rundir.PLAN: plan.to_json() + "\n", **probe_files})
 
 
 def render_slurm_array(spec: JobSpec, plans: list[Plan], base: str, task_dirs: list[str],
