@@ -77,7 +77,7 @@ def test_parallel_auto_and_mapping():
     ("train.seq_lne", 1, "train.seq_lne: unknown key (did you mean 'seq_len'?)"),
     ("train.global_batch", "many", "train.global_batch: 'many' is not an integer"),
     ("train.optimizer", "adamw", "train.optimizer: 'adamw' is not valid; choose one of 'adam', 'sgd', 'adam8bit' (did you mean 'adam'?)"),
-    ("cluster.gpu", "h100", "cluster.gpu: unknown GPU preset 'h100'"),
+    ("cluster.gpu", "v100", "cluster.gpu: unknown GPU preset 'v100'"),
     ("cluster.nodes", 0, "cluster.nodes: 0 is below the minimum 1"),
     ("model", "llama3-7b", "model: unknown model preset 'llama3-7b' (did you mean"),
     ("parallel.pp", 64, "parallel.pp: 64 does not divide the world size 8"),

@@ -40,7 +40,10 @@ OPTIMIZERS = ("adam", "sgd", "adam8bit")
 RECOMPUTE = ("none", "selective", "full")
 #: Pipeline schedules (pipeline.py, torch.distributed.pipelining); "none" when pp = 1.
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
-MLPS = ("swiglu", "gelu")
+MLPS = ("swiglu", "geglu", "gelu")
+#: Position encodings (model.py): rotary embeddings, or ALiBi's per-head linear biases on the attention
+#: scores (an explicit bias beside causal SDPA: no flash kernel, and any head_dim).
+POSITIONS = ("rope", "alibi")
 #: Mixture-of-experts models under TP: attention and norms tensor-parallel, the router and experts
 #: whole on every TP rank (expert TP 1), each rank routing its own sequence shard (tensor_parallel.py);
 #: experts split over dp·cp (ep). Their TP-replicated gradients are summed by the lean optimizer, so
@@ -59,12 +62,14 @@ Recompute = Literal[RECOMPUTE]              # type: ignore[valid-type]
 Schedule = Literal[SCHEDULES]               # type: ignore[valid-type]
 PlanSchedule = Literal[("none", *SCHEDULES)]  # type: ignore[valid-type]
 Mlp = Literal[MLPS]                         # type: ignore[valid-type]
+Position = Literal[POSITIONS]               # type: ignore[valid-type]
 
 
 def table() -> dict:
     """The table as data (for `launch schema`, docs and --json)."""
     return {"zero_stages": list(ZERO_STAGES), "precisions": list(PRECISIONS), "optimizers": list(OPTIMIZERS),
             "recompute": list(RECOMPUTE), "schedules": list(SCHEDULES), "mlp": list(MLPS),
+            "positions": list(POSITIONS),
             "moe_with_tp": MOE_WITH_TP, "cp_attention": CP_ATTENTION}
 
 
@@ -89,23 +94,33 @@ def padded_model(m: ModelSpec, tp: int) -> ModelSpec:
 
 def model_problem(m: ModelSpec) -> tuple[str, str] | None:
     """(field, reason) where the model shape cannot be built."""
-    if m.hidden % m.heads:
-        return "hidden", f"{m.hidden} is not divisible by heads={m.heads}"
+    if m.hidden % m.heads and m.head_dim == m.hidden // m.heads:
+        return "hidden", f"{m.hidden} is not divisible by heads={m.heads} (or set model.head_dim)"
     if m.heads % (m.kv_heads or m.heads):
         return "kv_heads", f"{m.kv_heads} does not divide heads={m.heads}"
-    if (m.hidden // m.heads) % 2:
-        return "heads", f"{m.heads} gives head_dim {m.hidden // m.heads}; rotary embeddings need an even head_dim"
+    if m.position == "rope" and (m.head_dim or 0) % 2:
+        return "head_dim", (f"{m.head_dim} (hidden/heads or as given) is odd; rotary embeddings need an even "
+                            "head_dim (position: alibi takes any)")
     if m.experts_per_token > m.experts:
         return "experts_per_token", f"{m.experts_per_token} exceeds experts={m.experts}"
+    if not m.is_moe:
+        for name in ("moe_ffn_hidden", "shared_experts", "first_dense_layers"):
+            if getattr(m, name):
+                return name, f"{getattr(m, name)} needs a mixture-of-experts model (model.experts > 1)"
+    elif m.first_dense_layers >= m.layers:
+        return "first_dense_layers", (f"{m.first_dense_layers} leaves no mixture-of-experts layer of "
+                                      f"layers={m.layers}; use experts: 1 for a dense model")
     return None
 
 
 def tp_problem(m: ModelSpec, tp: int) -> str | None:
-    """Why the trainer cannot shard this model over `tp` ranks (Megatron-style TP, vocab-parallel loss)."""
+    """Why the trainer cannot shard this model over `tp` ranks (Megatron-style TP, vocab-parallel loss;
+    a MoE's experts stay whole, so only dense layers' ffn_hidden is split)."""
     if m.experts > 1 and tp > 1 and not MOE_WITH_TP:  # pragma: no cover - kept for a trainer without it
         return ("with a mixture-of-experts model: the bundled trainer runs experts without tensor "
                 "parallelism; use tp 1 with ep (expert parallelism) instead")
-    for name in ("heads", "kv_heads", "ffn_hidden"):        # the vocabulary is padded (padded_vocab)
+    names = ("heads", "kv_heads") + (("ffn_hidden",) if m.layers > m.moe_layers else ())
+    for name in names:                                      # the vocabulary is padded (padded_vocab)
         if getattr(m, name) % tp:
             return f"does not divide model.{name}={getattr(m, name)}"
     return None

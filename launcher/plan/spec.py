@@ -15,7 +15,16 @@ from typing import Any
 
 from launcher.errors import SpecError, UserError
 from launcher.plan import capabilities, presets
-from launcher.plan.capabilities import GradDtype, Mlp, Optimizer, Precision, Recompute, Schedule, ZeroStage
+from launcher.plan.capabilities import (
+    GradDtype,
+    Mlp,
+    Optimizer,
+    Position,
+    Precision,
+    Recompute,
+    Schedule,
+    ZeroStage,
+)
 from launcher.plan.schema import bounded, did_you_mean, json_schema, key_name, load_dataclass, show
 from launcher.plan.spec_backend import BackendSpec, DiagnosticsSpec
 
@@ -26,36 +35,75 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Decoder shape. `preset` names where it came from (or 'custom')."""
+    """Decoder shape. `preset` names where it came from (a preset, 'hf:<config>' or 'custom')."""
 
     layers: int = bounded(lo=1, hi=10_000, doc="transformer blocks")
     hidden: int = bounded(lo=1, hi=1 << 20, doc="model width")
     heads: int = bounded(lo=1, hi=1 << 14, doc="attention heads")
     vocab: int = bounded(lo=1, hi=1 << 24, doc="vocabulary size")
     kv_heads: int | None = bounded(None, 1, 1 << 14, doc="key/value heads (GQA); default: heads")
-    ffn_hidden: int | None = bounded(None, 1, 1 << 22, doc="MLP width; default: 4·hidden")
-    mlp: Mlp = bounded("swiglu", doc="MLP kind")
+    head_dim: int | None = bounded(None, 1, 1 << 14, doc="width of one attention head; default: hidden / heads "
+                                                        "(Qwen3 and Gemma set it apart: heads·head_dim ≠ hidden)")
+    ffn_hidden: int | None = bounded(None, 1, 1 << 22, doc="MLP width (of the dense layers, in a mixture of "
+                                                           "experts); default: 4·hidden")
+    mlp: Mlp = bounded("swiglu", doc="MLP kind: swiglu (SiLU-gated), geglu (tanh-GELU-gated, Gemma's) or gelu")
     tied_embeddings: bool = bounded(False, doc="output head shares the embedding weights")
     experts: int = bounded(1, 1, 4096, doc="> 1: every MLP is a mixture of this many experts")
     experts_per_token: int = bounded(1, 1, 4096, doc="experts each token is routed to (top-k)")
+    moe_ffn_hidden: int | None = bounded(None, 1, 1 << 22, doc="each expert's MLP width (experts > 1); "
+                                                               "default: ffn_hidden")
+    shared_experts: int = bounded(0, 0, 256, doc="experts every token passes through besides its routed ones, "
+                                                 "each moe_ffn_hidden wide (DeepSeek's n_shared_experts)")
+    first_dense_layers: int = bounded(0, 0, 10_000, doc="the first k layers have a dense MLP (ffn_hidden wide) "
+                                                        "instead of experts (DeepSeek's first_k_dense_replace)")
+    position: Position = bounded("rope", doc="rope (rotary, needs an even head_dim) or alibi (BLOOM's linear "
+                                             "attention biases, any head_dim)")
+    rope_theta: float = bounded(10000.0, 1.0, 1e12, doc="RoPE base frequency (Llama 3: 500000)")
     vocab_multiple: int = bounded(128, 1, 1 << 16, doc="the embedding and output head are padded to a multiple of "
                                                        "this × tp rows (Megatron's make-vocab-size-divisible-by); "
                                                        "the padding's logits are masked out of the loss")
-    preset: str = bounded("custom", doc="the preset this shape came from")
+    preset: str = bounded("custom", doc="the preset or HuggingFace config this shape came from")
 
     def __post_init__(self) -> None:
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)
+        if self.head_dim is None:
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
         if self.ffn_hidden is None:
             object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+        if self.moe_ffn_hidden is None and self.experts > 1:
+            object.__setattr__(self, "moe_ffn_hidden", self.ffn_hidden)
 
     @property
     def is_moe(self) -> bool:
         return self.experts > 1
+
+    @property
+    def q_width(self) -> int:
+        """Output width of the query projection (and input width of the attention's output one)."""
+        return self.heads * self.head_dim  # type: ignore[operator]
+
+    @property
+    def kv_width(self) -> int:
+        return self.kv_heads * self.head_dim  # type: ignore[operator]
+
+    @property
+    def expert_ffn(self) -> int:
+        """One routed (or shared) expert's MLP width."""
+        return (self.moe_ffn_hidden or self.ffn_hidden) if self.is_moe else self.ffn_hidden  # type: ignore[return-value]
+
+    @property
+    def shared_ffn(self) -> int:
+        """The shared experts' width, built as one MLP (DeepSeek's: moe_ffn_hidden·shared_experts)."""
+        return self.shared_experts * self.expert_ffn if self.is_moe else 0
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is a mixture of experts: all but the first `first_dense_layers`."""
+        return max(0, self.layers - self.first_dense_layers) if self.is_moe else 0
+
+    def is_moe_layer(self, index: int) -> bool:
+        return self.is_moe and index >= self.first_dense_layers
 
 
 @dataclass(frozen=True)
@@ -154,6 +202,7 @@ class JobSpec:
     backend: BackendSpec
     diagnostics: DiagnosticsSpec
     source: str | None = None
+    notes: tuple[str, ...] = ()     # what a HuggingFace config asked that the trainer does not reproduce
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -164,17 +213,48 @@ SECTIONS = ("name", "model", "train", "cluster", "parallel", "backend", "diagnos
 
 def _preset(kind: str, table: dict[str, dict], value: Any, path: str) -> dict:
     if isinstance(value, str):
-        if value not in table:
-            raise SpecError(path, f"unknown {kind} preset {show(value)}{did_you_mean(value, table)}; "
-                                  f"presets: {', '.join(table)}")
-        return {**table[value], "name" if kind == "GPU" else "preset": value}
+        name = presets.canonical(kind, value)
+        if name is None:
+            names = [*table, *(presets.GPU_ALIASES if kind == "GPU" else ())]
+            raise SpecError(path, f"unknown {kind} preset {show(value)}{did_you_mean(value.lower(), names)}; "
+                                  f"presets: {', '.join(table)}"
+                                  + (" (or a HuggingFace config.json path)" if kind == "model" else ""))
+        return {**table[name], "name" if kind == "GPU" else "preset": name}
     if isinstance(value, dict):
         return value
     raise SpecError(path, f"{show(value)} is neither a {kind} preset name nor a mapping")
 
 
-def resolve_model(value: Any, path: str = "model") -> ModelSpec:
-    return load_dataclass(ModelSpec, _preset("model", presets.MODELS, value, path), path)
+def is_config_path(value: Any) -> bool:
+    """`model: path/to/config.json`: a HuggingFace config rather than a preset name."""
+    return isinstance(value, str) and (value.endswith(".json") or "/" in value)
+
+
+def resolve_model(value: Any, path: str = "model", base: str | Path | None = None) -> ModelSpec:
+    return resolve_model_notes(value, path, base)[0]
+
+
+def resolve_model_notes(value: Any, path: str = "model",
+                        base: str | Path | None = None) -> tuple[ModelSpec, list[str]]:
+    """A preset name, a HuggingFace config.json (relative to `base`, the job file's folder), or a mapping
+    in ModelSpec's keys, HuggingFace's or both; with one note per HuggingFace key the trainer does not
+    reproduce."""
+    from launcher.plan import hf_config
+
+    if is_config_path(value):
+        where = Path(value) if base is None or Path(value).is_absolute() else Path(base) / value
+        if not where.is_file():
+            raise SpecError(path, f"{show(value)}: no HuggingFace config at {where} (a path relative to the job "
+                                  "file's folder, or a preset name)")
+        mapping, notes = hf_config.load_config(where, path)
+        try:
+            return load_dataclass(ModelSpec, mapping, path), notes
+        except SpecError as exc:
+            raise hf_config.in_file(exc, where) from None
+    if isinstance(value, dict) and hf_config.is_hf_mapping(value):
+        mapping, notes = hf_config.from_hf(value, strict=True)
+        return load_dataclass(ModelSpec, mapping, path), notes
+    return load_dataclass(ModelSpec, _preset("model", presets.MODELS, value, path), path), []
 
 
 def resolve_gpu(value: Any, path: str = "cluster.gpu") -> GpuSpec:
@@ -288,7 +368,8 @@ def spec_from_dict(data: Any, source: str | None = None) -> JobSpec:
         name = check_name(data["name"])
     else:
         name = check_name(Path(source).stem if source else "job", derived_from=Path(source).name if source else None)
-    model = resolve_model(data["model"])
+    base = Path(source).parent if source else None
+    model, notes = resolve_model_notes(data["model"], base=base)
     _check_model(model)
     if isinstance(data["train"], dict) and {"steps", "tokens"} <= set(data["train"]):
         raise SpecError("train.tokens", "give train.steps or train.tokens (a token budget), not both")
@@ -307,7 +388,7 @@ def spec_from_dict(data: Any, source: str | None = None) -> JobSpec:
     backend = load_dataclass(BackendSpec, data.get("backend"), "backend")
     diagnostics = load_dataclass(DiagnosticsSpec, data.get("diagnostics"), "diagnostics")
     return JobSpec(name=name, model=model, train=train, cluster=cluster, gpu=gpu, parallel=parallel,
-                   backend=backend, diagnostics=diagnostics, source=source)
+                   backend=backend, diagnostics=diagnostics, source=source, notes=tuple(notes))
 
 
 def load_spec(path: str | Path) -> JobSpec:
@@ -380,9 +461,12 @@ def job_schema() -> dict[str, Any]:
     defs: dict[str, Any] = {}
     section = {name: json_schema(cls, defs) for name, cls in
                (("train", TrainSpec), ("backend", BackendSpec), ("diagnostics", DiagnosticsSpec))}
-    model = {"anyOf": [{"enum": list(presets.MODELS)}, json_schema(ModelSpec, defs)],
-             "description": "a model preset name or the decoder's shape"}
-    gpu = {"anyOf": [{"enum": list(presets.GPUS)}, json_schema(GpuSpec, defs)],
+    model = {"anyOf": [{"enum": list(presets.MODELS)},
+                       {"type": "string", "pattern": r"(\.json$|/)", "description": "a HuggingFace config.json, "
+                                                                                     "relative to the job file"},
+                       json_schema(ModelSpec, defs)],
+             "description": "a model preset name, a HuggingFace config.json or the decoder's shape"}
+    gpu = {"anyOf": [{"enum": [*presets.GPUS, *presets.GPU_ALIASES]}, json_schema(GpuSpec, defs)],
            "description": "a GPU preset name or the GPU's figures", "default": "h100-sxm"}
     json_schema(ClusterSpec, defs)
     defs["ClusterSpec"]["properties"]["gpu"] = gpu
