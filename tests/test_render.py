@@ -208,6 +208,49 @@ def test_batch_script_stops_at_a_link_planted_in_the_run_dir(tmp_path):
     assert sorted(p.name for p in rd.iterdir()) == ["checkpoints"]   # not even logs/ made
 
 
+@pytest.mark.parametrize("array", [False, True])
+def test_batch_script_replaces_a_link_planted_at_its_own_output(tmp_path, array):
+    """slurmd opens --output/--error (logs/slurm-<job>.out/.err; an array task's under the array's base dir)
+    before the script runs, through a link planted at that name: the script puts files of its own in the
+    links' place before writing a line, says so there and stops (exit 3); the targets keep what they held."""
+    rd = tmp_path / "run"
+    spec, plan = spec_plan()
+    s = render_slurm(spec, plan, str(rd)).files["train.sbatch"]
+    logs = (tmp_path / "base" if array else rd) / "logs"
+    logs.mkdir(parents=True)
+    stem = logs / ("slurm-5_0" if array else "slurm-7")
+    victims = {ext: tmp_path / f"victim{ext}" for ext in (".out", ".err")}
+    for ext, victim in victims.items():
+        victim.write_text("precious\n")
+        Path(f"{stem}{ext}").symlink_to(victim)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("srun", "scontrol", "find"):
+        (bin_dir / tool).write_text(f"#!/bin/bash\ntouch {tmp_path}/ran-{tool}\n")
+        (bin_dir / tool).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n1"}
+    if array:
+        env["LAUNCH4D_SLURM_OUTPUT"] = str(stem)
+    with open(victims[".out"], "ab") as out, open(victims[".err"], "ab") as err:   # what slurmd opened
+        rc = subprocess.run(["bash", "-c", s], env=env, stdout=out, stderr=err, timeout=30).returncode
+    assert rc == 3 and all(v.read_text() == "precious\n" for v in victims.values())
+    assert not Path(f"{stem}.out").is_symlink() and not Path(f"{stem}.err").is_symlink()
+    assert Path(f"{stem}.out").read_text() == "launch4d: step finished with exit code 3\n"
+    assert "the job's output was a symbolic link" in Path(f"{stem}.err").read_text()
+    assert f"{stem}.out -> {victims['.out']}" in Path(f"{stem}.err").read_text()
+    assert not list(tmp_path.glob("ran-*"))
+
+
+def test_array_script_names_each_tasks_output_for_its_link_check(tmp_path):
+    from launcher.render.sbatch import render_slurm_array
+
+    spec, plan = spec_plan()
+    script, _ = render_slurm_array(spec, [plan, plan], str(tmp_path / "base"), [str(tmp_path / "t0"), str(tmp_path / "t1")])
+    assert f"export LAUNCH4D_SLURM_OUTPUT={tmp_path}/base/logs/slurm-\"${{SLURM_ARRAY_JOB_ID}}_${{SLURM_ARRAY_TASK_ID}}\"" \
+        in script
+    assert f"#SBATCH --output={tmp_path}/base/logs/slurm-%A_%a.out" in script
+
+
 def test_pod_command_stops_at_a_link_planted_in_the_run_dir(tmp_path):
     spec, plan = spec_plan(**{"backend.k8s": {"api": "pytorchjob", "image": "ghcr.io/example/launch4d:0.1.0"}})
     rendered = render_k8s(spec, plan)

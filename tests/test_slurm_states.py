@@ -328,3 +328,18 @@ def test_a_job_its_node_check_failed_says_which_check_on_which_node():
     r = FakeRunner({"squeue": (0, "", ""), "sacct --helpformat": (1, "", "sacct: command not found")}, files)
     st = backend(r).status(handle())
     assert st.exit_code == 3 and "every allocated node (n1 n2)" in st.detail and "not in squeue" in st.detail
+
+
+def test_a_job_a_planted_link_stopped_says_which_link():
+    """The batch script stops at a link planted in its run dir or at its own output (exit 3, said on its
+    stderr): `launch status` names the link (issue 23)."""
+    files = {"/runs/job/logs/slurm-42.out": b"launch4d: step finished with exit code 3\n",
+             "/runs/job/logs/slurm-42.err": b"launch4d: the job's output was a symbolic link (/runs/job/logs/"
+                                            b"slurm-42.out -> /home/u/.bashrc); replaced by a file of its own; "
+                                            b"not starting\n"}
+    _SACCT_FIELDS.clear()
+    r = FakeRunner({"squeue": (0, "", ""), "sacct --helpformat": (0, "JobID State ExitCode NodeList Elapsed\n", ""),
+                    "sacct": (0, "42|FAILED|3:0|n1|00:00:01\n", "")}, files)
+    st = backend(r).status(handle())
+    assert (st.state, st.exit_code) == ("FAILED", 3)
+    assert "slurm-42.out -> /home/u/.bashrc" in st.detail and st.detail.startswith("the job's output was a symbolic")

@@ -448,9 +448,15 @@ class SlurmBackend(Backend):
 
     def _check_failure(self, runner, handle: JobHandle) -> str:
         """For a job that ended with exit 3: what the node check said (which check failed on which node,
-        a tool missing everywhere, too few nodes left), from the job's own output."""
-        out = (read_tail(runner, f"{log_dir(handle)}/slurm-{handle.id}.out") or b"").decode(errors="replace")
+        a tool missing everywhere, too few nodes left), or the link planted in its run dir that stopped it,
+        from the job's own output."""
+        base = f"{log_dir(handle)}/slurm-{handle.id}"
+        out = (read_tail(runner, base + ".out") or b"").decode(errors="replace")
         said = [ln[len("launch4d: "):] for ln in out.splitlines() if ln.startswith("launch4d: node check")]
+        if not said:
+            err = (read_tail(runner, base + ".err") or b"").decode(errors="replace")
+            said = [ln[len("launch4d: "):] for ln in err.splitlines()
+                    if ln.startswith("launch4d: ") and "symbolic link" in ln]
         return "; ".join(said[-4:]) + (f" (+{len(said) - 4} more)" if len(said) > 4 else "")
 
     def _status_from_log(self, runner, handle: JobHandle, sacct_note: str, requeue: bool) -> SlurmJobStatus:
