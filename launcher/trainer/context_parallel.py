@@ -23,12 +23,17 @@ built once and shared by every layer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
 from launcher.trainer.model import Transformer
+
+#: (first query position, queries, keys, q) -> ALiBi's additive bias with the causal mask (model.Attention.alibi_bias)
+AlibiFn = Callable[[int, int, int, torch.Tensor], torch.Tensor]
 
 
 def positions(seq_len: int, cp_rank: int, cp: int) -> torch.Tensor:
@@ -88,21 +93,24 @@ class CPAttention:
         """Sequence chunk indices (of 2·cp) of this rank's head and tail queries."""
         return self.cp_rank, 2 * self.cp - 1 - self.cp_rank
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return self.local(q, _GatherKV.apply(k, self.group), _GatherKV.apply(v, self.group))
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi: AlibiFn | None = None) -> torch.Tensor:
+        return self.local(q, _GatherKV.apply(k, self.group), _GatherKV.apply(v, self.group), alibi)
 
-    def local(self, q: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor) -> torch.Tensor:
-        """This rank's queries against the whole sequence's keys and values (in sequence order)."""
+    def local(self, q: torch.Tensor, ks: torch.Tensor, vs: torch.Tensor, alibi: AlibiFn | None = None) -> torch.Tensor:
+        """This rank's queries against the whole sequence's keys and values (in sequence order). `alibi`
+        (model.Attention.alibi_bias): ALiBi's bias for (first query position, queries, keys, q)."""
         c = q.shape[2] // 2
-        outs = [self._prefix(q[:, :, i * c:(i + 1) * c], ks[:, :, :(j + 1) * c], vs[:, :, :(j + 1) * c])
+        outs = [self._prefix(q[:, :, i * c:(i + 1) * c], ks[:, :, :(j + 1) * c], vs[:, :, :(j + 1) * c], alibi)
                 for i, j in enumerate(self.query_chunks())]
         # joined in the [b, s, heads, d] layout SDPA's outputs have, so wo's reshape is a view
         return torch.cat([o.transpose(1, 2) for o in outs], dim=1).transpose(1, 2)
 
-    def _prefix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def _prefix(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi: AlibiFn | None = None) -> torch.Tensor:
         """Queries that are the last len(q) positions of keys k (causal, bottom-right diagonal)."""
         gqa = q.shape[1] != k.shape[1]
         L, S = q.shape[2], k.shape[2]
+        if alibi is not None:           # the bias holds the causal mask
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=alibi(S - L, L, S, q), enable_gqa=gqa)
         if L == S:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         mask = causal_lower_right(L, S) if q.device.type != "cpu" else self._cpu_mask(L, S, q.device)

@@ -1,4 +1,5 @@
-"""Llama-style decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU or GELU MLP).
+"""Llama-style decoder (RMSNorm, RoPE or ALiBi, grouped-query attention with any head width, SwiGLU,
+GeGLU or GELU MLP, mixture-of-experts layers after the first `first_dense_layers`).
 
 Why it looks like this: every parallelism in this package edits this model from the outside
 (TP swaps Linear weights for DTensors, CP swaps the attention core, PP deletes the layers a
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from functools import partial
 from typing import cast
 
 import torch
@@ -26,7 +28,6 @@ from launcher.trainer import sequence_parallel as sp_ops
 from launcher.trainer.recompute import selective_contexts
 
 NORM_EPS = 1e-5
-ROPE_THETA = 10000.0
 
 
 class RMSNorm(nn.Module):
@@ -58,17 +59,54 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * c + rot * s
 
 
+def alibi_slopes(heads: int) -> torch.Tensor:
+    """ALiBi's per-head slopes (Press et al.; BLOOM's build_alibi_tensor for a head count that is not a
+    power of two: the closest power's geometric sequence, then every other slope of the next)."""
+    def powers(n: int) -> list[float]:
+        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+        return [start ** (i + 1) for i in range(n)]
+
+    closest = 2 ** math.floor(math.log2(heads))
+    slopes = powers(closest)
+    if closest < heads:
+        slopes += powers(2 * closest)[0::2][:heads - closest]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+class AlibiBias:
+    """ALiBi's additive attention bias with the causal mask folded in, [1, heads, L, S]: query i at position
+    q0 + i and key j get -slope·(q0 + i - j), -inf for j > q0 + i. Built once per shape and shared by every
+    layer of a model part (each layer's heads are the same), so it costs one heads·L·S tensor."""
+
+    def __init__(self, heads: int):
+        self.heads = heads              # slopes made where the bias is (the model is built on the meta device)
+        self._cache: dict[tuple, torch.Tensor] = {}
+
+    def bias(self, first_head: int, n_heads: int, q0: int, L: int, S: int, dtype: torch.dtype,
+             device: torch.device) -> torch.Tensor:
+        key = (first_head, n_heads, q0, L, S, dtype, device)
+        if key not in self._cache:
+            dist = (torch.arange(q0, q0 + L, device=device)[:, None] - torch.arange(S, device=device)[None, :])
+            slopes = alibi_slopes(self.heads)[first_head:first_head + n_heads].to(device)
+            b = -slopes[:, None, None] * dist.to(torch.float32)[None]
+            b = b.masked_fill(dist[None] < 0, float("-inf"))
+            self._cache[key] = b[None].to(dtype)
+        return self._cache[key]
+
+
 class Attention(nn.Module):
-    def __init__(self, a: ModelSpec):
+    def __init__(self, a: ModelSpec, alibi: AlibiBias | None = None):
         super().__init__()
+        assert a.head_dim is not None
         self.head_dim = a.head_dim
-        self.wq = nn.Linear(a.hidden, a.heads * a.head_dim, bias=False)
-        kv_heads = a.kv_heads or a.heads  # the job file's default
-        self.wk = nn.Linear(a.hidden, kv_heads * a.head_dim, bias=False)
-        self.wv = nn.Linear(a.hidden, kv_heads * a.head_dim, bias=False)
-        self.wo = nn.Linear(a.heads * a.head_dim, a.hidden, bias=False)
+        self.wq = nn.Linear(a.hidden, a.q_width, bias=False)
+        self.wk = nn.Linear(a.hidden, a.kv_width, bias=False)
+        self.wv = nn.Linear(a.hidden, a.kv_width, bias=False)
+        self.wo = nn.Linear(a.q_width, a.hidden, bias=False)
         self.cp = None                  # a context_parallel.CPAttention once CP is applied
+        self.alibi = alibi              # ALiBi instead of RoPE
         self.sp: tuple[int, str] | None = None   # (size, name) of the TP group once TP is applied
+        self.first_head = 0             # this rank's first query head (tensor_parallel.apply_tp sets it)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if self.sp is None:
@@ -80,7 +118,8 @@ class Attention(nn.Module):
         b, s = q.shape[0], q.shape[1]
         # After TP the projections return this rank's heads only; -1 picks that count up.
         q, k, v = (t.view(b, s, -1, self.head_dim) for t in (q, k, v))
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if self.alibi is None:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         out = self.core(q, k, v).reshape(b, s, -1)
         if self.sp is None:
             return self.wo(out)
@@ -89,18 +128,28 @@ class Attention(nn.Module):
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))      # [b, heads, s, d]
         gqa = q.shape[1] != k.shape[1]
-        if self.cp is None:
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        if self.cp is not None:
+            o = self.cp.attention(q, k, v, self.alibi_bias if self.alibi is not None else None)
+        elif self.alibi is not None:
+            L = q.shape[2]
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=self.alibi_bias(0, L, L, q), enable_gqa=gqa)
         else:
-            o = self.cp.attention(q, k, v)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         return o.transpose(1, 2)
+
+    def alibi_bias(self, q0: int, L: int, S: int, q: torch.Tensor) -> torch.Tensor:
+        """The bias for this rank's heads of q [b, heads, L, d], queries at positions q0.. against keys 0..S-1."""
+        assert self.alibi is not None
+        return self.alibi.bias(self.first_head, q.shape[1], q0, L, S, q.dtype, q.device)
 
 
 class FeedForward(nn.Module):
-    def __init__(self, a: ModelSpec):
+    def __init__(self, a: ModelSpec, width: int | None = None):
         super().__init__()
-        self.gated = a.mlp == "swiglu"
-        ffn = a.ffn_hidden or 4 * a.hidden  # the job file's default
+        self.gated = a.mlp in ("swiglu", "geglu")
+        self.act = F.silu if a.mlp == "swiglu" else partial(F.gelu, approximate="tanh") if a.mlp == "geglu" \
+            else F.gelu
+        ffn = width or a.ffn_hidden or 4 * a.hidden  # the job file's default
         self.w1 = nn.Linear(a.hidden, ffn, bias=False)
         self.w2 = nn.Linear(ffn, a.hidden, bias=False)
         if self.gated:
@@ -111,33 +160,39 @@ class FeedForward(nn.Module):
         if self.sp is not None:
             return self._forward_sp(x)
         if self.gated:
-            return self.w2(F.silu(self.w1(x)) * self.w3(x))
-        return self.w2(F.gelu(self.w1(x)))
+            return self.w2(self.act(self.w1(x)) * self.w3(x))
+        return self.w2(self.act(self.w1(x)))
 
     def _forward_sp(self, x: torch.Tensor) -> torch.Tensor:
         """x is this rank's sequence shard; so is the result (sequence_parallel.py)."""
         assert self.sp is not None
         if self.gated:
             a, g = sp_ops.gather_linear(x, [local(self.w1.weight), local(self.w3.weight)], *self.sp)
-            inner = F.silu(a) * g
+            inner = self.act(a) * g
         else:
-            inner = F.gelu(sp_ops.gather_linear(x, [local(self.w1.weight)], *self.sp)[0])
+            inner = self.act(sp_ops.gather_linear(x, [local(self.w1.weight)], *self.sp)[0])
         return sp_ops.linear_scatter(inner, local(self.w2.weight), *self.sp)
 
 
 class Block(nn.Module):
-    def __init__(self, a: ModelSpec):
+    def __init__(self, a: ModelSpec, index: int = 0, alibi: AlibiBias | None = None):
         super().__init__()
         self.attention_norm = RMSNorm(a.hidden, NORM_EPS)
-        self.attention = Attention(a)
+        self.attention = Attention(a, alibi)
         self.ffn_norm = RMSNorm(a.hidden, NORM_EPS)
-        if a.experts > 1:
+        if a.is_moe_layer(index):
             from launcher.trainer.moe import MoE
 
             self.feed_forward: nn.Module = MoE(a)
         else:
             self.feed_forward = FeedForward(a)
         self.recompute = "none"         # recompute.MODES: full keeps only the block input
+
+    @property
+    def is_moe(self) -> bool:
+        from launcher.trainer.moe import MoE
+
+        return isinstance(self.feed_forward, MoE)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if self.recompute == "full":
@@ -162,11 +217,14 @@ class Transformer(nn.Module):
         super().__init__()
         self.args = a
         self.tok_embeddings: nn.Module | None = nn.Embedding(a.vocab, a.hidden)
-        self.layers = nn.ModuleDict({str(i): Block(a) for i in range(a.layers)})
+        alibi = AlibiBias(a.heads) if a.position == "alibi" else None
+        self.layers = nn.ModuleDict({str(i): Block(a, i, alibi) for i in range(a.layers)})
         self.norm: nn.Module | None = RMSNorm(a.hidden, NORM_EPS)
         self.output: nn.Module | None = None if a.tied_embeddings else nn.Linear(a.hidden, a.vocab, bias=False)
-        self.register_buffer("rope_cos", torch.empty(seq_len, a.head_dim), persistent=False)
-        self.register_buffer("rope_sin", torch.empty(seq_len, a.head_dim), persistent=False)
+        # RoPE's tables (empty under ALiBi: its bias is built per attention shape, AlibiBias)
+        width = int(a.head_dim or 0) if a.position == "rope" else 0
+        self.register_buffer("rope_cos", torch.empty(seq_len, width), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(seq_len, width), persistent=False)
         self.positions = torch.arange(seq_len)   # this rank's absolute token positions (CP changes it)
         self.rope_dtype = torch.float32         # the compute dtype (the engine sets bf16): no cast per forward
 
@@ -205,7 +263,7 @@ class Transformer(nn.Module):
 
     def set_positions(self, positions: torch.Tensor) -> None:
         self.positions = positions
-        cos, sin = rope_tables(positions, self.args.head_dim, ROPE_THETA)
+        cos, sin = rope_tables(positions, self.rope_cos.shape[1], self.args.rope_theta)  # type: ignore[has-type]
         self.rope_cos = cos.to(self.rope_cos.device, self.rope_dtype)  # type: ignore[has-type]
         self.rope_sin = sin.to(self.rope_sin.device, self.rope_dtype)  # type: ignore[has-type]
 

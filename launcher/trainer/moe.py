@@ -1,4 +1,5 @@
-"""Mixture-of-experts MLP (Mixtral-style top-k routing) and expert parallelism over dp·cp.
+"""Mixture-of-experts MLP (Mixtral-style top-k routing, DeepSeek-style shared experts) and expert
+parallelism over dp·cp.
 
 Why it looks like this: the router is a plain linear layer (hidden → experts); softmax, top-k
 with the chosen weights renormalised to sum to 1, and every (token, expert) pair is computed —
@@ -91,7 +92,10 @@ class MoE(nn.Module):
         self.num_experts = a.experts
         self.top_k = a.experts_per_token
         self.router = nn.Linear(a.hidden, a.experts, bias=False)
-        self.experts = nn.ModuleDict({str(e): FeedForward(a) for e in range(a.experts)})
+        self.experts = nn.ModuleDict({str(e): FeedForward(a, a.expert_ffn) for e in range(a.experts)})
+        # DeepSeek's shared experts: one MLP shared_experts × moe_ffn_hidden wide that every token passes
+        # through, replicated like the router (not expert-parallel), its output added to the routed ones'
+        self.shared = FeedForward(a, a.shared_ffn) if a.shared_experts else None
         self.ep = EPGroups(ep=1, ep_rank=0, ep_group=None, replica_group=None, replica_size=1)
 
     def keep_experts(self, ep: EPGroups) -> None:
@@ -116,6 +120,8 @@ class MoE(nn.Module):
         ys = ys * weights.reshape(-1)[order, None].to(ys.dtype)
         # the experts' dtype, like a dense MLP's output
         out = ys.new_zeros(x.shape).index_add(0, token, ys)
+        if self.shared is not None:
+            out = out + self.shared(x)
         return out.reshape(shape)
 
     def _experts(self, xs: torch.Tensor, per_expert: torch.Tensor | list[int]) -> torch.Tensor:
@@ -174,6 +180,8 @@ def dense_reference(moe: MoE, x: torch.Tensor) -> torch.Tensor:
     for e in range(moe.num_experts):
         gate = (weights * (idx == e)).sum(-1, keepdim=True).to(x.dtype)
         out = out + gate * moe.experts[str(e)](x)
+    if moe.shared is not None:
+        out = out + moe.shared(x)
     return out.reshape(shape)
 
 

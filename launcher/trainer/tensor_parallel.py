@@ -21,7 +21,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from launcher.trainer.model import Transformer
+from launcher.trainer.model import Attention, Transformer
 
 
 def block_plan(moe: bool = False) -> dict:
@@ -85,10 +85,20 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh) -> None:
         w = model.output.weight
         model.output.weight = nn.Parameter(distribute_tensor(w.detach(), tp_mesh, [Shard(0)], src_data_rank=None),  # type: ignore[operator]
                                            requires_grad=w.requires_grad)  # type: ignore[arg-type]
-    moe = model.args.experts > 1
+    per_rank = model.args.heads // tp_mesh.size()
     for block in model.layers.values():
+        moe = _is_moe(block)             # a MoE model's first_dense_layers are dense
         parallelize_module(block, tp_mesh, block_plan(moe))
         shard_block(block, tp_mesh, moe)
+        attn = block.attention
+        assert isinstance(attn, Attention)
+        attn.first_head = tp_mesh.get_local_rank() * per_rank   # ALiBi's slopes
+
+
+def _is_moe(block: nn.Module) -> bool:
+    from launcher.trainer.moe import MoE
+
+    return isinstance(getattr(block, "feed_forward", None), MoE)
 
 
 def tag_tp_replicated(model: Transformer, tp_mesh: DeviceMesh) -> None:
@@ -99,7 +109,7 @@ def tag_tp_replicated(model: Transformer, tp_mesh: DeviceMesh) -> None:
         return
     group = tp_mesh.get_group()
     for block in model.layers.values():
-        if not block.is_moe:            # a dense layer of a MoE model (first_dense_layers): split as usual
+        if not _is_moe(block):          # a dense layer of a MoE model (first_dense_layers): split as usual
             continue
         ffn = block.feed_forward
         assert isinstance(ffn, nn.Module)

@@ -429,7 +429,11 @@ def attention_as_on_the_nodes(cfg: TrainerConfig):
 
     from launcher.trainer import context_parallel
 
-    def prefix(attn, q, k, v):
+    real = context_parallel.CPAttention._prefix
+
+    def prefix(attn, q, k, v, alibi=None):
+        if alibi is not None:                # ALiBi's bias is a tensor on a GPU too
+            return real(attn, q, k, v, alibi)
         return F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[2] == k.shape[2],
                                               enable_gqa=q.shape[1] != k.shape[1])
 
