@@ -127,14 +127,20 @@ class LocalBackend(Backend):
         logs = rundir.RunDir(run_dir).logs
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={plan.world_size}", "--max-restarts=0",
-               "--tee=3", f"--log-dir={logs / 'torchrun'}",
-               "-m", "launcher.trainer", "--plan", str(rundir.RunDir(run_dir).plan), "--run-dir", str(run_dir)]
+               "--tee=3", f"--log-dir={logs / 'torchrun'}"]
+        if plan.train.entrypoint is not None:  # own code: its own arguments; the resume mode is in its env
+            return cmd + plan.train.entrypoint.argv
+        cmd += ["-m", "launcher.trainer", "--plan", str(rundir.RunDir(run_dir).plan), "--run-dir", str(run_dir)]
         if resume:
             cmd += ["--resume", resume]
         return cmd
 
-    def env(self, spec: JobSpec, plan: Plan, run_dir: Path) -> dict[str, str]:
+    def env(self, spec: JobSpec, plan: Plan, run_dir: Path, resume: str | None = None) -> dict[str, str]:
+        from launcher.render.env import plan_env
+
         env = trainer_env(spec, run_dir)
+        env.update(plan_env(plan, str(rundir.RunDir(run_dir).plan), str(run_dir), resume or "never"))
+        env.update(split_env(spec.backend.env)[0])  # the user has the last word
         env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = LOG_PREFIX
         env.setdefault("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
         if plan.gpu.name == "cpu":
@@ -160,7 +166,7 @@ class LocalBackend(Backend):
                             f"{plan.nodes} nodes; use backend.kind slurm or k8s, or set cluster.nodes: 1")
         rd = Path(run_dir or default_run_dir(job)).resolve()
         cmd = self.command(plan, rd, resume)
-        env = self.env(job, plan, rd)
+        env = self.env(job, plan, rd, resume)
         files = {rundir.PLAN: plan.to_json() + "\n"}
         if job_text is not None:
             files[rundir.JOB] = job_text

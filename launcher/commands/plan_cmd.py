@@ -27,7 +27,7 @@ def render_plan(p: Plan, title: str = "best") -> str:
     lines = [
         f"{title}: {plan_line(p)}",
         f"  memory per GPU: {_gb(m['per_gpu_gb'])} / {_gb(m['limit_gb'])} GB = {m['used_pct']:.0f}% of the limit "
-        f"({m['capacity_gb']:.0f} GB less {m['headroom']:.0%} headroom; {'traced' if p.memory_traced else 'ledger'})"
+        f"({m['capacity_gb']:.0f} GB less {m['headroom']:.0%} headroom; {memory_source(p)})"
         f"{'' if p.fits else '  (DOES NOT FIT)'}",
         f"    = params {_gb(m['params_gb'])} + grads {_gb(m['grads_gb'])} + optimizer {_gb(m['optimizer_gb'])}"
         f" + activations {_gb(m['activations_gb'])} + temporaries {_gb(m['temporaries_gb'])}"
@@ -46,6 +46,16 @@ def render_plan(p: Plan, title: str = "best") -> str:
     lines.append("  rank map (cell = coordinates " + "".join(d[0] for d in p.mesh_order) + "):")
     lines.extend("    " + row for row in rank_map_table(p.ranks, p.mesh_order, p.gpus_per_node).splitlines())
     return "\n".join(lines)
+
+
+def memory_source(p: Plan) -> str:
+    """Where the memory figure comes from: the bundled trainer's ledger, its trace, or (own code) neither
+    verified: the ledger prices the bundled trainer, and verify cannot trace foreign code."""
+    from launcher.plan.entrypoint import NOT_VERIFIED
+
+    if p.train.entrypoint is not None:
+        return f"the bundled trainer's ledger; {NOT_VERIFIED} ({p.train.entrypoint.label})"
+    return "traced" if p.memory_traced else "ledger"
 
 
 def budget_line(b: dict, source: str) -> str:
@@ -79,25 +89,37 @@ def render_result(spec, result) -> str:
     if result.choice.get("line"):
         out += ["", f"why: {result.choice['line']}"]
     priced = spec.cluster.price_per_gpu_hour is not None
-    if result.alternatives:
+    if result.alternatives and result.best is not None:
         from launcher.plan.costs import duration
+        from launcher.plan.explain import uncertainty_text
 
-        out += ["", "alternatives:",
+        unc = plan_uncertainty(result)
+        out += ["", f"alternatives (predicted step against the best; the model's cross-validated error is "
+                    f"±{unc['cv_error']:.0%}):",
                 f"  {'tp':>3} {'cp':>3} {'pp':>3} {'dp':>5} {'ep':>3} {'zero':>4} {'recompute':>9} {'mb':>3} "
-                f"{'accum':>5} {'schedule':>18} {'mem GB':>7} {'mem %':>6} {'step s':>8} {'MFU':>6} {'to train':>10}"
-                + (f" {'cost':>12}" if priced else "")]
+                f"{'accum':>5} {'schedule':>18} {'mem GB':>7} {'mem %':>6} {'step s':>8} {'vs best':>8} {'MFU':>6} "
+                f"{'to train':>10}" + (f" {'cost':>12}" if priced else "")]
         budgets = result.budget.get("alternatives") or [{}] * len(result.alternatives)
-        for a, b in zip(result.alternatives, budgets):
+        for a, b, u in zip(result.alternatives, budgets, unc["alternatives"]):
             d = a.degrees
+            vs = f"{u['predicted_diff']:+.1%}" + ("*" if u["within_error"] else " ")
             sched = a.schedule + (f" v={a.virtual_stages}" if a.virtual_stages > 1 else "")
             out.append(f"  {d['tp']:>3} {d['cp']:>3} {d['pp']:>3} {d['dp']:>5} {d['ep']:>3} {a.zero_stage:>4} "
                        f"{a.recompute:>9} {a.micro_batch:>3} {a.grad_accum:>5} {sched:>18} "
                        f"{a.memory['per_gpu_gb']:>7.1f} {a.memory['used_pct']:>5.0f}% {a.estimate['step_time_s']:>8.3f} "
-                       f"{a.estimate['mfu']:>6.1%} {duration(b.get('wall_time_s', 0.0)):>10}"
+                       f"{vs:>8} {a.estimate['mfu']:>6.1%} {duration(b.get('wall_time_s', 0.0)):>10}"
                        + (f" {b['cost']:>12,.0f}" if priced else ""))
+        out += ["  (* within the model's error of the best)", uncertainty_text(unc)]
     rej = ", ".join(f"{k}: {v}" for k, v in sorted(result.rejected.items(), key=lambda kv: -kv[1]))
     out += ["", f"searched {result.searched} layouts; rejected — {rej or 'none'}"]
     return "\n".join(out)
+
+
+def plan_uncertainty(result) -> dict:
+    """The alternatives' predicted differences from the best plan against the cross-validated error."""
+    from launcher.plan.explain import uncertainty
+
+    return uncertainty(result.best.estimate["step_time_s"], [a.estimate["step_time_s"] for a in result.alternatives])
 
 
 def previous_plan_warnings(previous: Plan, best: Plan) -> list[str]:
@@ -141,6 +163,12 @@ def plan(job: str, bwmap: str | None, top: int, output: str | None, previous: st
     from launcher.plan.planner import load_bwmap, plan_job
 
     if bench_k:
+        from launcher.plan.spec import load_spec
+
+        if load_spec(job).train.entrypoint is not None:
+            raise UserError("--benchmark: measures the bundled trainer's steps, but train.entrypoint runs your own "
+                            "code, which launch4d cannot time; leave --benchmark out (or benchmark the layouts "
+                            "without train.entrypoint)")
         from launcher.commands.run_cmd import load_job
 
         spec, text = load_job(job, None)
@@ -160,7 +188,12 @@ def plan(job: str, bwmap: str | None, top: int, output: str | None, previous: st
     if output and chosen is None:
         raise UserError(f"{job}: no layout fits, so no plan was written to {output}")
     rep = None
-    if verify_ and chosen is not None:
+    if verify_ and chosen is not None and chosen.train.entrypoint is not None:
+        from launcher.commands import warn
+        from launcher.commands.verify_cmd import own_code_line
+
+        warn(own_code_line(chosen))
+    elif verify_ and chosen is not None:
         from launcher.commands.verify_cmd import verify_plan
 
         rep = verify_plan(chosen, as_json)
@@ -169,6 +202,10 @@ def plan(job: str, bwmap: str | None, top: int, output: str | None, previous: st
         chosen.save(output)
     if as_json:
         payload = result.to_dict()
+        if result.best is not None:
+            payload["uncertainty"] = plan_uncertainty(result)
+        if chosen is not None:
+            payload["memory_verdict"] = memory_source(chosen)
         if rep is not None:
             payload["verify"] = rep.to_dict()
         if measured is not None:

@@ -20,6 +20,7 @@ import click
 from launcher.commands import emit, json_option, progress, warn
 from launcher.errors import UserError
 from launcher.formats.rundir import LATEST, RunDir, read_metrics
+from launcher.plan.entrypoint import NOT_VERIFIED
 
 LOG_LEVEL_LINE = re.compile(r"^[EW]\d{4} ")
 
@@ -40,8 +41,14 @@ def load_job(job: str, nproc: int | None):
     train = data.get("train") or {}
     path = train.get("data")
     if isinstance(path, str) and path != "synthetic" and not Path(path).is_absolute():
-        data["train"] = {**train, "data": str(Path(path).resolve())}
-        changed.append(f"train.data={data['train']['data']}")
+        train = data["train"] = {**train, "data": str(Path(path).resolve())}
+        changed.append(f"train.data={train['data']}")
+    entry = train.get("entrypoint")
+    script = entry.get("script") if isinstance(entry, dict) else None
+    if isinstance(entry, dict) and isinstance(script, str) and script and not script.startswith("-") \
+            and not Path(script).is_absolute():
+        data["train"] = {**train, "entrypoint": {**entry, "script": str(Path(script).resolve())}}
+        changed.append(f"train.entrypoint.script={data['train']['entrypoint']['script']}")
     if changed:
         spec = spec_from_dict(data, source=job)
         text = f"# launch run overrides: {', '.join(changed)}\n" + text
@@ -303,6 +310,9 @@ def run(job: str, plan_path: str | None, run_dir: str | None, nproc: int | None,
     if launch.from_plan:
         progress(f"launch: the plan in {launch.from_plan}, as it is (tp={plan.tp} cp={plan.cp} pp={plan.pp} "
                  f"dp={plan.dp}, zero {plan.zero_stage}); not re-planned")
+    entry = plan.train.entrypoint
+    if entry is not None and entry.script is not None and not Path(entry.script).is_file():
+        raise UserError(f"train.entrypoint.script: {entry.script}: no such file")
     if spec.train.data != "synthetic":  # a bad token file fails here, before anything is written
         from launcher.formats.tokens import check_token_file
 
@@ -319,12 +329,15 @@ def run(job: str, plan_path: str | None, run_dir: str | None, nproc: int | None,
     from launcher.backends.jobstate import check_state
 
     device = check_devices(plan, as_json, cpu)
-    check_host_memory(plan, device)
+    if entry is None:  # the ledger is the bundled trainer's: own code's memory is its own
+        check_host_memory(plan, device)
     check_state()  # a broken state file is found before anything starts
     handle = _start(backend, spec, plan, rd, resume, text, cpu=device == "cpu" and plan.gpu.name != "cpu")
     progress(f"launch: {spec.name}: {plan.world_size} processes on {device} "
              f"(tp={plan.tp} cp={plan.cp} pp={plan.pp} dp={plan.dp}, zero {plan.zero_stage}, "
-             f"micro_batch {plan.micro_batch} × grad_accum {plan.grad_accum}); run dir {handle.run_dir}")
+             f"micro_batch {plan.micro_batch} × grad_accum {plan.grad_accum}); run dir {handle.run_dir}"
+             + (f"; running your own code: {entry.label} (the plan in LAUNCH4D_*; memory {NOT_VERIFIED})"
+                if entry is not None else ""))
     t0 = time.time()
     quiet_s = float(spec.diagnostics.stall_dump_s or max(30.0, min(120.0, spec.diagnostics.collective_timeout_s / 2)))
     tails = follow(backend, handle, as_json, quiet_s, startup_s=spec.diagnostics.init_timeout_s / 2)
@@ -339,7 +352,8 @@ def run(job: str, plan_path: str | None, run_dir: str | None, nproc: int | None,
                "steps": steps[-1]["step"] if steps else 0, "final_loss": steps[-1]["loss"] if steps else None}
     if code != 0:
         _explain(handle, status, tails)
-    progress(f"launch: {status.state} (exit {code}) after {time.time() - t0:.1f} s, {payload['steps']} steps"
+    progress(f"launch: {status.state} (exit {code}) after {time.time() - t0:.1f} s"
+             + (f", {payload['steps']} steps" if steps or entry is None else "")
              + (f", final loss {payload['final_loss']:.4f}" if steps else "")
              + (f"; {status.detail}" if status.detail else ""))
     if as_json:

@@ -108,10 +108,19 @@ def _differences(prefix: str, job: Any, plan: Any) -> str | None:
 
 
 def _data_path(train):
-    """train.data as an absolute path (what `launch run` hands the trainer), 'synthetic' as is."""
-    if train.data == "synthetic" or Path(train.data).is_absolute():
-        return train
-    return dataclasses.replace(train, data=str(Path(train.data).resolve()))
+    """train.data as an absolute path (what `launch run` hands the trainer), 'synthetic' as is; so is
+    train.entrypoint.script (what torchrun starts)."""
+    if train.data != "synthetic" and not Path(train.data).is_absolute():
+        train = dataclasses.replace(train, data=str(Path(train.data).resolve()))
+    entry = train.entrypoint
+    if entry is not None and entry.script is not None and not Path(entry.script).is_absolute():
+        train = dataclasses.replace(train, entrypoint=dataclasses.replace(entry, script=str(Path(entry.script).resolve())))
+    return train
+
+
+def _layout_train(train):
+    """The train section as far as it decides the layout: train.entrypoint only says what code runs."""
+    return dataclasses.replace(_data_path(train), entrypoint=None)
 
 
 def check_plan_matches(spec: JobSpec, plan: Plan, plan_path: str) -> None:
@@ -130,7 +139,7 @@ def check_plan_matches(spec: JobSpec, plan: Plan, plan_path: str) -> None:
         job_cluster = dataclasses.replace(spec.cluster, gpu=None)
         found = _differences("cluster", job_cluster, dataclasses.replace(plan.cluster, gpu=None))
     if found is None:
-        found = _differences("train", _data_path(spec.train), _data_path(plan.train))
+        found = _differences("train", _layout_train(spec.train), _layout_train(plan.train))
     if found is not None:
         raise UserError(f"--plan: {plan_path} was not made for {spec.source or spec.name}: {found} "
                         f"(re-plan: launch plan {spec.source or 'JOB'} -o {plan_path})")
@@ -156,7 +165,7 @@ def load_launch(path: str, plan_path: str | None = None, bwmap: str | None = Non
             spec = spec_from_plan(plan, given_plan)
         except UserError as exc:
             raise UserError(f"{given_plan}: {exc}") from None
-        if local and spec.train.data != "synthetic" and not Path(spec.train.data).is_absolute():
+        if local and _data_path(spec.train) != spec.train:
             spec = dataclasses.replace(spec, train=_data_path(spec.train))
             plan.train = spec.train
         text = job_text_of(spec, f"from {given_plan}: the plan's layout, fixed (launch4d)")

@@ -25,6 +25,16 @@ def load_plan_or_job(path: str, bwmap: str | None = None, plan_path: str | None 
     return load_launch(path, plan_path, bwmap).plan
 
 
+def own_code_line(plan: Plan) -> str:
+    """Why a plan that runs train.entrypoint is not traced: verify builds the bundled trainer, not foreign code."""
+    from launcher.plan.entrypoint import NOT_VERIFIED
+
+    entry = plan.train.entrypoint
+    label = entry.label if entry is not None else "?"
+    return (f"{plan.name}: memory {NOT_VERIFIED}: train.entrypoint runs {label}, and launch verify can trace only "
+            "the bundled trainer; the plan's memory figures are the bundled trainer's ledger")
+
+
 def verify_plan(plan: Plan, as_json: bool, quiet: bool = False):
     """Trace `plan` and return the report; progress lines go to stderr."""
     from launcher.verify import trace_plan
@@ -42,10 +52,17 @@ def verify(plan_or_job: str, bwmap: str | None, plan_path: str | None, as_json: 
     """Trace the trainer for every rank role of a plan at its full world size (fake process group,
     no real memory): peak memory by category beside the ledger, and proof that the plan builds.
 
-    Exit 0 when every role builds and fits, 1 when one does not."""
+    Exit 0 when every role builds and fits, 1 when one does not. A plan whose job runs its own code
+    (train.entrypoint) is not traced: one line says so, exit 0."""
     from launcher.verify import render
 
     plan = load_plan_or_job(plan_or_job, bwmap, plan_path)
+    if plan.train.entrypoint is not None:
+        from launcher.plan.entrypoint import NOT_VERIFIED
+
+        line = own_code_line(plan)
+        emit({"verdict": NOT_VERIFIED, "traced": False, "fits": None, "reason": line}, as_json, lambda: line)
+        return
     rep = verify_plan(plan, as_json)
     emit(rep.to_dict(), as_json, lambda: render(rep))
     if not rep.fits:

@@ -25,6 +25,7 @@ from launcher.plan.capabilities import (
     Schedule,
     ZeroStage,
 )
+from launcher.plan.entrypoint import EntrypointSpec
 from launcher.plan.schema import bounded, did_you_mean, json_schema, key_name, load_dataclass, show
 from launcher.plan.spec_backend import BackendSpec, DiagnosticsSpec
 
@@ -125,6 +126,9 @@ class TrainSpec:
     data: str = bounded("synthetic", doc="'synthetic' or a token file (python -m launcher.trainer.tokenize)")
     loss_chunk: int = bounded(1024, 1, 1 << 24, doc="tokens per chunk of the output-head loss")
     checkpoint_every: int = bounded(0, 0, 1 << 40, doc="steps between checkpoints (0: only on preemption)")
+    entrypoint: EntrypointSpec | None = bounded(None, doc="your own training code (script or module, args) instead "
+                                                          "of the bundled trainer, launched with the plan's ranks "
+                                                          "and the plan in the environment (LAUNCH4D_*)")
 
     @property
     def tokens_per_step(self) -> int:

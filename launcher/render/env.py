@@ -13,6 +13,7 @@ from launcher.formats.shell import quote as shell_quote
 from launcher.plan.spec_backend import ENV_TRAINER_ONLY, env_problem, split_env
 
 if TYPE_CHECKING:
+    from launcher.plan.entrypoint import EntrypointSpec
     from launcher.plan.model import Plan
     from launcher.plan.spec import JobSpec
 
@@ -64,6 +65,35 @@ def trainer_args(spec: JobSpec, plan_path: str, run_dir: str) -> str:
     d = spec.diagnostics
     return (f"--plan {shell_quote(plan_path)} --run-dir {shell_quote(run_dir)} --resume auto "
             f"--init-timeout-s {d.init_timeout_s} --step-timeout-s {d.collective_timeout_s}")
+
+
+def plan_env(plan: Plan, plan_path: str, run_dir: str, resume: str = "auto") -> list[tuple[str, str]]:
+    """The plan as environment variables, the same in every backend: what a train.entrypoint script reads
+    instead of parsing plan.json (the bundled trainer reads plan.json itself). Ranks come from torchrun
+    (RANK, LOCAL_RANK, WORLD_SIZE), in the plan's order; the mesh coordinates of rank r follow from
+    LAUNCH4D_MESH_ORDER and the degrees (r = Σ coordinate · stride, the last dimension innermost)."""
+    lay, t = plan.layout, plan.train
+    env = [("LAUNCH4D_PLAN", plan_path), ("LAUNCH4D_RUN_DIR", run_dir),
+           ("LAUNCH4D_TP", lay.tp), ("LAUNCH4D_CP", lay.cp), ("LAUNCH4D_PP", lay.pp), ("LAUNCH4D_DP", lay.dp),
+           ("LAUNCH4D_EP", lay.ep), ("LAUNCH4D_MESH_ORDER", ",".join(plan.mesh_order)),
+           ("LAUNCH4D_ZERO", lay.zero), ("LAUNCH4D_RECOMPUTE", lay.recompute),
+           ("LAUNCH4D_MICRO_BATCH", lay.micro_batch), ("LAUNCH4D_GRAD_ACCUM", lay.grad_accum),
+           ("LAUNCH4D_GLOBAL_BATCH", t.global_batch), ("LAUNCH4D_SEQ_LEN", t.seq_len), ("LAUNCH4D_STEPS", t.steps),
+           ("LAUNCH4D_SCHEDULE", lay.schedule), ("LAUNCH4D_VIRTUAL_STAGES", lay.virtual_stages),
+           ("LAUNCH4D_STAGE_LAYERS", ",".join(map(str, plan.stage_layers))),
+           ("LAUNCH4D_INIT_TIMEOUT_S", plan.diagnostics.init_timeout_s),
+           ("LAUNCH4D_STEP_TIMEOUT_S", plan.diagnostics.collective_timeout_s)]
+    if t.entrypoint is not None:        # the bundled trainer takes --resume; own code reads it here
+        env.append(("LAUNCH4D_RESUME", resume))
+    return [(k, str(v)) for k, v in env]
+
+
+def entry_command(entry: EntrypointSpec | None, trainer: str) -> str:
+    """What torchrun starts, shell-quoted: the bundled trainer with `trainer` (its arguments, quoted
+    already: trainer_args), or train.entrypoint's script or module with its own arguments."""
+    if entry is None:
+        return f"-m launcher.trainer {trainer}"
+    return " ".join(shell_quote(a) for a in entry.argv)
 
 
 def user_env(spec: JobSpec) -> list[tuple[str, str]]:

@@ -14,7 +14,15 @@ from launcher.formats.shell import quote as shell_quote
 from launcher.plan.model import Plan
 from launcher.plan.spec import JobSpec
 from launcher.render import RFC1123_SUBDOMAIN, bash_syntax_check, check_k8s_name, render_template
-from launcher.render.env import diagnostics_env, measured_nccl_env, trainer_args, trainer_env_prefix, user_env
+from launcher.render.env import (
+    diagnostics_env,
+    entry_command,
+    measured_nccl_env,
+    plan_env,
+    trainer_args,
+    trainer_env_prefix,
+    user_env,
+)
 from launcher.render.k8s_fields import check_k8s_fields
 from launcher.render.rendered import Rendered, check_plan, gpu_lists
 
@@ -65,9 +73,11 @@ def k8s_context(spec: JobSpec, plan: Plan, run_dir: str) -> dict[str, Any]:
     if k.memory:
         resources["memory"] = k.memory
     plan_path = f"{PLAN_MOUNT}/{rundir.PLAN}"
-    env = [("LAUNCH4D_RUN_DIR", run_dir), ("LAUNCH4D_PLAN", plan_path),
-           ("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]: ")]
+    # the plan's layout for the program torchrun starts (train.entrypoint's own code reads it), relative
+    # paths of own code taken from the image's working directory
+    env = [*plan_env(plan, plan_path, run_dir), ("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "[rank${rank}]: ")]
     job_env = user_env(spec)  # the user has the last word: a name set there replaces ours, never doubles it
+    env = [(k, v) for k, v in env if k not in dict(job_env)]
     env += [(k, v) for k, v in diagnostics_env(spec, run_dir, measured_nccl_env(plan)) if k not in dict(job_env)]
     env += job_env
     # LD_LIBRARY_PATH / PATH / PYTHONPATH from backend.env: the trainer's command only, not this script
@@ -99,7 +109,7 @@ def k8s_context(spec: JobSpec, plan: Plan, run_dir: str) -> dict[str, Any]:
         "--node-rank=\"$node_rank\" --rdzv-backend=static --master-addr=\"$master_addr\" "
         "--master-port=\"$master_port\" --max-restarts=0 --tee=3 "
         f"--shutdown-timeout={shutdown_timeout(k.termination_grace_s)} "
-        f"-m launcher.trainer {trainer_args(spec, plan_path, run_dir)}",
+        + entry_command(plan.train.entrypoint, trainer_args(spec, plan_path, run_dir)),
     ])
     if not k.image:
         raise UserError("backend.k8s.image: required; give an image with launch4d[train] installed "

@@ -10,10 +10,19 @@ from typing import Any
 from launcher.errors import UserError
 from launcher.formats import rundir
 from launcher.formats.shell import sbatch_value
+from launcher.plan.entrypoint import EntrypointSpec
 from launcher.plan.model import Plan
 from launcher.plan.spec import JobSpec
 from launcher.render import bash_syntax_check, render_template
-from launcher.render.env import diagnostics_env, measured_nccl_env, trainer_args, trainer_env_prefix, user_env
+from launcher.render.env import (
+    diagnostics_env,
+    entry_command,
+    measured_nccl_env,
+    plan_env,
+    trainer_args,
+    trainer_env_prefix,
+    user_env,
+)
 from launcher.render.rendered import Rendered, check_plan, gpu_lists
 
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
@@ -155,6 +164,8 @@ def slurm_context(spec: JobSpec, plan: Plan, run_dir: str, exclude: list[str] | 
     if clash:
         raise UserError(f"backend.slurm.nodelist: {', '.join(clash)} also excluded (preflight or backend.slurm.exclude)")
     order = [h for h in (node_order or plan.hosts or []) if h not in excluded]
+    plan_path = f"{run_dir}/{rundir.PLAN}"
+    args = trainer_args(spec, plan_path, run_dir)
     return {
         "name": spec.name,
         "source_name": Path(spec.source).name if spec.source else spec.name,
@@ -175,8 +186,11 @@ def slurm_context(spec: JobSpec, plan: Plan, run_dir: str, exclude: list[str] | 
         "gpu_lists": gpu_lists(plan),
         "run_dir": run_dir,
         "node_dirs": (rundir.NCCL_LOGS, rundir.FLIGHT, rundir.HEARTBEAT),  # made on every node before torchrun
-        "plan_path": f"{run_dir}/{rundir.PLAN}",
-        "trainer_args": trainer_args(spec, f"{run_dir}/{rundir.PLAN}", run_dir),
+        "plan_path": plan_path,
+        "trainer_args": args,
+        "entry": entry_command(own_code_entry(spec, plan), args),
+        "plan_env": [(k, v) for k, v in plan_env(plan, plan_path, run_dir)
+                     if k not in ("LAUNCH4D_PLAN", "LAUNCH4D_RUN_DIR")],       # exported above them already
         "python": s.python,
         "master_port": s.master_port,
         "grace_seconds": max(s.signal_seconds - 10, 5),
@@ -184,6 +198,23 @@ def slurm_context(spec: JobSpec, plan: Plan, run_dir: str, exclude: list[str] | 
         "user_env": user_env(spec),
         "trainer_env": trainer_env_prefix(spec),
     }
+
+
+def own_code_entry(spec: JobSpec, plan: Plan) -> EntrypointSpec | None:
+    """train.entrypoint as the nodes see it. A relative script is taken from the directory `launch` runs
+    in (on the cluster's shared filesystem, like sbatch's submit directory): the batch script itself runs
+    in the run dir. Submitted over SSH the job starts on another machine, where a relative path means
+    nothing: refused."""
+    import dataclasses
+
+    entry = plan.train.entrypoint
+    if entry is None or entry.script is None or Path(entry.script).is_absolute():
+        return entry
+    if spec.backend.slurm.login_host:
+        raise UserError(f"train.entrypoint.script: {entry.script!r} is relative, but the job is submitted over SSH "
+                        f"(backend.slurm.login_host {spec.backend.slurm.login_host}); give its absolute path on "
+                        "the cluster")
+    return dataclasses.replace(entry, script=str(Path(entry.script).resolve()))
 
 
 def render_slurm(spec: JobSpec, plan: Plan, run_dir: str, templates: str | Path | None = None,
