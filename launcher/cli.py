@@ -27,6 +27,8 @@ COMMANDS = {
     "cancel": ("launcher.commands.launch_cmds:cancel", "Cancel a submitted job."),
     "jobs": ("launcher.commands.launch_cmds:jobs", "List submitted jobs and their state."),
     "verify": ("launcher.commands.verify_cmd:verify", "Trace the trainer at the plan's full size: memory per rank role."),
+    "export": ("launcher.commands.export_cmd:export",
+               "Print a plan's layout as torchtitan's job-file sections or Megatron-LM's flags."),
     "run": ("launcher.commands.run_cmd:run", "Plan and run a job on this machine with torchrun."),
     "diagnose": ("launcher.commands.diagnose_cmd:diagnose", "Explain a hang or failure from NCCL and trainer logs."),
     "schema": ("launcher.commands.schema_cmd:schema", "Print the JSON Schema of the job file or plan.json."),
