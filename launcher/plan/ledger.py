@@ -45,42 +45,90 @@ class ParamCounts:
     embedding: int          # token embedding (first pipeline stage)
     head: int               # output projection (last stage; 0 when tied)
     final_norm: int
-    layer_dense: int        # per layer: attention + norms + router (replicated across EP)
+    layer_dense: int        # per layer: attention + norms + router + shared experts (replicated across EP)
     layer_expert: int       # per layer: all experts' MLPs (sharded across EP); dense MLP when experts=1
     layers: int
     experts: int
+    dense_layers: int = 0   # a MoE model's first layers with a dense MLP instead (model.first_dense_layers)
+    dense_layer: int = 0    # one such layer: attention, norms and its ffn_hidden-wide MLP
 
     @property
     def per_layer(self) -> int:
+        """One mixture-of-experts layer (every layer of a dense model)."""
         return self.layer_dense + self.layer_expert
 
     @property
+    def largest_layer(self) -> int:
+        return max(self.per_layer, self.dense_layer)
+
+    @property
     def total(self) -> int:
-        return self.embedding + self.head + self.final_norm + self.layers * self.per_layer
+        return self.embedding + self.head + self.final_norm + self.layers_total
+
+    @property
+    def layers_total(self) -> int:
+        return (self.layers - self.dense_layers) * self.per_layer + self.dense_layers * self.dense_layer
 
     def active_per_layer(self, experts_per_token: int) -> int:
-        """Parameters a token passes through in one layer (MoE: only its top-k experts)."""
+        """Parameters a token passes through in one (MoE) layer: only its top-k experts."""
         return self.layer_dense + self.layer_expert * experts_per_token // self.experts
+
+    def active_layers(self, experts_per_token: int) -> int:
+        """Parameters a token passes through in all the layers (the matmuls' FLOPs: 2 per parameter)."""
+        return (self.layers - self.dense_layers) * self.active_per_layer(experts_per_token) + \
+            self.dense_layers * self.dense_layer
+
+    def active(self, experts_per_token: int) -> int:
+        """Parameters a token uses, embedding and head included (MoE's "activated parameters")."""
+        return self.embedding + self.head + self.final_norm + self.active_layers(experts_per_token)
 
 
 def mlp_params(hidden: int, ffn: int, mlp: str) -> int:
-    return (3 if mlp == "swiglu" else 2) * hidden * ffn
+    return (3 if mlp != "gelu" else 2) * hidden * ffn
 
 
 @lru_cache(maxsize=256)  # the search asks again for every layout of one model
 def param_counts(model) -> ParamCounts:
-    h, hd = model.hidden, model.hidden // model.heads
-    attn = h * (model.heads * hd) + 2 * h * (model.kv_heads * hd) + (model.heads * hd) * h
-    router = h * model.experts if model.experts > 1 else 0
+    h = model.hidden
+    attn = 2 * h * model.q_width + 2 * h * model.kv_width
+    moe = model.experts > 1
+    whole = moe_whole_params(model)
     return ParamCounts(
         embedding=model.vocab * h,
         head=0 if model.tied_embeddings else model.vocab * h,
         final_norm=h,
-        layer_dense=attn + 2 * h + router,
-        layer_expert=model.experts * mlp_params(h, model.ffn_hidden, model.mlp),
+        layer_dense=attn + 2 * h + whole,
+        layer_expert=model.experts * mlp_params(h, model.expert_ffn, model.mlp),
         layers=model.layers,
         experts=model.experts,
+        dense_layers=model.layers - model.moe_layers if moe else 0,
+        dense_layer=attn + 2 * h + mlp_params(h, model.ffn_hidden, model.mlp) if moe else 0,
     )
+
+
+def moe_whole_params(model) -> int:
+    """A MoE layer's parameters every TP rank holds whole and every EP rank replicates: the router and
+    the shared experts (moe.MoE)."""
+    if model.experts <= 1:
+        return 0
+    return model.hidden * model.experts + (mlp_params(model.hidden, model.shared_ffn, model.mlp)
+                                           if model.shared_experts else 0)
+
+
+def dense_view(model):
+    """A MoE model's dense layers (first_dense_layers) as a dense model of the same attention, for the
+    per-layer activation terms (the busier of the two kinds is priced for every layer)."""
+    import dataclasses
+
+    return dataclasses.replace(model, experts=1, experts_per_token=1, moe_ffn_hidden=None, shared_experts=0,
+                               first_dense_layers=0)
+
+
+def moe_view(model):
+    """A MoE model's mixture-of-experts layers, every layer one (dense_view's counterpart)."""
+    import dataclasses
+
+    return dataclasses.replace(model, first_dense_layers=0)
 
 
 # --- state -----------------------------------------------------------------------------------
@@ -136,7 +184,7 @@ def layer_activation_bytes(s: int, b: int, h: int, a: int, mode: str, *, tp: int
     whole term (each rank keeps s/cp queries; keys and values are gathered per layer).
     """
     ffn = 4 * h if ffn is None else ffn
-    linear = 18 + (6 if mlp == "swiglu" else 4) * ffn / h      # 34 for a 4h GELU MLP
+    linear = 18 + (6 if mlp != "gelu" else 4) * ffn / h      # 34 for a 4h GELU MLP
     sbh = s * b * h
     if mode == "full":
         per = 2 * sbh / (tp if sequence_parallel else 1)
@@ -249,9 +297,13 @@ def trainer_numerics(train, gpu, lay: Layout) -> Numerics:
 def trainer_layer_activation_bytes(model, s: int, b: int, mode: str, num: Numerics, *, tp: int = 1,
                                    cp: int = 1, ep: int = 1) -> float:
     """Bytes one rank keeps for backward for one transformer layer and one micro-batch, as the
-    trainer's Block saves them (model.py; SDPA never materialises the s×s scores)."""
+    trainer's Block saves them (model.py; SDPA never materialises the s×s scores). A MoE model with dense
+    first layers: the busier of its two kinds of layer."""
+    if model.experts > 1 and model.first_dense_layers:
+        return max(trainer_layer_activation_bytes(dense_view(model), s, b, mode, num, tp=tp, cp=cp, ep=ep),
+                   trainer_layer_activation_bytes(moe_view(model), s, b, mode, num, tp=tp, cp=cp, ep=ep))
     h, a = model.hidden, model.heads
-    hq, hkv = h, model.kv_heads * (h // a)
+    hq, hkv = model.q_width, model.kv_width
     tokens = s / cp * b                    # this CP rank's tokens; TP all-gathers them before the matmuls
     sp = tp                                # with TP the norms run sequence-parallel on tokens/tp
     e, r = num.act, num.residual
@@ -289,7 +341,7 @@ def selective_layer_bytes(model, tokens: float, tp: int, num: Numerics) -> float
     """What op-level selective recompute (trainer/recompute.py) keeps per layer: the block input and
     the outputs of the matmuls, SDPA and the TP collectives; norms, RoPE, activations are recomputed."""
     h, a, e, r = model.hidden, model.heads, num.act, num.residual
-    hq, hkv = h, model.kv_heads * (h // a)
+    hq, hkv = model.q_width, model.kv_width
     kept = r * h * tokens / tp                               # the block input (a sequence shard under TP)
     kept += (2 * hq + 2 * hkv) / tp * e * tokens             # wq, wk, wv outputs and SDPA's output
     kept += a / tp * 4 * tokens                              # SDPA's fp32 logsumexp
@@ -299,22 +351,25 @@ def selective_layer_bytes(model, tokens: float, tp: int, num: Numerics) -> float
         # the reduce-scatters of wo and w2 (a MoE block: attention's only, moe_tokens); the norms' sequence
         # all-gathers are made again in backward (recompute.SAVED_OPS)
         kept += (1 if moe else 2) * h / tp * e * tokens
-    mats = 2 if model.mlp == "swiglu" else 1                 # w1 (and w3) outputs
+    mats = 2 if model.mlp != "gelu" else 1                 # w1 (and w3) outputs
     if not moe:
         return kept + (mats * model.ffn_hidden / tp + h) * e * tokens    # + w2's output
     k = model.experts_per_token
     # the router's logits, and per routed (token, expert) pair its experts' matmul outputs
-    return kept + tokens / tp * (model.experts * e + k * (mats * model.ffn_hidden + h) * e)
+    return kept + tokens / tp * (model.experts * e + k * (mats * model.expert_ffn + h) * e
+                                 + (mats * model.shared_ffn + h) * e * (model.shared_experts > 0))
 
 
 def mlp_activation_bytes(model, tokens: float, tp: int, e: int, input_copies: int = 1, ep: int = 1) -> float:
     """The MLP's saved tensors: SwiGLU w1 out, silu(w1), w3 out, their product (w2's input); GELU two.
     MoE: `input_copies` of each routed row in the matmul dtype (the gathered rows themselves, shared
     by the expert's Linears)."""
-    f = model.ffn_hidden / tp
-    per_row = (4 if model.mlp == "swiglu" else 2) * f * e
+    f = model.expert_ffn / tp
+    per_row = (4 if model.mlp != "gelu" else 2) * f * e
     if model.experts == 1:
         return per_row * tokens
+    # shared experts (moe.MoE.shared): a dense MLP on the same rows, its output added
+    shared = (4 if model.mlp != "gelu" else 2) * model.shared_ffn * e * tokens
     k, E, h = model.experts_per_token, model.experts, model.hidden
     # MoE (moe.py): the fp32 router softmax, the top-k weights and int64 routing indices (≈32 B per
     # pair), and per routed (token, expert) pair its gathered input (input_copies), the expert MLP, the
@@ -324,7 +379,7 @@ def mlp_activation_bytes(model, tokens: float, tp: int, e: int, input_copies: in
     # with EP the experts' concatenated output (moe.MoE._experts: torch.cat, before its order is restored
     # and sent back) is kept as well (traced)
     kept_out = 3 if ep > 1 else 2
-    return tokens * (E * 4 + 4 + k * (32 + (input_copies + kept_out) * h * e + per_row))
+    return tokens * (E * 4 + 4 + k * (32 + (input_copies + kept_out) * h * e + per_row)) + shared
 
 
 @dataclass(frozen=True)
@@ -390,9 +445,11 @@ def _rank_params(model, t: int, pp: int, ep: int, v: int, r: int) -> RankParams:
     layers = _rank_layer_counts(model.layers, pp, v)[r]
     # a MoE's router and experts are whole on every TP rank (expert TP 1), the rest of the block split over TP
     et = 1 if model.experts > 1 else t
-    router = model.hidden * model.experts if model.experts > 1 else 0
-    dense = ((c.layer_dense - router) / t + router) * layers
-    expert = c.layer_expert * layers / (et * ep)
+    router = moe_whole_params(model)          # the router and shared experts, whole under TP
+    dense_here = _rank_dense_layers(model.layers, pp, v, r, c.dense_layers)   # first_dense_layers held here
+    moe_here = layers - dense_here
+    dense = ((c.layer_dense - router) / t + router) * moe_here + c.dense_layer / t * dense_here
+    expert = c.layer_expert * moe_here / (et * ep)
     vh = model.vocab * model.hidden / t
     root, head_w = 0.0, 0.0
     if r == 0:
@@ -401,12 +458,25 @@ def _rank_params(model, t: int, pp: int, ep: int, v: int, r: int) -> RankParams:
         tied_copy = c.embedding if model.tied_embeddings and pp > 1 else 0   # model.keep_only
         root += (c.head + tied_copy + c.final_norm) / t
         head_w = vh          # the untied head, or the (tied) embedding the loss multiplies with
-    largest = max(vh if root else 0.0, model.ffn_hidden * model.hidden / et, model.hidden * model.hidden / t)
-    block = (c.layer_dense - router) / t + router + c.layer_expert / (et * ep)
+    largest = max(vh if root else 0.0, model.expert_ffn * model.hidden / et, model.q_width * model.hidden / t,
+                  model.ffn_hidden * model.hidden / t if dense_here else 0.0)
+    block = max((c.layer_dense - router) / t + router + c.layer_expert / (et * ep), c.dense_layer / t)
     # the MLP weights whose gradients wait for one FSDP post-backward: the block's (all its experts), or
     # with EP one expert's (each expert is its own FSDP unit: fsdp.apply_fsdp)
     mlp_unit = c.layer_expert / (et * ep) if ep == 1 else c.layer_expert / (et * c.experts)
+    if dense_here:
+        mlp_unit = max(mlp_unit, mlp_params(model.hidden, model.ffn_hidden, model.mlp) / t)
     return RankParams(dense, expert, root, head_w, largest, block, mlp_unit)
+
+
+@lru_cache(maxsize=4096)
+def _rank_dense_layers(layers: int, pp: int, v: int, r: int, first_dense: int) -> int:
+    """How many of the first `first_dense` layers pipeline rank r holds (its stages r, r + pp, ...)."""
+    if not first_dense:
+        return 0
+    split = stage_layers(layers, pp * v)
+    starts = [sum(split[:i]) for i in range(len(split))]
+    return sum(max(0, min(starts[i] + split[i], first_dense) - starts[i]) for i in range(r, len(split), pp))
 
 
 def optimizer_temp_bytes(train, gpu, local_params: float, largest: float) -> float:
@@ -436,7 +506,7 @@ def logits_chunk_bytes(train, model, lay: Layout, num: Numerics) -> float:
 def mlp_backward_bytes(model, tokens: float, tp: int, e: int) -> float:
     """The MLP's backward working set (autograd temporaries, traced): w2's input gradient and, for
     SwiGLU, the gradients of silu(w1 x) and w3 x, each [tokens, ffn/tp] in the matmul dtype."""
-    return (3 if model.mlp == "swiglu" else 2) * tokens * model.ffn_hidden / tp * e
+    return (3 if model.mlp != "gelu" else 2) * tokens * model.expert_ffn / tp * e
 
 
 def selective_recomputed_bytes(model, tokens: float, seq_tokens: float, tp: int, num: Numerics) -> float:
@@ -446,8 +516,8 @@ def selective_recomputed_bytes(model, tokens: float, seq_tokens: float, tp: int,
     q and k after RoPE, and
     SwiGLU's silu(w1 x) (the gate's backward needs it). The gate product (GELU: the activation), w2's
     input, is counted in dense_mlp_backward_bytes: it is freed once w2's backward has run."""
-    h, a, e, r = model.hidden, model.heads, num.act, num.residual
-    hq, hkv = h, model.kv_heads * (h // a)
+    h, e, r = model.hidden, num.act, num.residual
+    hq, hkv = model.q_width, model.kv_width
     out = 2 * (4 + r) * h * tokens / tp                      # both RMSNorms (sequence-parallel under TP)
     # the matmuls' input: the norm weight's product, under TP the sequence all-gather's output, which
     # DTensor puts in sequence order with a cat (all_gather_tensor, gather_dim 1): not a kept op
@@ -456,7 +526,7 @@ def selective_recomputed_bytes(model, tokens: float, seq_tokens: float, tp: int,
     if seq_tokens > tokens:
         # CP: _GatherKV's all_gather is not a kept op: the gathered keys and values are made again
         out += 2 * hkv / tp * e * seq_tokens
-    if model.mlp == "swiglu":
+    if model.mlp != "gelu":
         out += model.ffn_hidden / tp * e * tokens            # silu(w1 x)
     return out
 
@@ -474,11 +544,11 @@ def dense_mlp_backward_bytes(model, tokens: float, lay: Layout, num: Numerics, f
     wgrad = h * f * e
     selective = lay.recompute == "selective"
     at_w2 = row + wgrad + (h * e * tokens if lay.tp > 1 else 0.0) + (row if selective else 0.0)
-    at_act = (3 if model.mlp == "swiglu" else 2) * row + (wgrad if fsdp else 0.0) - (0.0 if selective else row)
+    at_act = (3 if model.mlp != "gelu" else 2) * row + (wgrad if fsdp else 0.0) - (0.0 if selective else row)
     # w1's (and w3's) backward: the activation's gradients and the MLP input's gradient, summed over its
     # consumers; by then the MLP's own saved tensors are freed (stored: w1, w3 outputs, silu, product;
     # selective: w1, w3 outputs and the recomputed silu), which the activations or the recomputed block count
-    mats = 2 if model.mlp == "swiglu" else 1
+    mats = 2 if model.mlp != "gelu" else 1
     freed = (2 * mats if not selective else 2 * mats - 1) * row
     # w1's backward: the gradient of its output, w3's and w1's input gradients [tokens, hidden] (w3's done, w1's
     # being made) and, under FSDP, every MLP weight's unsharded gradient (w2, w3, w1) until the block's post-backward
@@ -488,8 +558,15 @@ def dense_mlp_backward_bytes(model, tokens: float, lay: Layout, num: Numerics, f
 
 def rope_buffer_bytes(model, train, lay: Layout, num: Numerics) -> float:
     """RoPE cos/sin tables, buffers of each of the rank's model parts (model.Transformer): [seq/cp,
-    head_dim] twice per part (one part per virtual stage), in the compute dtype (no cast per block)."""
-    return 2 * num.act * (model.hidden // model.heads) * train.seq_len / lay.cp * max(1, lay.virtual_stages)
+    head_dim] twice per part (one part per virtual stage), in the compute dtype (no cast per block).
+    ALiBi instead: each part's bias for this rank's heads (model.AlibiBias), [heads/tp, s, s], under CP one
+    per query chunk against its prefix of keys (c × (r+1)c and c × (2cp−r)c, c = s/2cp)."""
+    parts = max(1, lay.virtual_stages)
+    if model.position == "alibi":
+        s, c = train.seq_len, train.seq_len / (2 * lay.cp)
+        keys = s * s if lay.cp == 1 else c * c * (2 * lay.cp + 1)
+        return model.heads / lay.tp * keys * num.act * parts
+    return 2 * num.act * model.head_dim * train.seq_len / lay.cp * parts
 
 
 @dataclass(frozen=True)
@@ -720,8 +797,8 @@ def _chunk(shape: tuple[int, ...], dim: int, n: int) -> int:
 def lean_expert_pack_elems(model, ep: int, n: int, layers: int) -> float:
     """lean_pack_elems for the EP experts' own group (their dp·cp/ep replicas, chunked n ways): each layer's
     experts/ep local experts, whole under TP."""
-    h, f = model.hidden, model.ffn_hidden
-    mlp = [((f, h), 0), ((h, f), 0)] + ([((f, h), 0)] if model.mlp == "swiglu" else [])
+    h, f = model.hidden, model.expert_ffn
+    mlp = [((f, h), 0), ((h, f), 0)] + ([((f, h), 0)] if model.mlp != "gelu" else [])
     return _largest_pack(mlp * (model.experts // ep) * layers, n)
 
 
@@ -742,21 +819,27 @@ def lean_pack_elems(model, tp: int, n: int, ep: int, first: bool, last: bool, la
     for this rank's dense weights: its bucketing run over the rank's local tensors in module order (each
     split along a dimension TP does not split, chunks padded), a bucket closed before it would pass
     BUCKET_ELEMS; one tensor larger than that alone."""
-    h, a, f, t = model.hidden, model.heads, model.ffn_hidden, tp
-    hd = h // a
+    h, f, t = model.hidden, model.ffn_hidden, tp
     col = 1 if t > 1 else 0                      # a column-parallel weight [out/t, in] is chunked along `in`
     vocab = (model.vocab // t, h), col
-    layer = [((h,), 0), ((a * hd // t, h), col), ((model.kv_heads * hd // t, h), col),
-             ((model.kv_heads * hd // t, h), col), ((h, a * hd // t), 0), ((h,), 0)]
-    mlp = [((f // t, h), col), ((h, f // t), 0)] + ([((f // t, h), col)] if model.mlp == "swiglu" else [])
+    attn = [((h,), 0), ((model.q_width // t, h), col), ((model.kv_width // t, h), col),
+            ((model.kv_width // t, h), col), ((h, model.q_width // t), 0), ((h,), 0)]
+    gated = model.mlp != "gelu"
+
+    def whole_mlp(w: int) -> list[tuple[tuple[int, ...], int]]:
+        return [((w, h), 0), ((h, w), 0)] + ([((w, h), 0)] if gated else [])
+
+    mlp = [((f // t, h), col), ((h, f // t), 0)] + ([((f // t, h), col)] if gated else [])
+    dense_layers = min(layers, model.first_dense_layers) if first and model.experts > 1 else 0
     if model.experts > 1:
-        # the router and experts are whole under TP (expert TP 1); EP experts are a group of their own
-        whole = [((f, h), 0), ((h, f), 0)] + ([((f, h), 0)] if model.mlp == "swiglu" else [])
-        layer.append(((model.experts, h), 0))
-        layer += whole * (model.experts if ep == 1 else 0)
+        # the router, shared and routed experts are whole under TP (expert TP 1); EP experts are a group of
+        # their own
+        layer = attn + [((model.experts, h), 0)]
+        layer += whole_mlp(model.expert_ffn) * (model.experts if ep == 1 else 0)
+        layer += whole_mlp(model.shared_ffn) if model.shared_experts else []
     else:
-        layer += mlp
-    tensors = ([vocab] if first else []) + layer * layers
+        layer = attn + mlp
+    tensors = ([vocab] if first else []) + (attn + mlp) * dense_layers + layer * (layers - dense_layers)
     if last:
         tensors += [((h,), 0)] + ([vocab] if not model.tied_embeddings or not first else [])
     return _largest_pack(tensors, n)
@@ -1057,8 +1140,8 @@ def _block_peak(model, lay: Layout, num: Numerics, tokens: float, acts: float, r
         # op-level selective recompute (recompute.py) replays the block at its backward's first unpack and then
         # drops the kept outputs nothing saves: wq's and wk's (RoPE makes q and k anew), wv's under CP (SDPA
         # saves the gathered V) and wo's
-        hkv = model.kv_heads * (model.hidden // model.heads)
-        acts -= ((model.hidden + hkv * (2 if lay.cp > 1 else 1)) / lay.tp + model.hidden) * num.act * tokens
+        hkv = model.kv_width
+        acts -= ((model.q_width + hkv * (2 if lay.cp > 1 else 1)) / lay.tp + model.hidden) * num.act * tokens
     if model.experts > 1:
         temps = recomputed + mlp_backward_bytes(model, routed, mtp, num.act)
         if lay.ep > 1 and recomputed > 0:
@@ -1108,10 +1191,11 @@ def _mlp_kept_bytes(model, tokens: float, tp: int, num: Numerics, mode: str, ep:
         return mlp_activation_bytes(model, tokens, tp, num.act, ep=ep)
     if mode == "full":
         return 0.0
-    mats, e = (2 if model.mlp == "swiglu" else 1), num.act
+    mats, e = (2 if model.mlp != "gelu" else 1), num.act
     if model.experts == 1:
         return (mats * model.ffn_hidden / tp + model.hidden) * e * tokens
-    return tokens * (model.experts * e + model.experts_per_token * (mats * model.ffn_hidden + model.hidden) * e)
+    return tokens * (model.experts * e + model.experts_per_token * (mats * model.expert_ffn + model.hidden) * e
+                     + (mats * model.shared_ffn + model.hidden) * e * (model.shared_experts > 0))
 
 
 @dataclass(frozen=True)
