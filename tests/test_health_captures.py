@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 
@@ -583,3 +584,47 @@ def test_a_stderr_line_anywhere_leaves_the_verdict_as_it_was(kind, folder, name)
             mixed = "\n".join(lines[:pos] + [junk] + lines[pos:]) + "\n"
             assert verdict(mixed) == want, (pos, junk)
             assert verdict(mixed.replace("\n", "\r\n")) == want, (pos, "crlf")
+
+
+def _line_span(text: str, at: int) -> tuple[int, int]:
+    start = text.rfind("\n", 0, at) + 1
+    end = text.find("\n", at)
+    return start, (len(text) if end < 0 else end + 1)
+
+
+#: what a capture suffers on its way to a parser, applied at a position: cut there (a full disk, a killed
+#: tool), the cut with CRLF line ends, one character changed, a stray coloured stderr line inserted, the
+#: line there lost, the line there repeated
+MUTATIONS: dict[str, Callable[[str, int], str]] = {
+    "cut": lambda t, at: t[:at],
+    "cut-crlf": lambda t, at: t[:at].replace("\n", "\r\n"),
+    "char-changed": lambda t, at: t[:at] + ("#" if t[at:at + 1] != "#" else "%") + t[at + 1:],
+    "stray-line": lambda t, at: t[:at] + "\n\x1b[31mWARNING: stray \x00 line\x1b[0m\n" + t[at:],
+    "line-lost": lambda t, at: t[:_line_span(t, at)[0]] + t[_line_span(t, at)[1]:],
+    "line-doubled": lambda t, at: t[:_line_span(t, at)[1]] + t[slice(*_line_span(t, at))] + t[_line_span(t, at)[1]:],
+}
+MUTATED_KINDS = {**CAPTURE_KINDS, "xid": "xid", "topo": "topo"}
+
+
+@pytest.mark.parametrize("kind", sorted(MUTATED_KINDS))
+def test_mutated_captures_at_every_tenth_give_a_verdict_or_a_parse_error(kind):
+    """Every real capture of a kind, mutated (MUTATIONS) at every 10 % of its length: the parser returns a
+    parse the judges give pass / warn / fail on, or a ParseError; never another exception (issue 23)."""
+    from checks.health_judges import judge_parsed
+    from checks.parsers import JUDGED_KINDS, parser_for, to_jsonable
+
+    parse = parser_for(kind)
+    names = sorted(p.name for p in shared_file(MUTATED_KINDS[kind]).iterdir())
+    for name in names:
+        text = read(MUTATED_KINDS[kind], name)
+        for at in sorted({len(text) * i // 10 for i in range(11)}):
+            for how, mutate in MUTATIONS.items():
+                try:
+                    parsed = parse(mutate(text, at))
+                except ParseError:
+                    continue
+                except Exception as exc:  # noqa: BLE001 - the failure this test is for
+                    raise AssertionError(f"{name} {how} at {at}: {type(exc).__name__}: {exc}") from exc
+                to_jsonable(parsed)
+                if kind in JUDGED_KINDS:
+                    assert {f.status for f in judge_parsed(kind, parsed, node="n")} <= {"pass", "warn", "fail"}

@@ -3,7 +3,11 @@ command x each bad input -> exit 2, one error line naming the field or file, no 
 nothing written anywhere under the test's directory (compared before and after), devices intact.
 
 The cases are the reproductions of issue 14 (items 3, 7, 8, 14 and the validation holes of item 2
-and 12), kept as a permanent, data-driven suite: a new command or input is one more row.
+and 12), kept as a permanent, data-driven suite: a new command or input is one more row. Issue 23 adds
+links planted in a run dir while the job runs (the trainer's writers and the local backend's log here;
+the batch script's own output in tests/test_render.py), an Xid code outside NVIDIA's catalog, and
+elsewhere half-truncated checkpoints (tests/test_checkpoint_faults.py) and captures mutated at every
+tenth of their length (tests/test_health_captures.py).
 """
 
 from __future__ import annotations
@@ -570,3 +574,18 @@ def test_preflight_import_refuses_probe_metadata_of_the_wrong_shape(tmp_path, me
     d = make_dir(w.root / "in" / "pf", ["n1", "n2"])
     (d / "n1" / "probe.json").write_bytes(meta)
     assert_refused(w, ["preflight", "import", str(d)], f"probe.json: {expect}")
+
+
+def test_preflight_parse_xid_flags_a_code_outside_nvidias_catalog(tmp_path):
+    """An Xid code NVIDIA's catalog does not list went unflagged (issue 23): it warns as unknown, beside the
+    known codes' verdicts (tests/test_xid_catalog.py has every code of the catalog)."""
+    import json
+
+    from tests.replay.constructed import dmesg_xids
+
+    w = World(tmp_path)
+    log = w.raw("dmesg.txt", dmesg_xids([("0000:3b:00", 4242, "from a newer driver")]).encode())
+    res = run_cli(w, ["preflight", "parse", "xid", str(log), "--json"])
+    out = json.loads(res.output)
+    assert res.exit_code == 0 and out["status"] == "warn" and out["parse"]["unknown_codes"] == [4242]
+    assert "unknown Xid 4242 (not in NVIDIA's catalog)" in out["findings"][0]["message"]
