@@ -104,10 +104,11 @@ class GroupProbe:
     iters: int
     warmup: int
     groups: list[ProbeGroup]
-    predicted_step_s: float       # the plan's step time
+    predicted_step_s: float       # the time model's step for the plan at its assumed bandwidths
     backend: str | None = None    # gloo / nccl, once run
     created: str | None = None
-    measured_step_s: float | None = None   # the step time recomputed with the measured bandwidths
+    measured_step_s: float | None = None   # the same step recomputed with the measured bandwidths
+    planned_step_s: float | None = None    # the step time plan.json was chosen on (its estimate, as saved)
     error: str | None = None      # why the probe did not measure (the worker's one line)
 
     def kinds(self) -> list[str]:

@@ -79,6 +79,7 @@ def probe_spec(plan: Plan, tolerance: float = DEFAULT_TOLERANCE, iters: int = IT
     return GroupProbe(plan=plan.name, world_size=plan.world_size, nodes=plan.nodes,
                       gpus_per_node=plan.gpus_per_node, hosts=list(hosts or plan.hosts or []), tolerance=tolerance,
                       iters=iters, warmup=warmup, groups=groups, predicted_step_s=step_time(plan),
+                      planned_step_s=plan.estimate.get("step_time_s"),
                       created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
@@ -98,17 +99,11 @@ def measured_busbw(plan: Plan, probe: GroupProbe) -> dict[str, float]:
 
 
 def step_time(plan: Plan, busbw: dict[str, float] | None = None) -> float:
-    """The plan's step time (what it was chosen on), moved by what `busbw` (GB/s by group kind, in place
-    of the assumed figures) changes in the time model's estimate of the same layout."""
-    planned = float(plan.estimate.get("step_time_s") or 0.0)
-    if not busbw:
-        return planned
-
-    def model(over: dict[str, float] | None) -> float:
-        return estimate(plan.model, plan.train, plan.gpu, plan.layout, plan_bandwidth(plan), plan.gpus_per_node,
-                        tuple(plan.mesh_order), stack=BUNDLED, busbw=over).step_time_s
-
-    return max(planned + model(busbw) - model(None), 0.0)
+    """The time model's step for the plan's layout at its assumed bandwidths (and its job file's
+    cluster.compute_efficiency, where set), with `busbw` (GB/s by group kind) in their place where given."""
+    eff = plan.cluster.compute_efficiency if plan.cluster is not None else None
+    return estimate(plan.model, plan.train, plan.gpu, plan.layout, plan_bandwidth(plan), plan.gpus_per_node,
+                    tuple(plan.mesh_order), efficiency_max=eff, stack=BUNDLED, busbw=busbw).step_time_s
 
 
 def with_measured_step(plan: Plan, probe: GroupProbe) -> GroupProbe:
