@@ -135,6 +135,27 @@ def test_launch_asks_a_live_process_for_its_stack_with_sigquit(tmp_path):
         proc.wait()
 
 
+def test_launch_does_not_write_a_stack_request_through_a_planted_link(tmp_path):
+    """logs/stacks/rank3.txt turned into a link while the job runs: `launch run`'s stack request for that
+    rank writes nothing through it and signals nothing (issue 23; the trainer stops at the link itself)."""
+    proc = sleeper(tmp_path)
+    try:
+        assert wait_until(lambda: (tmp_path / "heartbeat" / "rank3.json").exists()
+                          and procs.catches(proc.pid, signal.SIGQUIT), 60)
+        victim = tmp_path / "victim.txt"
+        victim.write_text("precious\n")
+        out = tmp_path / "logs" / "stacks" / "rank3.txt"
+        out.unlink()
+        out.symlink_to(victim)
+        h = JobHandle("local", f"local-{proc.pid}", "t", str(tmp_path), None, extra={"pid": proc.pid,
+                                                                                      "marker": "dumps"})
+        assert LocalBackend().dump_stacks(h, "asked by a test", py_spy="") == []
+        assert victim.read_text() == "precious\n" and proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_launch_uses_py_spy_where_installed(tmp_path):
     """py-spy (a test dependency) dumps the same process from outside; the parser reads its format."""
     from launcher.backends.local import find_py_spy

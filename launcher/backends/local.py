@@ -399,23 +399,25 @@ class LocalBackend(Backend):
                 continue
             if not procs.is_ours(pid, self.marker(handle)):
                 continue
-            rd.stacks.mkdir(parents=True, exist_ok=True)
             head = rundir.stack_header(rank, host, pid, reason)
-            if spy is not None:
-                try:
-                    r = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, timeout=30)
-                except (OSError, subprocess.TimeoutExpired):
-                    r = None
-                if r is not None and r.returncode == 0 and r.stdout:
-                    with open(rd.stack_file(rank), "a") as f:
-                        f.write(head + r.stdout[: 1 << 20].decode(errors="replace") + "\n")
+            try:  # never through a link planted in the run dir (the trainer, writing the same file, stops at it)
+                if spy is not None:
+                    try:
+                        r = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, timeout=30)
+                    except (OSError, subprocess.TimeoutExpired):
+                        r = None
+                    if r is not None and r.returncode == 0 and r.stdout:
+                        with nofollow.open_append(rd.root, rd.stack_file(rank)) as f:
+                            f.write(head + r.stdout[: 1 << 20].decode(errors="replace") + "\n")
+                        asked.append(rank)
+                        continue
+                if procs.catches(pid, rundir.STACK_SIGNAL):
+                    with nofollow.open_append(rd.root, rd.stack_file(rank)) as f:
+                        f.write(head)
+                    os.kill(pid, rundir.STACK_SIGNAL)
                     asked.append(rank)
-                    continue
-            if procs.catches(pid, rundir.STACK_SIGNAL):
-                with open(rd.stack_file(rank), "a") as f:
-                    f.write(head)
-                os.kill(pid, rundir.STACK_SIGNAL)
-                asked.append(rank)
+            except nofollow.PlantedLinkError:
+                continue
         return asked
 
     def sweep(self, handle: JobHandle) -> list[int]:
