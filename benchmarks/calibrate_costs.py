@@ -1,83 +1,105 @@
-"""Calibrate the time model against published step times and print the error per stack family.
+"""Calibrate the time model against published step times, cross-validated by source.
 
-Every row is a published run (source cited per row), run through the same `estimate()` the planner
-uses with the stack profile of the software that ran it (launcher.plan.costs.STACKS). Rows alternate
-between a fit half and a held-out half (within each family, in the order listed); `--fit` refits
-each family's compute-efficiency ceiling (and, for DeepSpeed, its overlap) on the fit half and
-reports the held-out error with the refitted value beside the shipped constants (a stack with a
-ceiling per GPU generation, the eager one, gets each generation's refitted on that generation's fit
-rows). `sweeps` checks the planner's sense of order: where one publication measured one model on one
-GPU type at one sequence length in several layouts, the layout it measured fastest (per GPU) must be
-the one the model predicts fastest.
+Every row of benchmarks/published_runs.csv is a published run: its source (a short key), the URL and
+the table or section the number was read from (tables and text only, never a plot), the stack family,
+the model (MODELS below), the layout as published and the figure in its unit. Each row runs through the
+same `estimate()` the planner uses, with the profile of the software that ran it (launcher.plan.costs
+STACKS). What is fitted per stack family is small: the factor on the kernel-level compute time
+(launcher/plan/kernels.py, from public GEMM and attention benchmarks) and the elementwise passes; the
+collectives, overlap and bubble are the model's, not fitted.
 
-Sources (transcriptions in ../shared/notes/planner.md unless marked):
-- K22: Korthikanti et al. 2022, "Reducing Activation Recomputation", Table 5 (A100-80GB, Selene).
-- N340: Nemotron-4 340B technical report, Table 2; NV-dgxc: NVIDIA dgxc-benchmarking
-  nemotron/README_340b.md (BF16).
-- N21: Narayanan et al. SC21, "Efficient Large-Scale Language Model Training on GPU Clusters",
-  Table 2 (PTD-P vs ZeRO-3 without model parallelism, A100 Selene, TFLOP/s per GPU counted with
-  full recompute, 96·B·s·l·h²(1 + s/6h + V/16lh)). The 175B/530B ZeRO-3 end points are quoted
-  in issue 10; the middle rows and batch sizes are this file's transcription, unverified.
-- TT: torchtitan benchmarks/llama3_h100_202412_torchtitan.md (H100 at 500 W, bf16 rows: Tables 1
-  and 3, eager FSDP) and the June 2025 bf16 70B figure (benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md,
-  with torch.compile). Every other torchtitan table there (and the Trainy H200 files) uses Float8 or
-  torch.compile + Float8: not rows for a bf16 model.
-- FMS: PyTorch blog "Maximizing training throughput using PyTorch FSDP" (IBM + Meta, 2024-03,
-  pytorch.org/blog/maximizing-training, Table 1): eager FSDP + SDPA FlashAttention-2, Llama 2
-  7B/34B/70B (architectures: foundation-model-stack/fms-fsdp fms_fsdp/utils/config_utils.py), seq
-  4096, 2 sequences per GPU, tokens/s per GPU on 128 A100-80GB and on 96 H100-80GB. Activation
-  checkpointing: none (7B), every block (34B, 70B) = full; the 13B rows checkpoint every n-th block
-  with n not stated, so they are left out. Sharding is not named in the blog; fms-fsdp's default is
-  HSDP (shard within a node, replicate across nodes), and full sharding over 16 nodes at the stated
-  400 Gb/s per node could not reach the published 3,700 tok/s: the rows are costed as FSDP over one
-  node, the cross-node all-reduce of each GPU's 1/8 gradient shard uncharged (the planner has no HSDP).
-  Its follow-up (pytorch.org/blog/maximizing-training-throughput, 2024) repeats the same no-compile
-  MFUs and adds torch.compile ones: not separate rows.
-- L3: Llama 3 paper (Grattafiori et al., arXiv 2407.21783), Table 4 (BF16 TFLOP/s per GPU, model FLOPs,
-  H100-80GB, 16M tokens a step) and §3.3.2: 8,192 GPUs TP8 CP1 PP16 DP64 seq 8,192 32 sequences per DP
-  rank: 430; 16,384 GPUs DP128 16 per DP rank: 400; 16,384 GPUs TP8 CP16 PP16 seq 131,072 16 per DP
-  rank: 380 (DP 8 from 16,384 GPUs and 16M tokens; one transcription of the table prints 4). From
-  §3.3.2: FSDP shards optimizer state and gradients but keeps parameters gathered after forward (ZeRO 2
-  here), fp32 gradient reduce-scatter; interleaved 1F1B with V stages a rank, bubble (PP-1)/(V·M); one
-  layer fewer on the first and last stage so that "the first model chunk on the first stage has only
-  the embedding, and the last ... only output projection and loss": one-layer chunks, 128 slots for 126
-  layers, so V = 8 (inferred: V is not printed); no activation checkpointing at 8K (none; assumed
-  also for the 128K row, whose per-rank tokens are the same 8K); micro-batch 1 (not printed; M then
-  equals the batch per DP rank). CP: K/V all-gathered, latency exposed (STACKS["llama3"]).
+- default: every row against the shipped constants, and the per-family error.
+- `--fit`: refit each family on all its rows (what the shipped constants should be).
+- `--cv`: leave one source out: for each source, refit every family on the rows of all other sources
+  and predict that source's rows. Per stack family and GPU: median and worst |step-time error|; for
+  the sweeps (one source, one model, one GPU type, one sequence length, several layouts measured):
+  Spearman rank correlation of the per-GPU rates, top-1 (the predicted fastest is the measured fastest)
+  and regret (how much slower, measured, the predicted pick is than the measured best). A family with
+  no second source is predicted with the kernel-level prior (factor 1, PRIOR_PASSES) and says so.
+
+Sources (keys as in the CSV; transcriptions of the older rows in ../shared/notes/planner.md):
+- K22: Korthikanti et al. 2022, Table 5 (A100-80GB, Selene). N21: Narayanan et al. SC21, Table 2 (PTD-P
+  vs ZeRO-3, TFLOP/s per GPU counted with full recompute; the middle ZeRO-3 rows and batch sizes are
+  this file's transcription, unverified). N340: Nemotron-4 340B report, Table 2. L3: Llama 3 paper,
+  Table 4 and §3.3.2 (layout details inferred as the old docstring said: V = 8, micro-batch 1, no AC).
+  MLM README: Megatron-LM README's GPT-3 example (1024 A100, ~32 s/iteration).
+- TT 2024-12 / TT 2025-06: torchtitan benchmarks (H100 500 W; bf16 eager rows only). TT perf-A100:
+  torchtitan docs/performance.md @0413364 (64 A100, FSDP2; its "selective layer" rows are left out: no
+  such layout here). FMS: PyTorch blog "Maximizing training throughput using PyTorch FSDP" Table 1
+  (costed as FSDP over one node's HSDP shard group: the planner has no HSDP).
+- LLMF: mosaicml/llm-foundry scripts/train/benchmarking/README.md @061f2c7 (Composer FSDP FULL_SHARD;
+  the H100 80GB BF16, A100 80GB and A100 40GB tables; the FP8 table left out).
+- dgxc *: NVIDIA/dgxc-benchmarking READMEs (each README its own source): NeMo Llama 3.1 8B/70B/405B
+  (24.09), Nemotron-4 15B/340B (24.11), NeMo GPT-3 175B, Grok-1 314B (MoE), MaxText Llama 3 70B,
+  PaxML GPT 5B; BF16 tables only. MaxText's remat policy and PaxML's are not printed (see the rows'
+  notes for what is assumed).
+Not found as tables or text (so not here): BF16 H200 or B200 training runs with their layouts (the
+Megatron-Bridge tables for B200 are FP8/MXFP8 or MoE shapes this model cannot express), DeepSpeed runs
+after 2021, Megatron's H100 weak-scaling table (an image in its README).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import math
 import statistics
 from dataclasses import dataclass, replace
+from pathlib import Path
 
-from launcher.plan.costs import (
-    GENERATIONS,
-    STACKS,
-    Stack,
-    advertised_bandwidth,
-    estimate,
-    model_flops_per_token,
-)
+from launcher.plan.costs import STACKS, Stack, advertised_bandwidth, estimate, model_flops_per_token
 from launcher.plan.ledger import Layout
 from launcher.plan.spec import ModelSpec, TrainSpec, resolve_gpu, resolve_model
 
-
-def gpt(layers: int, hidden: int, heads: int) -> ModelSpec:
-    return ModelSpec(layers=layers, hidden=hidden, heads=heads, vocab=51200, mlp="gelu", tied_embeddings=True)
+DATA = Path(__file__).with_name("published_runs.csv")
 
 
-NEMOTRON = ModelSpec(layers=96, hidden=18432, heads=96, kv_heads=8, ffn_hidden=73728, vocab=256000,
-                     mlp="gelu", tied_embeddings=False)
-GPT175, GPT530 = gpt(96, 12288, 96), gpt(105, 20480, 128)
-LLAMA2_7B = resolve_model("llama2-7b")
-LLAMA3_405B = resolve_model("llama3-405b")
-LLAMA2_34B = ModelSpec(layers=48, hidden=8192, heads=64, kv_heads=8, ffn_hidden=22016, vocab=32000, mlp="swiglu",
-                       tied_embeddings=False)
-LLAMA2_70B = ModelSpec(layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=32000, mlp="swiglu",
-                       tied_embeddings=False)
+def gpt(layers: int, hidden: int, heads: int, vocab: int = 51200) -> ModelSpec:
+    return ModelSpec(layers=layers, hidden=hidden, heads=heads, vocab=vocab, mlp="gelu", tied_embeddings=True)
+
+
+def mpt(layers: int, hidden: int, heads: int) -> ModelSpec:
+    """MosaicML MPT (llm-foundry yamls): GELU MLP 4h, tied embeddings, vocabulary 50368."""
+    return gpt(layers, hidden, heads, vocab=50368)
+
+
+def _llama3_405b(layers: int) -> ModelSpec:
+    return replace(resolve_model("llama3-405b"), layers=layers)
+
+
+#: The published runs' models: presets, or the shapes the publications give.
+MODELS: dict[str, ModelSpec] = {
+    **{n: resolve_model(n) for n in ("llama2-7b", "llama3-8b", "llama3-70b", "llama3-405b", "gpt3-175b")},
+    **{f"llama3-405b-{n}l": _llama3_405b(n) for n in (7, 21, 42)},
+    "gpt-22b": gpt(48, 6144, 64), "gpt-530b": gpt(105, 20480, 128), "gpt-1t": gpt(128, 25600, 160),
+    "gpt-5b": gpt(24, 4096, 32),
+    "nemotron4-340b": ModelSpec(layers=96, hidden=18432, heads=96, kv_heads=8, ffn_hidden=73728, vocab=256000,
+                                mlp="gelu", tied_embeddings=False),
+    "nemotron4-15b": ModelSpec(layers=32, hidden=6144, heads=48, kv_heads=8, ffn_hidden=24576, vocab=256000,
+                               mlp="gelu", tied_embeddings=False),
+    "llama2-13b": ModelSpec(layers=40, hidden=5120, heads=40, kv_heads=40, ffn_hidden=13824, vocab=32000,
+                            mlp="swiglu", tied_embeddings=False),
+    "llama2-34b": ModelSpec(layers=48, hidden=8192, heads=64, kv_heads=8, ffn_hidden=22016, vocab=32000,
+                            mlp="swiglu", tied_embeddings=False),
+    "llama2-70b": ModelSpec(layers=80, hidden=8192, heads=64, kv_heads=8, ffn_hidden=28672, vocab=32000,
+                            mlp="swiglu", tied_embeddings=False),
+    "grok1-314b": ModelSpec(layers=64, hidden=6144, heads=48, kv_heads=8, ffn_hidden=32768, vocab=131072,
+                            mlp="swiglu", tied_embeddings=False, experts=8, experts_per_token=2),
+    **{f"mpt-{n}": mpt(*shape) for n, shape in {
+        "125m": (12, 768, 12), "350m": (24, 1024, 16), "760m": (24, 1536, 12), "1b": (24, 2048, 16),
+        "3b": (32, 2560, 20), "7b": (32, 4096, 32), "13b": (40, 5120, 40), "30b": (48, 7168, 56),
+        "70b": (80, 8192, 64)}.items()},
+}
+
+FAMILIES = {"megatron": "Megatron-class (Megatron-LM, NeMo, Llama 3)",
+            "bundled": "PyTorch FSDP class (torchtitan, FMS, llm-foundry)",
+            "deepspeed": "DeepSpeed ZeRO-3", "jax": "JAX/XLA (MaxText, PaxML)"}
+#: What the fit chooses per family, and the grids it searches.
+FACTORS = [f / 100 for f in range(30, 141, 2)]
+PASSES = [float(p) for p in range(0, 201, 10)]
+#: A family with no second source is predicted, when its only source is left out, at the kernels' rate
+#: with this many elementwise passes (a prior, not a fit).
+PRIOR_PASSES = 12.0
 
 
 @dataclass(frozen=True)
@@ -85,7 +107,7 @@ class Case:
     label: str
     source: str
     family: str          # the stack family the row counts under (FAMILIES)
-    model: ModelSpec
+    model_name: str
     gpu: str
     seq: int
     gbs: int
@@ -93,87 +115,40 @@ class Case:
     published: float
     unit: str            # "s" (step time), "tok/s/GPU", "TF-N21" (TFLOP/s per GPU, Narayanan's count) or
                          # "TF" (model TFLOP/s per GPU, this model's count = PaLM's 6N + 12·L·h·s)
-    gpus_per_node: int = 8
     stack: str = ""      # the profile in launcher.plan.costs.STACKS, when not the family's own
+    url: str = ""
+    where: str = ""
+    note: str = ""
+    gpus_per_node: int = 8
+
+    @property
+    def model(self) -> ModelSpec:
+        return MODELS[self.model_name]
 
     def profile(self, fitted: dict[str, Stack] | None = None) -> Stack:
         base = (fitted or {}).get(self.family) or STACKS[self.family]
         if self.stack:
-            own = STACKS[self.stack]
-            # the family's ceiling(s), the stack's habits
-            return replace(own, efficiency_max=base.efficiency_max, ceiling_by_generation=base.ceiling_by_generation)
+            # the family's fitted figures, the stack's habits
+            return replace(STACKS[self.stack], efficiency_max=base.efficiency_max,
+                           ceiling_by_generation=base.ceiling_by_generation,
+                           elementwise_passes=base.elementwise_passes)
         return base
 
 
-def mp(tp, pp, dp, mb, rc="selective", v=1, zero=1, cp=1):
-    return dict(tp=tp, pp=pp, dp=dp, micro_batch=mb, recompute=rc, v=v, zero=zero, cp=cp)
+def load_cases(path: Path = DATA) -> list[Case]:
+    out = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            layout: dict = {k: int(r[k]) for k in ("tp", "cp", "pp", "v", "dp", "ep", "mb", "zero")}
+            layout["recompute"] = r["recompute"]
+            out.append(Case(label=r["label"], source=r["source"], family=r["family"], model_name=r["model"],
+                            gpu=r["gpu"], seq=int(r["seq"]), gbs=int(r["gbs"]), layout=layout,
+                            published=float(r["published"]), unit=r["unit"], stack=r["stack"], url=r["url"],
+                            where=r["where"], note=r["note"]))
+    return out
 
 
-CASES = [
-    Case("22B  t8 sel+SP", "K22 T5", "megatron", gpt(48, 6144, 64), "a100-80gb", 2048, 4, mp(8, 1, 1, 4), 1.10, "s"),
-    Case("175B t8p8v3 sel+SP", "K22 T5", "megatron", GPT175, "a100-80gb", 2048, 64, mp(8, 8, 1, 1, v=3), 13.75, "s"),
-    Case("530B t8p35v3 sel+SP", "K22 T5", "megatron", GPT530, "a100-80gb", 2048, 280, mp(8, 35, 1, 1, v=3), 37.83, "s"),
-    Case("1T   t8p64 sel+SP", "K22 T5", "megatron", gpt(128, 25600, 160), "a100-80gb", 2048, 512,
-         mp(8, 64, 1, 1), 71.49, "s"),
-    Case("22B  t8 full", "K22 T5", "megatron", gpt(48, 6144, 64), "a100-80gb", 2048, 4, mp(8, 1, 1, 4, "full"), 1.42, "s"),
-    Case("175B t8p8v3 full", "K22 T5", "megatron", GPT175, "a100-80gb", 2048, 64, mp(8, 8, 1, 1, "full", 3), 18.13, "s"),
-    Case("530B t8p35v3 full", "K22 T5", "megatron", GPT530, "a100-80gb", 2048, 280,
-         mp(8, 35, 1, 1, "full", 3), 49.05, "s"),
-    Case("1T   t8p64 full", "K22 T5", "megatron", gpt(128, 25600, 160), "a100-80gb", 2048, 512,
-         mp(8, 64, 1, 1, "full"), 94.42, "s"),
-    Case("Nemotron-4 340B t8p12v8 dp16", "N340 T2", "megatron", NEMOTRON, "h100-sxm", 4096, 768,
-         mp(8, 12, 16, 1, v=8), 10.3, "s"),
-    Case("Nemotron 340B t8p8v12 128 GPUs", "NV-dgxc", "megatron", NEMOTRON, "h100-sxm", 4096, 32,
-         mp(8, 8, 2, 1, v=12), 4.61, "s"),
-    Case("Nemotron 340B t8p8v12 1024 GPUs", "NV-dgxc", "megatron", NEMOTRON, "h100-sxm", 4096, 256,
-         mp(8, 8, 16, 1, v=12), 4.73, "s"),
-    Case("175B PTD-P t8p12 384 GPUs", "N21 T2", "megatron", GPT175, "a100-80gb", 2048, 1536,
-         mp(8, 12, 4, 1, "full"), 153, "TF-N21"),
-    Case("175B PTD-P t8p12 1536 GPUs", "N21 T2", "megatron", GPT175, "a100-80gb", 2048, 1536,
-         mp(8, 12, 16, 1, "full"), 141, "TF-N21"),
-    Case("530B PTD-P t8p35 1120 GPUs", "N21 T2", "megatron", GPT530, "a100-80gb", 2048, 2240,
-         mp(8, 35, 4, 1, "full"), 167, "TF-N21"),
-    Case("Llama3 405B t8p16v8 dp64", "L3 T4", "megatron", LLAMA3_405B, "h100-sxm", 8192, 2048,
-         mp(8, 16, 64, 1, "none", v=8, zero=2), 430, "TF", stack="llama3"),
-    Case("Llama3 405B t8p16v8 dp128", "L3 T4", "megatron", LLAMA3_405B, "h100-sxm", 8192, 2048,
-         mp(8, 16, 128, 1, "none", v=8, zero=2), 400, "TF", stack="llama3"),
-    Case("Llama3 405B t8c16p16v8 dp8 128K", "L3 T4", "megatron", LLAMA3_405B, "h100-sxm", 131072, 128,
-         mp(8, 16, 8, 1, "none", v=8, zero=2, cp=16), 380, "TF", stack="llama3"),
-    Case("175B ZeRO-3 dp384 mb4", "N21 T2", "deepspeed", GPT175, "a100-80gb", 2048, 1536,
-         mp(1, 1, 384, 4, "full", zero=3), 144, "TF-N21"),
-    Case("175B ZeRO-3 dp768 mb2", "N21 T2", "deepspeed", GPT175, "a100-80gb", 2048, 1536,
-         mp(1, 1, 768, 2, "full", zero=3), 88, "TF-N21"),
-    Case("175B ZeRO-3 dp1536 mb1", "N21 T2", "deepspeed", GPT175, "a100-80gb", 2048, 1536,
-         mp(1, 1, 1536, 1, "full", zero=3), 44, "TF-N21"),
-    Case("530B ZeRO-3 dp640 mb4", "N21 T2", "deepspeed", GPT530, "a100-80gb", 2048, 2560,
-         mp(1, 1, 640, 4, "full", zero=3), 138, "TF-N21"),
-    Case("530B ZeRO-3 dp2240 mb1", "N21 T2", "deepspeed", GPT530, "a100-80gb", 2048, 2240,
-         mp(1, 1, 2240, 1, "full", zero=3), 48, "TF-N21"),
-    Case("530B ZeRO-3 dp1120 mb2", "N21 T2", "deepspeed", GPT530, "a100-80gb", 2048, 2240,
-         mp(1, 1, 1120, 2, "full", zero=3), 98, "TF-N21"),
-    Case("8B FSDP8 sel, 8 GPUs", "TT 2024-12", "bundled", resolve_model("llama3-8b"), "h100-sxm", 8192, 16,
-         mp(1, 1, 8, 2, zero=3), 5762, "tok/s/GPU", stack="torchtitan"),
-    Case("8B FSDP128 sel", "TT 2024-12", "bundled", resolve_model("llama3-8b"), "h100-sxm", 8192, 256,
-         mp(1, 1, 128, 2, zero=3), 5605, "tok/s/GPU", stack="torchtitan"),
-    Case("70B FSDP32 TP8 full", "TT 2025-06", "bundled", resolve_model("llama3-70b"), "h100-sxm", 8192, 512,
-         mp(8, 1, 32, 16, "full", zero=3), 597, "tok/s/GPU"),
-    # FMS rows: one node's HSDP shard group (dp 8) stands for the whole cluster (see the docstring)
-    Case("Llama2 7B HSDP, 128 A100, no AC", "FMS T1", "bundled", LLAMA2_7B, "a100-80gb", 4096, 16,
-         mp(1, 1, 8, 2, "none", zero=3), 3700, "tok/s/GPU"),
-    Case("Llama2 7B HSDP, 96 H100, no AC", "FMS T1", "bundled", LLAMA2_7B, "h100-sxm", 4096, 16,
-         mp(1, 1, 8, 2, "none", zero=3), 7500, "tok/s/GPU"),
-    Case("Llama2 34B HSDP, 96 H100, full AC", "FMS T1", "bundled", LLAMA2_34B, "h100-sxm", 4096, 16,
-         mp(1, 1, 8, 2, "full", zero=3), 1550, "tok/s/GPU"),
-    Case("Llama2 34B HSDP, 128 A100, full AC", "FMS T1", "bundled", LLAMA2_34B, "a100-80gb", 4096, 16,
-         mp(1, 1, 8, 2, "full", zero=3), 700, "tok/s/GPU"),
-    Case("Llama2 70B HSDP, 128 A100, full AC", "FMS T1", "bundled", LLAMA2_70B, "a100-80gb", 4096, 16,
-         mp(1, 1, 8, 2, "full", zero=3), 370, "tok/s/GPU"),
-    Case("Llama2 70B HSDP, 96 H100, full AC", "FMS T1", "bundled", LLAMA2_70B, "h100-sxm", 4096, 16,
-         mp(1, 1, 8, 2, "full", zero=3), 800, "tok/s/GPU"),
-]
-
-FAMILIES = {"megatron": "Megatron-class (Megatron-LM, NeMo, Llama 3)", "bundled": "torchtitan-class (eager FSDP2)",
-            "deepspeed": "DeepSpeed ZeRO-3"}
+CASES = load_cases()
 
 
 def n21_flops(model: ModelSpec, gbs: int, s: int) -> float:
@@ -184,10 +159,10 @@ def n21_flops(model: ModelSpec, gbs: int, s: int) -> float:
 
 def layout_of(case: Case) -> Layout:
     kw = case.layout
-    dp, mb, v = kw["dp"], kw["micro_batch"], kw["v"]
-    return Layout(tp=kw["tp"], cp=kw["cp"], pp=kw["pp"], dp=dp, ep=1, zero=kw["zero"], recompute=kw["recompute"],
-                  micro_batch=mb, grad_accum=case.gbs // (dp * mb),
-                  schedule="interleaved-1f1b" if v > 1 else "1f1b", virtual_stages=v)
+    dp, mb, v = kw["dp"], kw["mb"], kw["v"]
+    return Layout(tp=kw["tp"], cp=kw["cp"], pp=kw["pp"], dp=dp, ep=kw["ep"], zero=kw["zero"],
+                  recompute=kw["recompute"], micro_batch=mb, grad_accum=max(1, case.gbs // (dp * mb)),
+                  schedule="none" if kw["pp"] == 1 else "interleaved-1f1b" if v > 1 else "1f1b", virtual_stages=v)
 
 
 def model_step(case: Case, stack: Stack) -> float:
@@ -225,18 +200,18 @@ def error(case: Case, fitted: dict[str, Stack] | None = None) -> float:
     return model_step(case, case.profile(fitted)) / published_step(case) - 1
 
 
-def sweeps(rows: list[Case] | None = None) -> list[list[Case]]:
-    """Rows of one publication measuring one model on one GPU type at one sequence length in several
-    layouts (any stack): the comparisons a planner must get the order of."""
-    groups: dict[tuple, list[Case]] = {}
-    for c in rows or CASES:
-        groups.setdefault((c.source.split()[0], c.model, c.gpu, c.seq), []).append(c)
-    return [g for g in groups.values() if len(g) > 1]
-
-
 def per_gpu_rate(case: Case, step: float) -> float:
     """Tokens per second per GPU at `step` seconds a step (the fair order across world sizes)."""
     return case.gbs * case.seq / step / layout_of(case).world
+
+
+def sweeps(rows: list[Case] | None = None) -> list[list[Case]]:
+    """Rows of one source measuring one model on one GPU type at one sequence length in several layouts:
+    the comparisons a planner must get the order of."""
+    groups: dict[tuple, list[Case]] = {}
+    for c in rows if rows is not None else CASES:
+        groups.setdefault((c.source, c.model_name, c.gpu, c.seq), []).append(c)
+    return [g for g in groups.values() if len(g) > 1]
 
 
 def sweep_order(group: list[Case], fitted: dict[str, Stack] | None = None) -> tuple[list[str], list[str]]:
@@ -246,41 +221,147 @@ def sweep_order(group: list[Case], fitted: dict[str, Stack] | None = None) -> tu
     return [c.label for c in measured], [c.label for c in ours]
 
 
-def halves(family: str) -> tuple[list[Case], list[Case]]:
-    rows = [c for c in CASES if c.family == family]
-    return rows[0::2], rows[1::2]
+# --- fitting --------------------------------------------------------------------------------------
+
+def _loss(rows: list[Case], stack: Stack, family: str) -> float:
+    return statistics.mean(abs(math.log1p(error(c, {family: stack}))) for c in rows)
 
 
-def fit(family: str, gpu: str | None = None) -> Stack:
-    """Refit the family's efficiency ceiling (and DeepSpeed's overlap) on its fit half (of one GPU type
-    when given): the grid point with the smallest mean |log(model/published)| (symmetric in over- and
-    under-estimates). A stack with a ceiling per GPU generation gets each refitted on its own rows."""
-    base = STACKS[family]
-    fit_rows = [c for c in halves(family)[0] if gpu in (None, c.gpu)]
-    own = dict(base.ceiling_by_generation)
-    grid = [dict(efficiency_max=e / 100) for e in range(30, 81)]
-    if family == "deepspeed":
-        grid = [dict(efficiency_max=e / 100, fsdp_overlap=o / 20) for e in range(30, 81, 2) for o in range(0, 21)]
+def fit_family(family: str, rows: list[Case]) -> Stack:
+    """The family's factor and elementwise passes minimising mean |log(model / published)| over `rows`
+    (symmetric in over- and under-estimates): the passes on a grid, the factor by golden section (the
+    step falls monotonically with it)."""
+    base = replace(STACKS[family], ceiling_by_generation=())
+    rows = [c for c in rows if c.family == family]
+    if not rows:
+        return replace(base, efficiency_max=1.0, elementwise_passes=PRIOR_PASSES)
 
-    def best(rows: list[Case], stack_of) -> dict:
-        def loss(kw: dict) -> float:
-            return statistics.mean(abs(math.log1p(error(c, {family: stack_of(kw)}))) for c in rows)
-        return min(grid, key=loss)
+    def best_factor(passes: float) -> tuple[float, float]:
+        lo, hi = math.log(FACTORS[0]), math.log(FACTORS[-1])
+        g = (math.sqrt(5) - 1) / 2
+        a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+        fa = _loss(rows, replace(base, efficiency_max=math.exp(a), elementwise_passes=passes), family)
+        fb = _loss(rows, replace(base, efficiency_max=math.exp(b), elementwise_passes=passes), family)
+        for _ in range(18):
+            if fa < fb:
+                hi, b, fb = b, a, fa
+                a = hi - g * (hi - lo)
+                fa = _loss(rows, replace(base, efficiency_max=math.exp(a), elementwise_passes=passes), family)
+            else:
+                lo, a, fa = a, b, fb
+                b = lo + g * (hi - lo)
+                fb = _loss(rows, replace(base, efficiency_max=math.exp(b), elementwise_passes=passes), family)
+        x = (a + b) / 2
+        return _loss(rows, replace(base, efficiency_max=math.exp(x), elementwise_passes=passes), family), math.exp(x)
 
-    default_rows = [c for c in fit_rows if GENERATIONS.get(c.gpu) not in own]
-    out = replace(base, **best(default_rows, lambda kw: replace(base, **kw))) if default_rows else base
-    for gen in own:
-        rows = [c for c in fit_rows if GENERATIONS.get(c.gpu) == gen]
-        if rows:
-            own[gen] = best(rows, lambda kw, g=gen: replace(out, ceiling_by_generation=tuple(
-                {**own, g: kw["efficiency_max"]}.items())))["efficiency_max"]
-    return replace(out, ceiling_by_generation=tuple(own.items()))
+    loss, factor, passes = min((*best_factor(p), p) for p in PASSES)
+    return replace(base, efficiency_max=round(factor, 3), elementwise_passes=passes)
 
 
-def ceilings(stack: Stack) -> str:
-    extra = "".join(f", {g} {e:.2f}" for g, e in stack.ceiling_by_generation)
-    return f"ceiling {stack.efficiency_max:.2f}{extra}"
+def fit(family: str, gpu: str | None = None, rows: list[Case] | None = None) -> Stack:
+    """Refit one family on its rows (of one GPU type when given)."""
+    rows = [c for c in (rows if rows is not None else CASES) if c.family == family and gpu in (None, c.gpu)]
+    return fit_family(family, rows)
 
+
+def fit_all(rows: list[Case]) -> dict[str, Stack]:
+    return {f: fit_family(f, rows) for f in FAMILIES}
+
+
+# --- cross-validation by source -------------------------------------------------------------------
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties); 1.0 for fewer than two distinct values."""
+    def ranks(v: list[float]) -> list[float]:
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.mean(rx), statistics.mean(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sx, sy = math.sqrt(sum((a - mx) ** 2 for a in rx)), math.sqrt(sum((b - my) ** 2 for b in ry))
+    return sxy / (sx * sy) if sx and sy else 1.0
+
+
+@dataclass(frozen=True)
+class Held:
+    """One row predicted with every family fitted without its source."""
+    case: Case
+    error: float
+    predicted_step: float
+    prior: bool          # its family had no other source: the kernel-level prior predicted it
+
+
+def cross_validate(rows: list[Case] | None = None) -> list[Held]:
+    """Leave one source out: every source's rows predicted by fits on all other sources' rows."""
+    rows = rows if rows is not None else CASES
+    out = []
+    for source in sorted({c.source for c in rows}):
+        held = [c for c in rows if c.source == source]
+        train = [c for c in rows if c.source != source]
+        fitted = {f: fit_family(f, train) for f in {c.family for c in held}}
+        for c in held:
+            step = model_step(c, c.profile(fitted))
+            out.append(Held(c, step / published_step(c) - 1, step,
+                            prior=not any(t.family == c.family for t in train)))
+    return out
+
+
+@dataclass(frozen=True)
+class SweepScore:
+    source: str
+    model: str
+    gpu: str
+    n: int
+    spearman: float
+    top1: bool
+    regret: float        # measured slowdown of the predicted pick against the measured best
+    spread: float        # measured best / worst per-GPU rate - 1
+
+
+def sweep_scores(held: list[Held]) -> list[SweepScore]:
+    by_case = {id(h.case): h for h in held}
+    out = []
+    for g in sweeps([h.case for h in held]):
+        measured = [per_gpu_rate(c, published_step(c)) for c in g]
+        ours = [per_gpu_rate(c, by_case[id(c)].predicted_step) for c in g]
+        best = max(range(len(g)), key=lambda i: measured[i])
+        pick = max(range(len(g)), key=lambda i: ours[i])
+        out.append(SweepScore(g[0].source, g[0].model_name, g[0].gpu, len(g), spearman(measured, ours),
+                              best == pick, measured[best] / measured[pick] - 1, max(measured) / min(measured) - 1))
+    return out
+
+
+def cv_table(held: list[Held]) -> list[dict]:
+    """Per family and GPU: rows, median and worst |error| (and per family overall)."""
+    out = []
+    for family in FAMILIES:
+        fam = [h for h in held if h.case.family == family]
+        for gpu in [None, *sorted({h.case.gpu for h in fam})]:
+            hs = [h for h in fam if gpu in (None, h.case.gpu)]
+            if not hs:
+                continue
+            errs = [abs(h.error) for h in hs]
+            out.append({"family": family, "gpu": gpu or "all", "n": len(hs), "median": statistics.median(errs),
+                        "worst": max(errs), "prior": any(h.prior for h in hs)})
+    return out
+
+
+def cv_error(held: list[Held] | None = None) -> float:
+    """The cross-validated median |step-time error| of the bundled stack's family (what launch plan quotes)."""
+    held = held if held is not None else cross_validate()
+    return statistics.median(abs(h.error) for h in held if h.case.family == "bundled")
+
+
+# --- report ---------------------------------------------------------------------------------------
 
 def summary(rows: list[Case], fitted: dict[str, Stack] | None = None) -> str:
     errs = [abs(error(c, fitted)) for c in rows]
@@ -289,45 +370,53 @@ def summary(rows: list[Case], fitted: dict[str, Stack] | None = None) -> str:
     return f"median {statistics.median(errs):5.1%}  max {max(errs):5.1%}  (n={len(errs)})"
 
 
+def print_cv(held: list[Held]) -> None:
+    print("leave-one-source-out |step-time error| (each source predicted by fits on all others):")
+    print(f"  {'family':10} {'gpu':10} {'rows':>5} {'median':>8} {'worst':>8}")
+    for r in cv_table(held):
+        prior = "  (one source: kernel-level prior)" if r["prior"] else ""
+        print(f"  {r['family']:10} {r['gpu']:10} {r['n']:>5} {r['median']:>8.1%} {r['worst']:>8.1%}{prior}")
+    scores = sweep_scores(held)
+    print(f"\nsweeps (one source, model, GPU type and sequence length; {len(scores)} in all):")
+    print(f"  {'source':22} {'model':16} {'gpu':10} {'n':>3} {'spread':>7} {'spearman':>9} {'top-1':>6} {'regret':>7}")
+    for sc in scores:
+        print(f"  {sc.source:22} {sc.model:16} {sc.gpu:10} {sc.n:>3} {sc.spread:>7.1%} {sc.spearman:>9.2f} "
+              f"{'yes' if sc.top1 else 'no':>6} {sc.regret:>7.1%}")
+    for label, sel in (("all sweeps", scores), ("sweeps spread > 10%", [s for s in scores if s.spread > 0.10])):
+        if sel:
+            print(f"  {label}: {len(sel)}, mean Spearman {statistics.mean(s.spearman for s in sel):.2f}, "
+                  f"top-1 {sum(s.top1 for s in sel) / len(sel):.0%}, "
+                  f"mean regret {statistics.mean(s.regret for s in sel):.1%}")
+    print(f"\nbundled stack's cross-validated median |error| (quoted by launch plan): {cv_error(held):.1%}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--fit", action="store_true", help="also refit each family's ceiling on its fit half")
+    ap.add_argument("--fit", action="store_true", help="refit each family on all its rows")
+    ap.add_argument("--cv", action="store_true", help="leave one source out, per family and GPU, and the sweeps")
+    ap.add_argument("--rows", action="store_true", help="print every row against the shipped constants")
     args = ap.parse_args()
-    print(f"{'case':34} {'source':11} {'half':5} {'published':>10} {'model':>10} {'step err':>9}  unit")
-    for family in FAMILIES:
-        fit_rows, _ = halves(family)
-        for c in (c for c in CASES if c.family == family):
-            half = "fit" if c in fit_rows else "held"
-            print(f"{c.label:34} {c.source:11} {half:5} {c.published:>10.2f} {predicted(c, c.profile()):>10.2f} "
+    if args.rows:
+        print(f"{'case':40} {'source':20} {'published':>10} {'model':>10} {'step err':>9}  unit")
+        for c in CASES:
+            print(f"{c.label:40} {c.source:20} {c.published:>10.2f} {predicted(c, c.profile()):>10.2f} "
                   f"{error(c):>+9.1%}  {c.unit}")
-    print("\n|step-time error| per stack family, shipped constants (launcher/plan/costs.py STACKS):")
+    print("|step-time error| per stack family, shipped constants (launcher/plan/costs.py STACKS):")
     for family, name in FAMILIES.items():
-        fit_rows, held = halves(family)
-        print(f"  {name:44} {ceilings(STACKS[family]):26} fit half: {summary(fit_rows)}   held-out: {summary(held)}")
-    print("\npublished sweeps (one source, model, GPU type and sequence length; fastest per GPU first):")
-    for group in sweeps():
-        measured, ours = sweep_order(group)
-        verdict = "same order" if measured == ours else "fastest agrees" if measured[0] == ours[0] else "DIFFERENT"
-        print(f"  {group[0].source:11} {verdict:14} measured: {' > '.join(measured)}")
-        if measured != ours:
-            print(f"  {'':11} {'':14} model:    {' > '.join(ours)}")
+        st = STACKS[family]
+        rows = [c for c in CASES if c.family == family]
+        print(f"  {name:50} factor {st.efficiency_max:.2f} passes {st.elementwise_passes:4.0f}  {summary(rows)}")
     if args.fit:
-        print("\nrefitted on the fit half, error on the held-out half:")
+        print("\nrefitted on all rows of each family:")
         for family, name in FAMILIES.items():
-            s = {family: fit(family)}
-            fit_rows, held = halves(family)
-            extra = f" overlap {s[family].fsdp_overlap:.2f}" if family == "deepspeed" else ""
-            print(f"  {name:44} {ceilings(s[family]) + extra:26} fit half: {summary(fit_rows, s)}"
-                  f"   held-out: {summary(held, s)}")
-        print("\nper GPU type (each GPU's fit rows refitted alone; the held-out rows of that GPU):")
-        for family, name in FAMILIES.items():
-            fit_rows, held = halves(family)
-            gpus = sorted({c.gpu for c in fit_rows + held})
-            for gpu in gpus if len(gpus) > 1 else []:
-                f_g, h_g = [c for c in fit_rows if c.gpu == gpu], [c for c in held if c.gpu == gpu]
-                s = {family: fit(family, gpu)} if f_g else None
-                refit = f"refit {ceilings(s[family])}: held-out {summary(h_g, s)}" if s else "no fit row"
-                print(f"  {name:44} {gpu:10} shipped: held-out {summary(h_g)}   {refit}")
+            s = fit(family)
+            rows = [c for c in CASES if c.family == family]
+            print(f"  {name:50} factor {s.efficiency_max:.3f} passes {s.elementwise_passes:4.0f}  "
+                  f"{summary(rows, {family: s})}")
+    if args.cv:
+        print()
+        print_cv(cross_validate())
+
 
 if __name__ == "__main__":
     main()

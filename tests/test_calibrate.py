@@ -49,7 +49,7 @@ def launch(*args) -> object:
 def test_compute_bound_runs_fit_the_efficiency_ceiling_only_and_plans_use_it(tmp_path):
     truth = {"compute_efficiency": 0.3}
     dirs = [run_dir(tmp_path, f"r{i}", job(1, tp=tp, zero=z, micro_batch=1), truth)
-            for i, (tp, z) in enumerate([(1, 3), (2, 1), (4, 1)])]
+            for i, (tp, z) in enumerate([(1, 3), (1, 2), (1, 1)])]
     out = tmp_path / "profile.json"
     res = launch("calibrate", *dirs, "-o", out, "--json")
     assert res.exit_code == 0, res.output
@@ -75,8 +75,10 @@ def test_compute_bound_runs_fit_the_efficiency_ceiling_only_and_plans_use_it(tmp
 
 def test_runs_that_stress_the_network_identify_its_bandwidth(tmp_path):
     truth = {"compute_efficiency": 0.35, "net_per_gpu_gbs": 20.0}
-    dirs = [run_dir(tmp_path, "one-node", job(1, tp=1, zero=3, micro_batch=1), truth),
-            run_dir(tmp_path, "four-nodes", job(4, tp=1, zero=3, micro_batch=1), truth)]
+    # A100 nodes (8 NICs of 25 GB/s carry less than NVLink) and ZeRO 1, whose reduce and gather after the
+    # last backward nothing hides: the network bounds DP across nodes
+    dirs = [run_dir(tmp_path, "one-node", job(1, "a100-80gb", tp=1, zero=3, micro_batch=1), truth),
+            run_dir(tmp_path, "eight-nodes", job(8, "a100-80gb", tp=1, zero=1, micro_batch=1), truth)]
     res = launch("calibrate", *dirs, "-o", tmp_path / "p.json", "--json")
     assert res.exit_code == 0, res.output
     params = json.loads(res.output)["params"]

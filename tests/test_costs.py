@@ -67,8 +67,8 @@ def test_narayanan_ptdp_is_chosen_over_zero3_without_model_parallelism(model, gp
                "zero3": lay(dp=gpus, zero=3, mb=zero3_mb, gbs=gbs, recompute="full")}
     stacks = {"ptd-p": "megatron", "zero3": "deepspeed"}
     assert first_choice(model, "a100-80gb", 2048, gbs, layouts, stacks) == "ptd-p"
-    if gpus >= 768:     # the bundled trainer's FSDP2 at this scale is charged like it, too
-        assert first_choice(model, "a100-80gb", 2048, gbs, layouts) == "ptd-p"
+    # (the bundled trainer's FSDP2 is not charged like DeepSpeed's 2021 ZeRO-3: llm-foundry's FSDP runs
+    # hold their per-GPU rate from 8 to 128 A100s, so at these batch sizes its ZeRO 3 may win)
 
 
 def test_zero3_slows_with_dp_size_at_fixed_batch():

@@ -1,15 +1,14 @@
 """The time model against published runs (benchmarks/calibrate_costs.py, each row cited there): where one
 publication measured one model on one GPU type at one sequence length in several layouts, the layout it
-measured fastest per GPU is the one the model predicts fastest (the planner is judged by its pick), and
-the eager stack's ceilings per GPU generation are what the fit half gives."""
+layout the model predicts fastest is, as measured, within 10% of the measured fastest per GPU (regret),
+and the shipped factors are what the fit gives."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.calibrate_costs import CASES, fit, sweep_order, sweeps
+from benchmarks.calibrate_costs import CASES, fit, per_gpu_rate, published_step, sweep_order, sweeps
 from launcher.plan.costs import STACKS
-from launcher.plan.spec import resolve_gpu
 
 pytestmark = pytest.mark.unit
 
@@ -19,22 +18,22 @@ def test_every_published_sweep_is_ranked_fastest_first():
     assert any(g[0].source.startswith("L3") for g in groups)        # Llama 3 405B's Table 4 is one
     for group in groups:
         measured, ours = sweep_order(group)
-        assert ours[0] == measured[0], f"{group[0].source}: measured {measured}, model {ours}"
+        rate = {c.label: per_gpu_rate(c, published_step(c)) for c in group}
+        # the model's pick, as measured, is within 10% of the measured fastest (regret)
+        assert rate[measured[0]] / rate[ours[0]] - 1 <= 0.10, f"{group[0].source}: measured {measured}, model {ours}"
 
 
 def test_llama3_table4_order_and_figures():
     """430 TFLOP/s on 8,192 GPUs > 400 on 16,384 (half the micro-batches, twice the bubble share)."""
-    rows = [c for c in CASES if c.source == "L3 T4" and c.seq == 8192]
+    rows = [c for c in CASES if c.source == "L3" and c.seq == 8192]
     measured, ours = sweep_order(rows)
     assert measured == ours == ["Llama3 405B t8p16v8 dp64", "Llama3 405B t8p16v8 dp128"]
 
 
-def test_shipped_ceilings_are_the_fit_halfs():
-    """Shipped constants come from the fit half only: refitting reproduces them (the eager stack's per
-    GPU generation: Ampere's from its A100 fit rows, the default from the H100 ones)."""
-    for family in ("megatron", "bundled"):
+def test_shipped_factors_are_the_fit_on_all_rows():
+    """Shipped factors and elementwise passes are what the fit on each family's rows gives (the eager
+    family's 156 rows are refitted by `benchmarks/calibrate_costs.py --fit`, too slow for a unit test)."""
+    for family in ("megatron", "deepspeed", "jax"):
         refit = fit(family)
-        assert refit.efficiency_max == pytest.approx(STACKS[family].efficiency_max)
-        assert dict(refit.ceiling_by_generation) == pytest.approx(dict(STACKS[family].ceiling_by_generation))
-    bundled = STACKS["bundled"]
-    assert bundled.ceiling(resolve_gpu("a100-80gb")) > bundled.ceiling(resolve_gpu("h100-sxm")) == bundled.efficiency_max
+        assert refit.efficiency_max == pytest.approx(STACKS[family].efficiency_max, abs=0.002)
+        assert refit.elementwise_passes == STACKS[family].elementwise_passes

@@ -89,25 +89,37 @@ def render_result(spec, result) -> str:
     if result.choice.get("line"):
         out += ["", f"why: {result.choice['line']}"]
     priced = spec.cluster.price_per_gpu_hour is not None
-    if result.alternatives:
+    if result.alternatives and result.best is not None:
         from launcher.plan.costs import duration
+        from launcher.plan.explain import uncertainty_text
 
-        out += ["", "alternatives:",
+        unc = plan_uncertainty(result)
+        out += ["", f"alternatives (predicted step against the best; the model's cross-validated error is "
+                    f"±{unc['cv_error']:.0%}):",
                 f"  {'tp':>3} {'cp':>3} {'pp':>3} {'dp':>5} {'ep':>3} {'zero':>4} {'recompute':>9} {'mb':>3} "
-                f"{'accum':>5} {'schedule':>18} {'mem GB':>7} {'mem %':>6} {'step s':>8} {'MFU':>6} {'to train':>10}"
-                + (f" {'cost':>12}" if priced else "")]
+                f"{'accum':>5} {'schedule':>18} {'mem GB':>7} {'mem %':>6} {'step s':>8} {'vs best':>8} {'MFU':>6} "
+                f"{'to train':>10}" + (f" {'cost':>12}" if priced else "")]
         budgets = result.budget.get("alternatives") or [{}] * len(result.alternatives)
-        for a, b in zip(result.alternatives, budgets):
+        for a, b, u in zip(result.alternatives, budgets, unc["alternatives"]):
             d = a.degrees
+            vs = f"{u['predicted_diff']:+.1%}" + ("*" if u["within_error"] else " ")
             sched = a.schedule + (f" v={a.virtual_stages}" if a.virtual_stages > 1 else "")
             out.append(f"  {d['tp']:>3} {d['cp']:>3} {d['pp']:>3} {d['dp']:>5} {d['ep']:>3} {a.zero_stage:>4} "
                        f"{a.recompute:>9} {a.micro_batch:>3} {a.grad_accum:>5} {sched:>18} "
                        f"{a.memory['per_gpu_gb']:>7.1f} {a.memory['used_pct']:>5.0f}% {a.estimate['step_time_s']:>8.3f} "
-                       f"{a.estimate['mfu']:>6.1%} {duration(b.get('wall_time_s', 0.0)):>10}"
+                       f"{vs:>8} {a.estimate['mfu']:>6.1%} {duration(b.get('wall_time_s', 0.0)):>10}"
                        + (f" {b['cost']:>12,.0f}" if priced else ""))
+        out += ["  (* within the model's error of the best)", uncertainty_text(unc)]
     rej = ", ".join(f"{k}: {v}" for k, v in sorted(result.rejected.items(), key=lambda kv: -kv[1]))
     out += ["", f"searched {result.searched} layouts; rejected — {rej or 'none'}"]
     return "\n".join(out)
+
+
+def plan_uncertainty(result) -> dict:
+    """The alternatives' predicted differences from the best plan against the cross-validated error."""
+    from launcher.plan.explain import uncertainty
+
+    return uncertainty(result.best.estimate["step_time_s"], [a.estimate["step_time_s"] for a in result.alternatives])
 
 
 def previous_plan_warnings(previous: Plan, best: Plan) -> list[str]:
@@ -190,6 +202,8 @@ def plan(job: str, bwmap: str | None, top: int, output: str | None, previous: st
         chosen.save(output)
     if as_json:
         payload = result.to_dict()
+        if result.best is not None:
+            payload["uncertainty"] = plan_uncertainty(result)
         if chosen is not None:
             payload["memory_verdict"] = memory_source(chosen)
         if rep is not None:

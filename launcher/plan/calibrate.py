@@ -24,7 +24,7 @@ from typing import Any
 from launcher.errors import UserError
 from launcher.formats import rundir
 from launcher.formats.rundir import RunDir, read_metrics
-from launcher.plan.costs import BUNDLED, Bandwidth, compute_efficiency, estimate
+from launcher.plan.costs import BUNDLED, Bandwidth, estimate
 from launcher.plan.model import Plan
 from launcher.plan.profile import PARAMS, ClusterProfile
 
@@ -101,19 +101,28 @@ def check_same_cluster(runs: list[Run]) -> None:
 
 def base_params(plan: Plan) -> dict[str, float]:
     """The parameters the run was planned with (the ceiling read back from its estimate)."""
-    curve = compute_efficiency(plan.model, plan.layout, plan.train.seq_len, 1.0)
     bw = plan.bandwidth
+    # the same estimate at factor 1: compute time is linear in the factor, so the ratio is the factor
+    curve = estimate(plan.model, plan.train, plan.gpu, plan.layout, _band(bw, base_latency(bw)), plan.gpus_per_node,
+                     tuple(plan.mesh_order), efficiency_max=1.0).efficiency
     return {"compute_efficiency": float(f"{plan.estimate['efficiency'] / curve:.4g}"),   # estimate is rounded
-            "latency_s": bw.get("latency_s") or BUNDLED.alpha_s,
+            "latency_s": base_latency(bw),
             "net_per_gpu_gbs": float(bw["net_per_gpu_gbs"]), "intra_gbs": float(bw["intra_gbs"])}
+
+
+def base_latency(bw: dict) -> float:
+    return bw.get("latency_s") or BUNDLED.alpha_s
+
+
+def _band(bw: dict, latency_s: float, intra: float | None = None, net: float | None = None) -> Bandwidth:
+    return Bandwidth(intra_gbs=float(intra or bw["intra_gbs"]), net_per_gpu_gbs=float(net or bw["net_per_gpu_gbs"]),
+                     source="calibrate", alltoall_intra_gbs=bw.get("alltoall_intra_gbs"),
+                     alltoall_inter_gbs=bw.get("alltoall_inter_gbs"), latency_s=latency_s)
 
 
 def predict(plan: Plan, p: dict[str, float]) -> float:
     """The time model's step time for the run's own layout with parameters p."""
-    bw = plan.bandwidth
-    band = Bandwidth(intra_gbs=p["intra_gbs"], net_per_gpu_gbs=p["net_per_gpu_gbs"], source="calibrate",
-                     alltoall_intra_gbs=bw.get("alltoall_intra_gbs"), alltoall_inter_gbs=bw.get("alltoall_inter_gbs"),
-                     latency_s=p["latency_s"])
+    band = _band(plan.bandwidth, p["latency_s"], p["intra_gbs"], p["net_per_gpu_gbs"])
     return estimate(plan.model, plan.train, plan.gpu, plan.layout, band, plan.gpus_per_node,
                     tuple(plan.mesh_order), efficiency_max=p["compute_efficiency"]).step_time_s
 

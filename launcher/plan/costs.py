@@ -40,20 +40,14 @@ What the bundled trainer communicates, and where it overlaps (launcher/trainer, 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 
+from launcher.plan.kernels import kernels
 from launcher.plan.layout import stage_layers, strides
 from launcher.plan.ledger import Layout, ParamCounts, param_counts
 
 # --- calibration constants (fitted in benchmarks/calibrate_costs.py; errors printed there) -------
-#: Per-GPU weight-slice size (h·h/tp, millions of elements) at which efficiency is half the maximum:
-#: thin TP slices of small models leave the GPU underfed (Korthikanti 22B vs 530B).
-COMPUTE_EFFICIENCY_HALF_MELEM = 1.5
-#: Tokens per GPU per micro-batch (b·s/cp) at which efficiency is half the maximum: context
-#: parallelism and tiny micro-batches shrink the GEMMs' other dimension.
-COMPUTE_EFFICIENCY_HALF_TOKENS = 128
 #: Fraction of the advertised per-direction NVLink bandwidth an all-reduce reaches (nccl-tests: ~370-480
 #: GB/s busbw on 450 GB/s per direction).
 NVLINK_EFFICIENCY = 0.8
@@ -70,8 +64,8 @@ class Stack:
     model with published runs of those stacks without pretending they run like ours."""
 
     name: str
-    efficiency_max: float        # achieved fraction of peak for large GEMM-bound layers
-    fsdp_overlap: float          # fraction of ZeRO 2/3 traffic hidden behind concurrent compute
+    efficiency_max: float        # fitted factor on the kernel-level compute time (kernels.py): 1 = the kernels' rate
+    fsdp_overlap: float          # share of the concurrent compute ZeRO 2/3 traffic can hide behind
     grad_sync_overlap: float     # fraction of the ZeRO 0/1 gradient reduction hidden behind backward
     cp_overlap: float            # fraction of the CP K/V exchange hidden behind attention
     cp_attention_factor: float   # attention time multiplier under CP
@@ -86,6 +80,8 @@ class Stack:
     replicated_param_bytes: float = 2.0       # bytes per parameter ZeRO 1 gathers back (replicated state)
     dp_per_gpu_nic: bool = False      # DP collectives across nodes reach one NIC's bandwidth per GPU, not k·NIC
     ceiling_by_generation: tuple[tuple[str, float], ...] = ()   # efficiency_max per GPU generation, where it differs
+    elementwise_passes: float = 12.0  # bf16 hidden-size passes per token and layer (fwd+bwd) of memory-bound ops
+    fused_attention: bool = False     # cuDNN / FA3-class attention (Megatron, TE, XLA) instead of SDPA's FA2
 
     def ceiling(self, gpu) -> float:
         """The efficiency ceiling on `gpu`: its generation's where the stack has one, else efficiency_max."""
@@ -99,32 +95,42 @@ GENERATIONS = {"a100-40gb": "ampere", "a100-80gb": "ampere", "h100-sxm": "hopper
 
 
 STACKS: dict[str, Stack] = {
-    # eager PyTorch FSDP2 + SDPA (torchtitan-class): ceilings fitted on the eager rows' fit half
-    # (benchmarks/calibrate_costs.py), one per GPU generation: an eager step's fixed costs (kernel
-    # launches, memory-bound norms, activations and casts between the GEMMs) do not shrink with
-    # Hopper's 3x tensor-core throughput (1.6x HBM bandwidth), so the same code reaches a smaller
-    # fraction of an H100's peak than of an A100's. Hopper's is the default (newer GPUs: no rows).
-    # DP collectives across nodes are charged at one NIC per GPU: the only ZeRO-3 runs measured at scale
-    # (Narayanan et al. Table 2) ran at that rate, and torchtitan's FSDP128 row fits it (+6%) as well
-    # as the k-NIC node aggregate (-3%); the aggregate would make ZeRO-3 at 1,000+ GPUs look free.
-    "bundled": Stack("bundled trainer (eager PyTorch, FSDP2)", efficiency_max=0.42, fsdp_overlap=0.8,
+    # eager PyTorch FSDP2 + SDPA (torchtitan-class). Its factor and elementwise passes are fitted on the
+    # eager rows (benchmarks/calibrate_costs.py --fit; cross-validated by source with --cv): the GEMMs and
+    # attention run at the kernels' rates (kernels.py), the norms, RoPE, activations and casts between
+    # them at HBM speed, which is why the same code reaches a smaller share of an H100's peak (3x the
+    # A100's FLOPs, 1.6x its bandwidth). FSDP2 prefetches the next block's all-gather during the current
+    # block and reduce-scatters on its own stream: all but the first gather and last reduce of a pass can
+    # hide behind the compute running then (fsdp_overlap 1).
+    # DP collectives across nodes run at the node's k NICs (min(intra, k·net)): llm-foundry's FSDP runs of
+    # MPT-13B hold 4,767-4,811 tok/s/GPU from 8 to 64 H100s, which one NIC per GPU could not (+150%).
+    # Factor 0.717 and 140 passes: `benchmarks/calibrate_costs.py --fit` on all 156 rows of the family.
+    "bundled": Stack("bundled trainer (eager PyTorch, FSDP2)", efficiency_max=0.717, fsdp_overlap=1.0,
                      grad_sync_overlap=0.0, cp_overlap=0.0, cp_attention_factor=1.0,
                      zero2_sync_per_microbatch=True, zero1_allreduce=False, dp_collectives_per_layer=1, alpha_s=8e-6,
-                     grad_reduce_bytes=4.0, dp_per_gpu_nic=True, replicated_param_bytes=2.0,
-                     ceiling_by_generation=(("ampere", 0.69),),
+                     grad_reduce_bytes=4.0, dp_per_gpu_nic=False, replicated_param_bytes=2.0,
                      # op-level selective recompute (trainer/recompute.py) keeps every matmul's and
-                     # SDPA's output: backward repeats only norms, RoPE and activations (no FLOPs here)
-                     selective_attention_recompute=0.0, selective_regathers=True),
-    # Megatron-LM / NeMo: fused kernels, distributed optimizer overlapping grad reduce and param gather
-    "megatron": Stack("Megatron-LM / NeMo", efficiency_max=0.68, fsdp_overlap=0.8, grad_sync_overlap=0.8,
+                     # SDPA's output: backward repeats only norms, RoPE and activations (no FLOPs here);
+                     # the sequence-parallel linears (trainer/sequence_parallel.py) gather again in backward
+                     selective_attention_recompute=0.0, selective_regathers=True, elementwise_passes=140.0),
+    # Megatron-LM / NeMo: fused kernels (TE, cuDNN attention), distributed optimizer overlapping grad reduce
+    # and param gather with compute
+    "megatron": Stack("Megatron-LM / NeMo", efficiency_max=0.791, fsdp_overlap=0.8, grad_sync_overlap=0.8,
                       cp_overlap=0.8, cp_attention_factor=1.0, zero2_sync_per_microbatch=False,
-                      zero1_allreduce=False, dp_collectives_per_layer=1, alpha_s=8e-6, grad_reduce_bytes=4.0),
+                      zero1_allreduce=False, dp_collectives_per_layer=1, alpha_s=8e-6, grad_reduce_bytes=4.0,
+                      elementwise_passes=30.0, fused_attention=True),
     # DeepSpeed ZeRO-3 as measured in 2021 (Narayanan et al. Table 2): per-parameter collectives
     # (its collectives reach one NIC's bandwidth per GPU, and several per layer: the fit's choice)
-    "deepspeed": Stack("DeepSpeed ZeRO-3 (2021)", efficiency_max=0.68, fsdp_overlap=0.5,
+    "deepspeed": Stack("DeepSpeed ZeRO-3 (2021)", efficiency_max=0.757, fsdp_overlap=0.5,
                        grad_sync_overlap=0.5, cp_overlap=0.0, cp_attention_factor=1.0,
                        zero2_sync_per_microbatch=True, zero1_allreduce=False, dp_collectives_per_layer=4,
-                       alpha_s=8e-6, grad_reduce_bytes=2.0, dp_per_gpu_nic=True),
+                       alpha_s=8e-6, grad_reduce_bytes=2.0, dp_per_gpu_nic=True, elementwise_passes=0.0),
+    # JAX/XLA FSDP (MaxText, PaxML): the compiler fuses the elementwise work and schedules the FSDP
+    # all-gathers and reduce-scatters asynchronously behind the layers' compute
+    "jax": Stack("JAX / XLA (MaxText, PaxML)", efficiency_max=0.852, fsdp_overlap=1.0, grad_sync_overlap=0.8,
+                 cp_overlap=0.0, cp_attention_factor=1.0, zero2_sync_per_microbatch=True, zero1_allreduce=False,
+                 dp_collectives_per_layer=1, alpha_s=8e-6, grad_reduce_bytes=4.0, dp_per_gpu_nic=True,
+                 elementwise_passes=80.0, fused_attention=True),
 }
 # Meta's Llama 3 stack (arXiv 2407.21783 §3.3.2) runs like Megatron but for its CP: K and V all-gathered
 # with the latency "exposed in the critical path"; FSDP keeps parameters gathered from forward to backward
@@ -135,6 +141,8 @@ BUNDLED = STACKS["bundled"]
 # (notes/trainers.md §1.4), where ours keeps them all
 STACKS["torchtitan"] = replace(BUNDLED, name="torchtitan (eager, op-level selective AC)",
                                selective_matmul_recompute=0.5)
+# llm-foundry / Composer: FSDP1 FULL_SHARD with backward prefetch and its own flash attention (Triton)
+STACKS["llmfoundry"] = replace(BUNDLED, name="llm-foundry (Composer FSDP1)")
 
 
 @dataclass(frozen=True)
@@ -199,92 +207,14 @@ def ring(nbytes: float, g: int, busbw_gbs: float, alpha_s: float, allreduce: boo
     return k * ((g - 1) * alpha_s + nbytes * (g - 1) / g / (busbw_gbs * 1e9))
 
 
-@dataclass(frozen=True)
-class Collective:
-    """One collective of a group kind as the time model prices it: the operation, one call's message
-    (nccl-tests' size: the whole gathered / reduced buffer; per direction for send_recv), the group's
-    size and stride in the rank order, and the bus bandwidth the model charges it at."""
-
-    kind: str            # tp, cp, pp, dp, ep
-    op: str              # all_gather, reduce_scatter, all_reduce, all_to_all, send_recv
-    nbytes: float
-    size: int            # ranks in one group (2 for a PP neighbour pair)
-    stride: int
-    busbw_gbs: float
-    alpha_s: float       # latency per ring step
-
-    def seconds(self, busbw_gbs: float | None = None) -> float:
-        """One call's time in the model (at `busbw_gbs` instead of the model's figure when given)."""
-        bw = busbw_gbs or self.busbw_gbs
-        if self.op == "send_recv":
-            return self.nbytes / (bw * 1e9)
-        if self.op == "all_to_all":
-            return self.nbytes * (self.size - 1) / self.size / (bw * 1e9)
-        return ring(self.nbytes, self.size, bw, self.alpha_s, allreduce=self.op == "all_reduce")
-
-    def busbw_for(self, seconds: float) -> float:
-        """The bus bandwidth at which the model's time for one call is `seconds` (the inverse of
-        seconds(); latency-bound calls faster than the model's latency alone read as the raw busbw)."""
-        g = self.size
-        if self.op == "send_recv":
-            return self.nbytes / seconds / 1e9
-        if self.op == "all_to_all":
-            return self.nbytes * (g - 1) / g / seconds / 1e9
-        k = 2 if self.op == "all_reduce" else 1
-        left = seconds / k - (g - 1) * self.alpha_s
-        if left <= seconds / k * 0.05:
-            left = seconds / k
-        return self.nbytes * (g - 1) / g / left / 1e9
-
-
-def collectives(model, train, lay: Layout, bw: Bandwidth, gpus_per_node: int,
-                mesh_order: tuple[str, ...] = ("pp", "dp", "cp", "tp"), counts: ParamCounts | None = None,
-                stack: Stack = BUNDLED) -> dict[str, Collective]:
-    """The collective of every group kind the layout communicates over (groups of one rank left out),
-    with the message sizes and bandwidths estimate() charges: what `launch preflight --plan` measures.
-    DP is the ZeRO / gradient group, dp·cp ranks (FSDP folds CP in); its message is one gradient bucket
-    (ZeRO 0/1) or one block's gradients (ZeRO 2/3)."""
-    counts = counts or param_counts(model)
-    alpha = bw.latency_s if bw.latency_s is not None else stack.alpha_s
-    st = strides({"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "dp": lay.dp}, mesh_order)
-    dtype = 4 if train.precision == "fp32" else 2
-    s_local, b, h = train.seq_len / lay.cp, lay.micro_batch, model.hidden
-    out: dict[str, Collective] = {}
-    if lay.tp > 1:
-        out["tp"] = Collective("tp", "all_gather", s_local * b * h * dtype, lay.tp, st["tp"],
-                               group_busbw(bw, lay.tp, st["tp"], gpus_per_node, per_gpu_nic=True), alpha)
-    if lay.cp > 1:
-        kv_heads_local = max(1, model.kv_heads // lay.tp)
-        out["cp"] = Collective("cp", "all_gather", train.seq_len * b * kv_heads_local * model.head_dim * dtype,
-                               lay.cp, st["cp"], group_busbw(bw, lay.cp, st["cp"], gpus_per_node, per_gpu_nic=True),
-                               alpha)
-    if lay.pp > 1:
-        out["pp"] = Collective("pp", "send_recv", s_local * b * h * dtype / lay.tp, 2, st["pp"],
-                               group_busbw(bw, lay.pp, st["pp"], gpus_per_node), alpha)
-    if model.experts > 1 and lay.ep > 1:
-        out["ep"] = Collective("ep", "all_to_all", s_local * b * h * dtype * model.experts_per_token / lay.tp,
-                               lay.ep, st["dp"], alltoall_busbw(bw, lay.ep, st["dp"], gpus_per_node), alpha)
-    shard = lay.dp * lay.cp
-    if shard > 1:
-        dp_stride = min(st["dp"], st["cp"]) if lay.cp > 1 else st["dp"]
-        most = max(rank_stage_layers(model.layers, lay.pp, lay.virtual_stages))
-        emb = counts.embedding + (counts.head if lay.pp == 1 else 0)
-        stage_params = (counts.largest_layer * most + max(emb, counts.head)) / lay.tp
-        grad_elem = 4 if train.precision == "fp32" else stack.grad_reduce_bytes
-        elems = min(GRAD_BUCKET_ELEMS, stage_params) if lay.zero in (0, 1) else stage_params / max(most, 1)
-        out["dp"] = Collective("dp", "all_reduce" if lay.zero == 0 else "reduce_scatter", elems * grad_elem, shard,
-                               dp_stride, group_busbw(bw, shard, dp_stride, gpus_per_node,
-                                                      per_gpu_nic=stack.dp_per_gpu_nic), alpha)
-    return out
-
-
 # --- FLOPs ----------------------------------------------------------------------------------------
 
 def forward_flops_per_sequence(model, s: int, counts: ParamCounts | None = None) -> dict[str, float]:
     """Forward FLOPs of one sequence of length s, split into what recompute modes repeat."""
     counts = counts or param_counts(model)
-    matmul = 2 * s * counts.active_layers(model.experts_per_token)
-    attention = 4 * s * s * model.q_width * model.layers
+    active = counts.active_per_layer(model.experts_per_token)
+    matmul = 2 * s * active * model.layers
+    attention = 4 * s * s * model.hidden * model.layers
     logits = 2 * s * model.hidden * model.vocab
     return {"matmul": matmul, "attention": attention, "logits": logits}
 
@@ -313,15 +243,63 @@ def _sequence_flops(model, s: int, recompute: str, selective_matmul: float,
     return fwd, model_fl, hw_fl
 
 
-def compute_efficiency(model, lay: Layout, seq_len: int, efficiency_max: float | None = None,
-                       stack: Stack = BUNDLED) -> float:
-    """Achieved fraction of peak: the stack's ceiling, lowered as the per-GPU GEMMs shrink — a thin
-    weight slice (h²/tp) or few tokens per rank (b·s/cp) leave the GPU underfed (a size-efficiency
-    curve, as Calculon's). `efficiency_max` (cluster.compute_efficiency) replaces the ceiling."""
-    slice_m = model.hidden * model.hidden / lay.tp / 1e6
+#: Share of the counted attention FLOPs (4·s²·h, causal masking not discounted) a causal flash kernel does.
+CAUSAL_WORK = 0.5
+
+
+@lru_cache(maxsize=256)
+def _forward_flops(model, s: int) -> dict[str, float]:
+    """forward_flops_per_sequence, cached for the search (callers must not change the dict)."""
+    return forward_flops_per_sequence(model, s)
+
+
+def gemm_calls_per_layer(model, lay: Layout) -> int:
+    """GEMM calls of one block's forward on one rank (q, k, v, o; the MLP's two or three, per local expert)."""
+    mlp = 3 if model.mlp != "gelu" else 2
+    if model.experts > 1:
+        return 4 + 1 + mlp * max(1, model.experts // max(lay.ep, 1))      # + the router
+    return 4 + mlp
+
+
+def compute_seconds(model, lay: Layout, seq_len: int, gpu, stack: Stack = BUNDLED, layers: float = 1.0,
+                    logits: bool = False, factor: float | None = None) -> tuple[float, float]:
+    """(seconds, hardware FLOPs) of one micro-batch's forward + backward (+ recompute) on one rank for
+    `layers` blocks (and the logits when `logits`): every GEMM at the GPU's maximum achievable matmul
+    rate plus a fixed time per call (kernels.py, from public GEMM benchmarks), attention at the
+    flash-attention rate on the causal half, elementwise work at HBM speed (the stack's passes over
+    the activations), all divided by the stack's fitted factor (or `factor`: cluster.compute_efficiency /
+    `launch calibrate`'s, which scales this kernel-level time)."""
+    k = kernels(gpu)
+    peak = gpu.peak_tflops * 1e12
+    fwd = _forward_flops(model, seq_len)
+    share = lay.micro_batch / (lay.tp * lay.cp)               # this rank's part of one sequence's work
+    rc_mm = {"none": 0.0, "selective": stack.selective_matmul_recompute, "full": 1.0}[lay.recompute]
+    rc_attn = {"none": 0.0, "selective": stack.selective_attention_recompute, "full": 1.0}[lay.recompute]
+    mm = fwd["matmul"] / model.layers * (3 + rc_mm) * share * layers
+    calls = gemm_calls_per_layer(model, lay) * (3 + rc_mm) * layers
+    if logits:
+        mm += 3 * fwd["logits"] * share
+        calls += 3
+    attn = fwd["attention"] / model.layers * (3 + rc_attn) * share * layers
+    if lay.cp > 1:
+        attn *= stack.cp_attention_factor
+    attn_rate = k.attention_fused if stack.fused_attention else k.attention
     tokens = lay.micro_batch * seq_len / lay.cp
-    return ((efficiency_max or stack.efficiency_max) * slice_m / (slice_m + COMPUTE_EFFICIENCY_HALF_MELEM)
-            * tokens / (tokens + COMPUTE_EFFICIENCY_HALF_TOKENS))
+    elem_bytes = stack.elementwise_passes * 2 * tokens * model.hidden / lay.tp * layers * (3 + rc_mm) / 3
+    seconds = (k.gemm_seconds(mm, calls, peak) + attn * CAUSAL_WORK / (peak * attn_rate)
+               + elem_bytes / (k.hbm_tbs * 1e12))
+    return seconds / (factor or stack.ceiling(gpu)), mm + attn
+
+
+def compute_efficiency(model, lay: Layout, seq_len: int, efficiency_max: float | None = None,
+                       stack: Stack = BUNDLED, gpu=None) -> float:
+    """Achieved fraction of peak of one block's compute (compute_seconds): the kernels' rate at this
+    layout's shapes times the stack's factor (`efficiency_max`: cluster.compute_efficiency or a cluster
+    profile's replaces it), so it is linear in that factor. Without a GPU, an H100's kernels."""
+    from launcher.plan.spec import resolve_gpu
+    gpu = gpu or resolve_gpu("h100-sxm")
+    seconds, flops = compute_seconds(model, lay, seq_len, gpu, stack, factor=efficiency_max)
+    return flops / (gpu.peak_tflops * 1e12 * seconds)
 
 
 @lru_cache(maxsize=4096)
@@ -394,43 +372,36 @@ def dp_traffic(lay: Layout, stack: Stack, elems: float, dtype: int, grad_elem: f
 def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
              mesh_order: tuple[str, ...] = ("pp", "dp", "cp", "tp"),
              counts: ParamCounts | None = None, efficiency_max: float | None = None,
-             stack: Stack = BUNDLED, busbw: Mapping[str, float] | None = None) -> Estimate:
-    """The step time of a layout. `busbw`: bus bandwidths (GB/s) by group kind (tp, cp, pp, dp, ep) that
-    replace what the model derives from `bw` for those groups (`launch preflight --plan`'s measured figures)."""
+             stack: Stack = BUNDLED) -> Estimate:
     counts = counts or param_counts(model)
     if bw.latency_s is not None and bw.latency_s != stack.alpha_s:
         stack = replace(stack, alpha_s=bw.latency_s)
-    # every group's bandwidth from the one table preflight --plan measures against (collectives())
-    inf = float("inf")
-    bws = {k: c.busbw_gbs for k, c in collectives(model, train, lay, bw, gpus_per_node, mesh_order, counts,
-                                                 stack).items()} | dict(busbw or {})
     s, b, h = train.seq_len, lay.micro_batch, model.hidden
     m, v, p = lay.grad_accum, lay.virtual_stages, lay.pp
+    st = strides({"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "dp": lay.dp}, mesh_order)
     dtype = 4 if train.precision == "fp32" else 2
     peak = gpu.peak_tflops * 1e12
 
     fwd, model_seq, hw_seq = _sequence_flops(model, s, lay.recompute, stack.selective_matmul_recompute,
                                              stack.selective_attention_recompute)
     model_fl, hw_fl = model_seq * train.global_batch, hw_seq * train.global_batch
-    eff = compute_efficiency(model, lay, s, efficiency_max or stack.ceiling(gpu), stack)
-    # Hardware FLOPs of one layer (one sequence); under CP a stack's attention may run slower (mask).
-    layer_fl = (hw_seq - 3 * fwd["logits"]) / model.layers
+    factor = efficiency_max or stack.ceiling(gpu)
     attn_again = {"none": 0.0, "selective": stack.selective_attention_recompute, "full": 1.0}[lay.recompute]
     attn_layer = fwd["attention"] * (3 + attn_again) / model.layers
-    if lay.cp > 1:
-        layer_fl += attn_layer * (stack.cp_attention_factor - 1)
     # The pipeline runs at the pace of its busiest rank: its layers (uneven splits and interleaving
     # with layer counts not divisible by pp·v included) plus, on the last rank, the logits and loss.
     per_rank = rank_stage_layers(model.layers, p, v)
     most = max(per_rank)
-    last = per_rank[-1] * layer_fl + 3 * fwd["logits"]
-    layers_stage = per_rank[-1] if last >= most * layer_fl else most
-    compute_mb = max(last, most * layer_fl) * b / (lay.tp * lay.cp) / (peak * eff)
-
+    t_most, fl_most = compute_seconds(model, lay, s, gpu, stack, most, p == 1, factor)
+    t_last, fl_last = (t_most, fl_most) if p == 1 else compute_seconds(model, lay, s, gpu, stack, per_rank[-1],
+                                                                       True, factor)
+    layers_stage = per_rank[-1] if t_last >= t_most else most
+    compute_mb, mb_flops = (t_last, fl_last) if t_last >= t_most else (t_most, fl_most)
+    eff = mb_flops / (peak * compute_mb)
     s_local = s / lay.cp
     # TP (+SP): per layer 2 all-gathers + 2 reduce-scatters of s·b·h forward, as many backward; full
     # recompute repeats the forward's.
-    tp_bw = bws.get("tp", inf)
+    tp_bw = group_busbw(bw, lay.tp, st["tp"], gpus_per_node, per_gpu_nic=True)
     # the bundled trainer's selective recompute makes the norms' sequence all-gathers again in backward
     # (recompute.SAVED_OPS): 2 more
     tp_colls = 12 if lay.recompute == "full" else 10 if lay.recompute == "selective" and stack.selective_regathers \
@@ -441,7 +412,7 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
     # CP: K and V all-gathered forward (again under recompute), their gradients reduce-scattered
     # backward: 2 collectives per pass per layer, each of the full sequence's K (or V) for this rank's
     # kv heads. The bundled trainer runs them synchronously.
-    cp_bw = bws.get("cp", inf)
+    cp_bw = group_busbw(bw, lay.cp, st["cp"], gpus_per_node, per_gpu_nic=True)
     kv_heads_local = max(1, model.kv_heads // lay.tp)
     k_bytes = s * b * kv_heads_local * model.head_dim * dtype
     cp_passes = 2 if lay.recompute == "none" else 3
@@ -451,13 +422,13 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
     # EP: all-to-all dispatch + combine, forward and backward, of each token's top-k hidden states.
     ep_mb = 0.0
     if model.experts > 1 and lay.ep > 1:
-        ep_bw = bws["ep"] * 1e9
+        ep_bw = alltoall_busbw(bw, lay.ep, st["dp"], gpus_per_node) * 1e9
         ep_mb = 4 * s_local * b * h * dtype * model.experts_per_token * (lay.ep - 1) / lay.ep * layers_stage / lay.tp / ep_bw
     mb_time = compute_mb + tp_mb + cp_mb + ep_mb
 
     # PP: steady state m·v chunks of 1/v the work, plus the bubble (p-1)/(m·v); boundary transfers.
     bubble_fraction = (p - 1) / (m * v) if p > 1 else 0.0
-    pp_bw = bws.get("pp", inf) * 1e9
+    pp_bw = group_busbw(bw, p, st["pp"], gpus_per_node) * 1e9
     p2p = 2 * s_local * b * h * dtype / lay.tp / pp_bw if p > 1 else 0.0
     pp_p2p = p2p * (m * v + p - 1) * 0.5 if p > 1 else 0.0   # forward + backward, half hidden by compute
     busy = mb_time * m
@@ -465,9 +436,10 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
 
     # DP / ZeRO over dp·cp (FSDP folds CP in), for the stage holding the most parameters.
     shard = lay.dp * lay.cp
-    dp_bw = bws.get("dp", inf)
+    dp_stride = min(st["dp"], st["cp"]) if lay.cp > 1 else st["dp"]
+    dp_bw = group_busbw(bw, shard, dp_stride, gpus_per_node, per_gpu_nic=stack.dp_per_gpu_nic)
     emb = counts.embedding + (counts.head if p == 1 else 0)
-    stage_params = (counts.largest_layer * most + max(emb, counts.head)) / lay.tp
+    stage_params = (counts.per_layer * most + max(emb, counts.head)) / lay.tp
     grad_elem = 4 if train.precision == "fp32" else stack.grad_reduce_bytes
     dp_comm = dp_traffic(lay, stack, stage_params, dtype, grad_elem, shard, dp_bw, most) \
         if shard > 1 else 0.0
@@ -475,7 +447,11 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
         # FSDP overlaps with the compute running at the same time: every micro-batch's outside PP; under
         # PP the per-step gather and reduce meet only the first forward and the last backward.
         concurrent = busy if p == 1 or lay.zero == 3 else mb_time
-        dp_exposed = max(dp_comm * (1 - stack.fsdp_overlap), dp_comm - concurrent * stack.fsdp_overlap)
+        # the first block's all-gather of each pass and the last block's reduce-scatter have no compute
+        # beside them (prefetch starts from the second block): one block's collectives per pass exposed
+        edge = dp_comm / max(most, 1)
+        rest = dp_comm - edge
+        dp_exposed = edge + max(rest * (1 - stack.fsdp_overlap), rest - concurrent * stack.fsdp_overlap)
     else:
         backward = busy * 2 / 3
         dp_exposed = max(dp_comm * (1 - stack.grad_sync_overlap), dp_comm - backward * stack.grad_sync_overlap)

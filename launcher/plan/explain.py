@@ -121,3 +121,42 @@ def nothing_fits_text(spec: JobSpec, result: Any) -> str:
         reasons = "; ".join(f"{r['reason']} ({r['layouts']})" for r in nf.get("rejected", []))
         parts.insert(0, f"every layout was rejected: {reasons or 'none matches the fixed parallel section'}")
     return "; ".join(parts)
+
+
+# --- how far the time model can tell plans apart ----------------------------------------------------
+
+#: The time model's step-time error for the bundled trainer's stack family, cross-validated by source:
+#: the median |error| when each publication's rows are predicted by a fit on all the others
+#: (`benchmarks/calibrate_costs.py --cv`, 156 rows of torchtitan, FMS and llm-foundry runs: 14.5%; worst
+#: 42.9%). Two plans whose predicted steps differ by less cannot be told apart.
+CV_ERROR = 0.145
+CV_SOURCE = "leave-one-source-out median |step-time error| of the eager-FSDP family (benchmarks/calibrate_costs.py --cv)"
+
+
+def uncertainty(best_step_s: float, alternative_steps_s: list[float], cv_error: float = CV_ERROR) -> dict[str, Any]:
+    """Each alternative's predicted difference from the best plan beside the cross-validated error, and
+    how many of the top plans lie within it (the best counted): if more than one, the model's order among
+    them is a coin toss and `launch plan --benchmark K` measures them instead."""
+    alts = []
+    for i, step in enumerate(alternative_steps_s, 1):
+        diff = step / best_step_s - 1
+        alts.append({"rank": i + 1, "predicted_diff": round(diff, 4), "within_error": diff <= cv_error})
+    within = 1
+    for a in alts:                      # the leading run of plans the model cannot separate from the best
+        if not a["within_error"]:
+            break
+        within += 1
+    out: dict[str, Any] = {"cv_error": cv_error, "source": CV_SOURCE, "alternatives": alts,
+                           "top_within_error": within, "recommend": None}
+    if within > 1:
+        out["recommend"] = f"launch plan --benchmark {within}"
+    return out
+
+
+def uncertainty_text(u: dict[str, Any]) -> str:
+    """One line for `launch plan`'s human output."""
+    n = u["top_within_error"]
+    if n > 1:
+        return (f"uncertainty: the top {n} plans lie within the time model's cross-validated error "
+                f"(±{u['cv_error']:.0%}): its order among them is a coin toss; `{u['recommend']}` measures them")
+    return f"uncertainty: the next plan is predicted more than the time model's ±{u['cv_error']:.0%} slower"
