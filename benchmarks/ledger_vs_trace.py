@@ -64,6 +64,14 @@ SHORT = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved-1f1b": "interleaved"}
 DENSE = {"layers": 4, "hidden": 1536, "heads": 12, "kv_heads": 4, "ffn_hidden": 5376, "vocab": 4096}
 #: a GELU MHA model whose 6 layers split unevenly over pp 4 (1, 2, 2, 1): under 1F1B rank 1 is the busiest
 UNEVEN = {**MHA, "layers": 6}
+#: DeepSeek-MoE's features scaled down (HuggingFace config families, issue 22): heads·head_dim ≠ hidden, experts
+#: narrower than the dense layers' MLP, a shared expert, the first layer dense
+DEEPSEEK_MINI = {"layers": 4, "hidden": 256, "heads": 4, "kv_heads": 2, "head_dim": 96, "ffn_hidden": 1024,
+                 "vocab": 2048, "experts": 4, "experts_per_token": 2, "moe_ffn_hidden": 256, "shared_experts": 1,
+                 "first_dense_layers": 1}
+#: Gemma's GeGLU and wide heads with ALiBi (BLOOM's biases), tied embeddings
+GEGLU_ALIBI = {"layers": 4, "hidden": 256, "heads": 4, "kv_heads": 4, "head_dim": 96, "ffn_hidden": 768,
+               "vocab": 2048, "mlp": "geglu", "position": "alibi", "tied_embeddings": True}
 
 
 def case(model, nodes: int, gpn: int, seq: int, gb: int, precision: str = "bf16", loss_chunk: int | None = None,
@@ -185,6 +193,17 @@ EXTRA = [
                                            recompute="selective", micro_batch=1, schedule="1f1b")),
     ("mixtral-mini ep4 pp2 z2 selective", case(MIXTRAL_MINI, 1, 8, 512, 32, tp=1, cp=1, pp=2, ep=4, zero=2,
                                                recompute="selective", micro_batch=1, schedule="1f1b")),
+    # HuggingFace families' shapes (issue 22): a dense first layer on pipeline rank 0 only, shared experts under TP
+    ("deepseek-mini pp2 ep2 dp4 z1", case(DEEPSEEK_MINI, 1, 8, 512, 16, tp=1, cp=1, pp=2, ep=2, zero=1,
+                                          recompute="none", micro_batch=1, schedule="1f1b")),
+    ("deepseek-mini tp2 dp4 z0", case(DEEPSEEK_MINI, 1, 8, 512, 16, tp=2, cp=1, pp=1, zero=0, recompute="none",
+                                      micro_batch=1)),
+    ("deepseek-mini dp8 z3 full", case(DEEPSEEK_MINI, 1, 8, 512, 16, tp=1, cp=1, pp=1, zero=3, recompute="full",
+                                       micro_batch=1)),
+    ("geglu-alibi tp2 dp4 z1", case(GEGLU_ALIBI, 1, 8, 512, 16, tp=2, cp=1, pp=1, zero=1, recompute="none",
+                                    micro_batch=1)),
+    ("geglu-alibi cp2 dp4 z3 selective", case(GEGLU_ALIBI, 1, 8, 512, 16, tp=1, cp=2, pp=1, zero=3,
+                                              recompute="selective", micro_batch=1)),
 ]
 #: large models at their real depth (verify traces 1-3 layers per stage and extends: minutes each)
 FULL_DEPTH = [

@@ -69,12 +69,26 @@ def budget_line(b: dict, source: str) -> str:
             f"{duration(b['wall_time_s'])} wall, {b['gpu_hours']:,.0f} GPU-hours{cost}")
 
 
+def params_text(n: float) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
+
+
+def model_line(summary: dict) -> str:
+    """'30.53 B parameters, 3.35 B active per token' (active: a mixture of experts)."""
+    if not summary:
+        return ""
+    active = f", {params_text(summary['active_params'])} active per token" if "active_params" in summary else ""
+    return f"{params_text(summary['params'])} parameters{active}"
+
+
 def render_result(spec, result) -> str:
     c = spec.cluster
-    out = [f"{spec.name}: {spec.model.preset} on {c.nodes} × {c.gpus_per_node} {spec.gpu.name} "
-           f"({c.world_size} GPUs), seq {spec.train.seq_len}, global batch {spec.train.global_batch}",
+    params = model_line(getattr(result, "model", {}))
+    out = [f"{spec.name}: {spec.model.preset}{f' ({params})' if params else ''} on {c.nodes} × {c.gpus_per_node} "
+           f"{spec.gpu.name} ({c.world_size} GPUs), seq {spec.train.seq_len}, global batch {spec.train.global_batch}",
            f"bandwidth: {result.bandwidth.source} (intra {result.bandwidth.intra_gbs:.0f} GB/s, "
            f"inter {result.bandwidth.net_per_gpu_gbs:.1f} GB/s per GPU, ratio {result.bandwidth.ratio:.1f}×)"]
+    out += [f"note: {n}" for n in spec.notes]
     if result.calibration:
         out.append(result.calibration["line"])
     out.append("")
@@ -138,8 +152,38 @@ def previous_plan_warnings(previous: Plan, best: Plan) -> list[str]:
     return out
 
 
+#: What `launch plan --hf config.json` plans without a job file (printed with the plan).
+HF_DEFAULTS = {"train": {"seq_len": 4096, "global_batch": 512}, "cluster": {"nodes": 1, "gpus_per_node": 8}}
+
+
+def hf_spec(job: str | None, hf: str):
+    """The job file with its model replaced by the HuggingFace config `hf` (a path from here), or, without a
+    job file, that model under HF_DEFAULTS."""
+    from pathlib import Path
+
+    from launcher.formats.files import JOB_FILE_LIMIT, read_text
+    from launcher.plan.spec import parse_yaml, spec_from_dict
+
+    config = str(Path(hf).resolve())
+    if job is None:
+        name = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in Path(hf).stem)[:63] or "job"
+        import dataclasses
+
+        spec = spec_from_dict({"name": name.lstrip("._-") or "job", "model": config, **HF_DEFAULTS})
+        return dataclasses.replace(spec, notes=spec.notes + (
+            "no job file: seq_len 4096, global batch 512 on 1 node × 8 h100-sxm; write one with "
+            f"`model: {hf}` to choose them",))
+    data = parse_yaml(read_text(job, "job file", JOB_FILE_LIMIT), job)
+    if not isinstance(data, dict):
+        return spec_from_dict(data, source=job)         # its own one-line error
+    return spec_from_dict({**data, "model": config}, source=job)
+
+
 @click.command()
-@click.argument("job", type=click.Path(dir_okay=False))
+@click.argument("job", type=click.Path(dir_okay=False), required=False)
+@click.option("--hf", type=click.Path(dir_okay=False),
+              help="A HuggingFace config.json to plan (replaces the job file's model; without JOB: seq 4096, "
+                   "global batch 512 on one node of 8 h100-sxm).")
 @click.option("--bwmap", type=click.Path(dir_okay=False), help="A BandwidthMap from `launch preflight` (overrides cluster.bwmap).")
 @click.option("--top", default=5, show_default=True, type=click.IntRange(0, 100), help="Alternatives to show.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the best plan here (plan.json).")
@@ -154,15 +198,22 @@ def previous_plan_warnings(previous: Plan, best: Plan) -> list[str]:
 @click.option("--verify", "verify_", is_flag=True,
               help="Also trace the chosen plan with the real trainer (`launch verify`); exit 1 if a role does not fit.")
 @json_option
-def plan(job: str, bwmap: str | None, top: int, output: str | None, previous: str | None, bench_k: int | None,
-         benchmark_steps: int, benchmark_dir: str | None, verify_: bool, as_json: bool) -> None:
+def plan(job: str | None, hf: str | None, bwmap: str | None, top: int, output: str | None, previous: str | None,
+         bench_k: int | None, benchmark_steps: int, benchmark_dir: str | None, verify_: bool, as_json: bool) -> None:
     """Choose TP/CP/PP/DP (+EP), ZeRO stage, recompute and micro-batch for JOB.
 
     Exit 0 with a plan that fits; 1 when the (fixed) layout does not fit or nothing fits (or, with
     --benchmark, when no benchmarked plan ran)."""
     from launcher.plan.planner import load_bwmap, plan_job
 
-    if bench_k:
+    if hf is not None and bench_k:
+        raise UserError("--hf with --benchmark: the benchmark launches a job file; write `model: <config.json>` "
+                        "in one instead")
+    if hf is not None:
+        spec, text = hf_spec(job, hf), None
+    elif job is None:
+        raise UserError("launch plan: give a job file (JOB), or a HuggingFace config with --hf")
+    elif bench_k:
         from launcher.plan.spec import load_spec
 
         if load_spec(job).train.entrypoint is not None:

@@ -102,7 +102,8 @@ def param_counts(model) -> ParamCounts:
         layers=model.layers,
         experts=model.experts,
         dense_layers=model.layers - model.moe_layers if moe else 0,
-        dense_layer=attn + 2 * h + mlp_params(h, model.ffn_hidden, model.mlp) if moe else 0,
+        dense_layer=attn + 2 * h + mlp_params(h, model.ffn_hidden, model.mlp) if model.layers > model.moe_layers
+        and moe else 0,
     )
 
 
@@ -460,7 +461,8 @@ def _rank_params(model, t: int, pp: int, ep: int, v: int, r: int) -> RankParams:
         head_w = vh          # the untied head, or the (tied) embedding the loss multiplies with
     largest = max(vh if root else 0.0, model.expert_ffn * model.hidden / et, model.q_width * model.hidden / t,
                   model.ffn_hidden * model.hidden / t if dense_here else 0.0)
-    block = max((c.layer_dense - router) / t + router + c.layer_expert / (et * ep), c.dense_layer / t)
+    moe_block = (c.layer_dense - router) / t + router + c.layer_expert / (et * ep)
+    block = max(moe_block if moe_here or not dense_here else 0.0, c.dense_layer / t if dense_here else 0.0)
     # the MLP weights whose gradients wait for one FSDP post-backward: the block's (all its experts), or
     # with EP one expert's (each expert is its own FSDP unit: fsdp.apply_fsdp)
     mlp_unit = c.layer_expert / (et * ep) if ep == 1 else c.layer_expert / (et * c.experts)
@@ -559,14 +561,21 @@ def dense_mlp_backward_bytes(model, tokens: float, lay: Layout, num: Numerics, f
 def rope_buffer_bytes(model, train, lay: Layout, num: Numerics) -> float:
     """RoPE cos/sin tables, buffers of each of the rank's model parts (model.Transformer): [seq/cp,
     head_dim] twice per part (one part per virtual stage), in the compute dtype (no cast per block).
-    ALiBi instead: each part's bias for this rank's heads (model.AlibiBias), [heads/tp, s, s], under CP one
-    per query chunk against its prefix of keys (c × (r+1)c and c × (2cp−r)c, c = s/2cp)."""
-    parts = max(1, lay.virtual_stages)
+    None under ALiBi (alibi_bias_bytes: made in the first forward, an activation as the trace files it)."""
     if model.position == "alibi":
-        s, c = train.seq_len, train.seq_len / (2 * lay.cp)
-        keys = s * s if lay.cp == 1 else c * c * (2 * lay.cp + 1)
-        return model.heads / lay.tp * keys * num.act * parts
-    return 2 * num.act * model.head_dim * train.seq_len / lay.cp * parts
+        return 0.0
+    return 2 * num.act * model.head_dim * train.seq_len / lay.cp * max(1, lay.virtual_stages)
+
+
+def alibi_bias_bytes(model, train, lay: Layout, num: Numerics) -> float:
+    """ALiBi's cached bias (model.AlibiBias), made by each model part's first forward and kept: [heads/tp, s, s]
+    in the compute dtype, under CP one per query chunk against its prefix of keys (c × (r+1)c and c × (2cp−r)c,
+    c = s/2cp)."""
+    if model.position != "alibi":
+        return 0.0
+    s, c = train.seq_len, train.seq_len / (2 * lay.cp)
+    keys = s * s if lay.cp == 1 else c * c * (2 * lay.cp + 1)
+    return model.heads / lay.tp * keys * num.act * max(1, lay.virtual_stages)
 
 
 @dataclass(frozen=True)
@@ -654,6 +663,7 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
         """The stored activations with `in_flight` micro-batches in flight, and what the pipeline keeps."""
         # the step's token ids and labels on the device, int64 (engine.step: shard_sequence(...).to(device))
         a = per_layer * layers * in_flight + 2 * 8 * lay.grad_accum * b * s / lay.cp
+        a += alibi_bias_bytes(model, train, lay, num)
         if lay.pp > 1:
             a += pipeline_buffer_bytes(model, lay, num, tokens, in_flight, r)
         if lay.cp > 1 and getattr(gpu, "name", "") == "cpu":

@@ -98,9 +98,11 @@ class PlanResult:
     budget: dict[str, Any] = field(default_factory=dict)     # time to train and cost, best and alternatives
     calibration: dict[str, Any] = field(default_factory=dict)  # the cluster profile used, if any
     nothing_fits: dict[str, Any] = field(default_factory=dict)  # no plan: how close the nearest came, what would fit
+    model: dict[str, Any] = field(default_factory=dict)     # model_summary: where it came from, its parameters
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "model": self.model,
             "best": self.best.to_dict() if self.best else None,
             "alternatives": [p.to_dict() for p in self.alternatives],
             "searched": self.searched,
@@ -565,13 +567,33 @@ def _describe(lay: Layout) -> str:
 
 def plan_job(spec: JobSpec, bwmap: BandwidthMap | None = None, top: int = 5,
              bwmap_name: str | None = None, ranks_for: int = 1) -> PlanResult:
+    """_plan_job's result with the model's summary (model_summary)."""
+    result = _plan_job(spec, bwmap, top, bwmap_name, ranks_for)
+    result.model = model_summary(spec.model)
+    return result
+
+
+def model_summary(model) -> dict[str, Any]:
+    """Where the model came from and its parameter count (the model's own vocabulary, unpadded): total,
+    and for a mixture of experts the parameters each token uses (embedding and head included)."""
+    from launcher.plan.ledger import param_counts
+
+    c = param_counts(model)
+    out: dict[str, Any] = {"source": model.preset, "params": c.total}
+    if model.experts > 1:
+        out["active_params"] = c.active(model.experts_per_token)
+    return out
+
+
+def _plan_job(spec: JobSpec, bwmap: BandwidthMap | None, top: int, bwmap_name: str | None,
+              ranks_for: int) -> PlanResult:
     """Search layouts for `spec`; the best Plan (or the fixed one, fitting or not) and alternatives.
     Only the first `ranks_for` plans carry per-rank records (what a launch needs; the best by default)."""
     if bwmap is None and spec.cluster.bwmap:
         bwmap, bwmap_name = load_bwmap(spec, None)
     cluster = cluster_from(spec, bwmap, bwmap_name or "bandwidth map")
     cluster.efficiency_max = spec.cluster.compute_efficiency
-    notes = [f"bandwidth: {cluster.bandwidth.source}"]
+    notes = [f"model: {n}" for n in spec.notes] + [f"bandwidth: {cluster.bandwidth.source}"]
     calibration = apply_profile(spec, cluster, notes)
     search = Search(spec, cluster)
     search.run()

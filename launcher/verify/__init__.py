@@ -84,7 +84,8 @@ def trace_plan(plan: Plan, progress: Callable[[str], None] | None = None,
         group = [q for q, of in shares.items() if of == (role.pp_rank,)] if replay else None
         if replay:
             counts = [REPLAY_MICRO_BATCHES]
-        ks = None if exact else layer_variants(role, p.zero_stage, p.dp * p.cp)
+        ks = None if exact else layer_variants(role, p.zero_stage, p.dp * p.cp,
+                                               mixed=p.model.experts > 1 and p.model.first_dense_layers > 0)
         jobs.append((role.rank, counts, [(k, layer_plan(plan, k)) for k in ks] if ks else None, group))
     jobs.sort(key=lambda j: -sum(j[1]))              # the longest traces first: two CPUs finish together
     if progress:

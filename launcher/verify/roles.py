@@ -39,6 +39,7 @@ class Role:
     embedding: bool
     head: bool
     in_flight: int | None = None  # micro-batches whose activations the schedule holds here at most
+    dense_layers: int = 0       # of a MoE model's first_dense_layers, how many this rank holds
 
     @property
     def name(self) -> str:
@@ -52,12 +53,12 @@ class Role:
     def to_dict(self) -> dict:
         return {"name": self.name, "pp_rank": self.pp_rank, "rank": self.rank, "stages": list(self.stages),
                 "layers": list(self.layers), "embedding": self.embedding, "head": self.head,
-                "in_flight": self.in_flight}
+                "in_flight": self.in_flight, "dense_layers": self.dense_layers}
 
     @property
     def shard(self) -> tuple:
         """What this rank holds, whatever its pipeline position: equal for identical shards."""
-        return self.layers, self.embedding, self.head
+        return self.layers, self.embedding, self.head, self.dense_layers
 
 
 def plan_roles(plan: Plan) -> list[Role]:
@@ -67,12 +68,16 @@ def plan_roles(plan: Plan) -> list[Role]:
     n_stages = pp * v
     stride = layout.strides(plan.degrees, plan.mesh_order)["pp"]
     out = []
+    first_dense = plan.model.first_dense_layers if plan.model.experts > 1 else 0
+    starts = [sum(plan.stage_layers[:s]) for s in range(len(plan.stage_layers))]
     for r in range(pp):
         stages = tuple(r + k * pp for k in range(v))
+        dense = sum(max(0, min(starts[s] + plan.stage_layers[s], first_dense) - starts[s])
+                    for s in stages if s < len(starts))
         out.append(Role(pp_rank=r, rank=r * stride, stages=stages,
                         layers=tuple(int(plan.stage_layers[s]) for s in stages) if plan.stage_layers else (),
                         embedding=0 in stages, head=n_stages - 1 in stages,
-                        in_flight=in_flight(plan.schedule, pp, plan.grad_accum, r)))
+                        in_flight=in_flight(plan.schedule, pp, plan.grad_accum, r), dense_layers=dense))
     return out
 
 
@@ -175,7 +180,7 @@ def micro_batch_counts(schedule: str, pp: int, m: int, pp_rank: int = 0) -> tupl
     return [first, first + step], why
 
 
-def layer_variants(role: Role, zero: int, dp_cp: int) -> list[int] | None:
+def layer_variants(role: Role, zero: int, dp_cp: int, mixed: bool = False) -> list[int] | None:
     """Layers per stage to trace instead of the role's own, when that is cheaper: two small counts
     whose peaks extend linearly to the real one (identical layers), or None (trace as planned).
     Only under FSDP (ZeRO 2/3 over dp·cp > 1), where every block is its own unit: ZeRO 0/1 peak in
@@ -187,8 +192,9 @@ def layer_variants(role: Role, zero: int, dp_cp: int) -> list[int] | None:
     block's 2-layer peak falls in another phase, and 2 and 3 extended to negative gradients). ZeRO 2 too:
     at 1 layer its peak falls in another phase than at 2, and 1 and 2 extended one block's fp32
     reduce-scatter input to every block (a 6.7B model's 32 layers read 25.1 GB of communication buffers;
-    traced whole, and from 3 and 4: 0.8)."""
-    if zero < 2 or dp_cp == 1 or not role.layers or len(set(role.layers)) != 1:
+    traced whole, and from 3 and 4: 0.8). `mixed`: the model's layers are not identical (a MoE model's
+    first_dense_layers): traced as planned."""
+    if mixed or zero < 2 or dp_cp == 1 or not role.layers or len(set(role.layers)) != 1:
         return None                      # uneven stages on one rank: trace them as they are
     k1 = 3
     return [k1, k1 + 1] if role.layers[0] > k1 + 2 else None
