@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from launcher.diagnose.failures import Failures
-from launcher.diagnose.findings import WARNING, Finding, Report, fmt_ranks, rank_findings, stalled_from
+from launcher.diagnose.findings import INFO, WARNING, Finding, Report, fmt_ranks, rank_findings, stalled_from
 from launcher.diagnose.flight import Flight, load_dump
 from launcher.diagnose.heartbeat import KEYS as HEARTBEAT_KEYS
 from launcher.diagnose.heartbeat import Heartbeats, parse_beat
@@ -28,7 +28,7 @@ from launcher.diagnose.stacks import Stacks
 from launcher.diagnose.stragglers import findings as straggler_findings
 from launcher.diagnose.topology import init_findings
 from launcher.errors import UserError
-from launcher.formats import rundir
+from launcher.formats import groupprobe, rundir
 
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # What log collectors put before each line: kubectl logs --timestamps (RFC 3339, nanoseconds), and a
@@ -58,6 +58,7 @@ class Sources:
     beats: Heartbeats = field(default_factory=Heartbeats)
     stacks: Stacks = field(default_factory=Stacks)
     plan_paths: list[Path] = field(default_factory=list)
+    probes: list[tuple[Any, str]] = field(default_factory=list)  # (GroupProbe, evidence): plan preflights
     files: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     unread: list[str] = field(default_factory=list)  # evidence that could not be read (also in skipped)
@@ -87,23 +88,69 @@ def input_files(target: Path) -> tuple[Path, list[Path]]:
             files += [Path(dirpath) / f for f in sorted(filenames)]
     if root != target and rundir.RunDir(root).plan.is_file():
         files.append(rundir.RunDir(root).plan)
+    if root != target and rundir.RunDir(root).preflight_plan.is_file():
+        files.append(rundir.RunDir(root).preflight_plan)
     return root, files
+
+
+@dataclass(frozen=True)
+class LastRun:
+    """The last of several local runs in one run dir (a resume reuses it): where its part of the node log
+    starts, and when it started (what an earlier run left is older)."""
+
+    log: Path
+    line: int                 # the last run's header line in `log` (1-based); earlier lines are older runs'
+    runs: int
+    started: float            # epoch seconds of the header's local time
+
+
+def last_local_run(root: Path, files: list[Path]) -> LastRun | None:
+    """Found from the headers the local backend writes into node0.log before each submission; None when
+    the run dir saw one run (or is not a local one)."""
+    import time
+
+    log = rundir.RunDir(root).node_log()
+    if log not in files:
+        return None
+    line, runs, stamp = 0, 0, ""
+    try:
+        with open(log, encoding="utf-8", errors="replace") as fh:
+            for n, text in enumerate(fh, 1):
+                if text.startswith(rundir.LOCAL_RUN_HEADER):
+                    line, runs, stamp = n, runs + 1, text[len(rundir.LOCAL_RUN_HEADER):].split(": ", 1)[0]
+    except OSError:
+        return None
+    if runs < 2:
+        return None
+    try:
+        started = time.mktime(time.strptime(stamp.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        started = 0.0
+    return LastRun(log, line, runs, started)
 
 
 def read_sources(target: Path) -> Sources:
     root, files = input_files(target)
     src = Sources()
+    last = last_local_run(root, files)
     for path in files:
         rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
         try:
-            _read_one(path, rel, src)
+            if last is not None and path == last.log:
+                src.skipped.append(f"{rel} lines 1-{last.line - 1} (the {last.runs - 1} earlier run(s) in this "
+                                   "run dir; the last run is diagnosed)")
+            elif last is not None and last.started and path.stat().st_mtime < last.started - 1:
+                src.skipped.append(f"{rel} (an earlier run's, in this run dir)")
+                continue
+            _read_one(path, rel, src, last.line if last is not None and path == last.log else 0)
         except OSError as exc:
             src.unread.append(f"{rel} ({exc.strerror or exc})")
     src.skipped += src.unread
     return src
 
 
-def _read_one(path: Path, rel: str, src: Sources) -> None:
+def _read_one(path: Path, rel: str, src: Sources, first_line: int = 0) -> None:
+    """`first_line`: lines before it are not fed (an earlier run's, in a reused run dir's node log)."""
     st = path.stat()
     if not stat.S_ISREG(st.st_mode):  # a FIFO would block the walk, a device never end
         if not stat.S_ISDIR(st.st_mode):
@@ -131,7 +178,7 @@ def _read_one(path: Path, rel: str, src: Sources) -> None:
         return
     src.files.append(rel)
     with open(path, encoding=encoding or "utf-8", errors="replace", newline=None) as fh:
-        _feed_lines(fh, rel, src)
+        _feed_lines(fh, rel, src, first_line)
 
 
 def _utf16(head: bytes) -> str | None:
@@ -147,9 +194,10 @@ def _utf16(head: bytes) -> str | None:
     return None
 
 
-def _feed_lines(fh: IO[str], rel: str, src: Sources) -> None:
+def _feed_lines(fh: IO[str], rel: str, src: Sources, first_line: int = 0) -> None:
     """Every line to the parsers, as the job printed it: ANSI colours and a collector's timestamp
-    prefix taken off, a line longer than MAX_LINE_CHARS cut there (and the rest read and dropped)."""
+    prefix taken off, a line longer than MAX_LINE_CHARS cut there (and the rest read and dropped).
+    Lines before `first_line` are counted (evidence keeps its line numbers) but not parsed."""
     init, failures, flight, stacks = src.init, src.failures, src.flight, src.stacks
     n = 0
     while True:
@@ -162,6 +210,8 @@ def _feed_lines(fh: IO[str], rel: str, src: Sources) -> None:
         elif len(line) >= MAX_LINE_CHARS:
             while (rest := fh.readline(MAX_LINE_CHARS)) and not rest.endswith("\n"):
                 pass
+        if n < first_line:
+            continue
         if "\x1b" in line:
             line = ANSI_RE.sub("", line)
         if line[:1].isdigit() or line[:1] == "[":
@@ -250,7 +300,37 @@ def _read_structured(path: Path, rel: str, src: Sources, size: int, binary: bool
         src.plan_paths.append(path)
         src.files.append(rel)
         return True
+    if isinstance(obj, dict) and obj.get("kind") == groupprobe.KIND:
+        try:
+            src.probes.append((groupprobe.GroupProbe.from_dict(obj, rel), ev))
+            src.files.append(rel)
+        except UserError as exc:
+            src.skipped.append(f"{rel} ({exc})")
+        return True
     return False
+
+
+def probe_findings(probes: list[tuple[Any, str]]) -> list[Finding]:
+    """What the job's plan preflight measured before it started: each group slower than the plan assumed
+    (a warning naming its ranks, hosts and link), or that every group was within the tolerance."""
+    out: list[Finding] = []
+    for probe, ev in probes:
+        if probe.error:
+            out.append(Finding("plan_preflight", WARNING, f"the plan preflight did not measure: {probe.error}", [ev]))
+            continue
+        slow = sorted(probe.slow_groups(), key=lambda g: g.ratio or 0)
+        for g in slow:
+            out.append(Finding(
+                "plan_preflight", WARNING,
+                f"plan preflight: {groupprobe.KIND_NAMES[g.kind]} group {g.index}, {g.where(probe.hosts)}: {g.op} "
+                f"at {g.ratio or 0:.2f}x the bandwidth the plan assumed ({g.measured_busbw_gbs or 0:.3g} vs "
+                f"{g.assumed_busbw_gbs:.3g} GB/s busbw)", [ev], ranks=list(g.ranks), hosts=sorted(set(g.hosts))))
+        if not slow and probe.measured:
+            step = (f"; step {probe.measured_step_s:.3g} s with the measured figures, {probe.predicted_step_s:.3g} s "
+                    "as assumed" if probe.measured_step_s else "")
+            out.append(Finding("plan_preflight", INFO, f"plan preflight: all {len(probe.groups)} communication "
+                               f"groups within {probe.tolerance:.0%} of what the plan assumed{step}", [ev]))
+    return out
 
 
 def build_report(src: Sources, plan: Any = None, bwmap: Any = None) -> Report:
@@ -279,6 +359,7 @@ def build_report(src: Sources, plan: Any = None, bwmap: Any = None) -> Report:
     findings += src.beats.findings(world, hosts, role)
     findings += src.stacks.findings(world, hosts, src.beats.beats)
     findings += straggler_findings(src.beats.beats, hosts)
+    findings += probe_findings(src.probes)
     if src.unread:
         n = len(src.unread)
         findings.append(Finding("unreadable", WARNING, f"could not read {n} file(s): {', '.join(src.unread[:5])}"

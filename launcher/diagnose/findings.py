@@ -25,6 +25,7 @@ KIND_WEIGHT = {
     "nccl_init_hang": 80,
     "nccl_warn": 60,
     "straggler": 58,
+    "plan_preflight": 57,     # a group measured slower than the plan assumed, before the job started
     "process_exit": 55,
     "tp_across_nodes": 50,
     "unreadable": 48,

@@ -42,6 +42,9 @@ class Run:
     measured_s: float
     steps: int
     peak_mem_gb: float | None
+    #: bus bandwidths by group kind the run's own nodes measured before it (`launch submit --preflight-plan`:
+    #: RUN_DIR/preflight-plan.json); its collectives are priced at these, not at the fitted figures
+    busbw: dict[str, float] | None = None
 
     @property
     def layout(self) -> str:
@@ -71,7 +74,21 @@ def read_run(run_dir: str | Path) -> Run:
     timed = recs[WARMUP_STEPS:]
     mems = [float(r["peak_mem_gb"]) for r in recs if isinstance(r.get("peak_mem_gb"), (int, float))]
     return Run(str(run_dir), plan, statistics.median(float(r["step_time_s"]) for r in timed), len(recs),
-               max(mems) if mems else None)
+               max(mems) if mems else None, busbw=preflight_busbw(d, plan))
+
+
+def preflight_busbw(d: RunDir, plan: Plan) -> dict[str, float] | None:
+    """What the run's plan preflight measured, per group kind (None without one, or one that did not
+    measure); a file that is not one is an error naming it."""
+    from launcher.formats.groupprobe import GroupProbe
+    from launcher.plan.commgroups import measured_busbw
+
+    if not d.preflight_plan.is_file():
+        return None
+    probe = GroupProbe.load(d.preflight_plan)
+    if probe.error or not probe.measured:
+        return None
+    return measured_busbw(plan, probe) or None
 
 
 def _step_time(rec: dict) -> float | None:
@@ -120,16 +137,17 @@ def _band(bw: dict, latency_s: float, intra: float | None = None, net: float | N
                      alltoall_inter_gbs=bw.get("alltoall_inter_gbs"), latency_s=latency_s)
 
 
-def predict(plan: Plan, p: dict[str, float]) -> float:
-    """The time model's step time for the run's own layout with parameters p."""
+def predict(plan: Plan, p: dict[str, float], busbw: dict[str, float] | None = None) -> float:
+    """The time model's step time for the run's own layout with parameters p (and the group kinds its
+    plan preflight measured at those figures)."""
     band = _band(plan.bandwidth, p["latency_s"], p["intra_gbs"], p["net_per_gpu_gbs"])
     return estimate(plan.model, plan.train, plan.gpu, plan.layout, band, plan.gpus_per_node,
-                    tuple(plan.mesh_order), efficiency_max=p["compute_efficiency"]).step_time_s
+                    tuple(plan.mesh_order), efficiency_max=p["compute_efficiency"], busbw=busbw).step_time_s
 
 
 def _residuals(runs: list[Run], base: dict[str, float], names: list[str], x: list[float]) -> list[float]:
     p = {**base, **{n: math.exp(v) for n, v in zip(names, x)}}
-    return [math.log(predict(r.plan, p) / r.measured_s) for r in runs]
+    return [math.log(predict(r.plan, p, r.busbw) / r.measured_s) for r in runs]
 
 
 def _jacobian(runs, base, names, x, h: float = 0.02) -> list[list[float]]:
@@ -227,13 +245,14 @@ def calibrate(run_dirs: list[str]) -> ClusterProfile:
     after = {**base, **fitted}
     rows = []
     for r in runs:
-        before_s, after_s = predict(r.plan, base), predict(r.plan, after)
+        before_s, after_s = predict(r.plan, base, r.busbw), predict(r.plan, after, r.busbw)
         rows.append({"run_dir": r.run_dir, "layout": r.layout, "world_size": r.plan.world_size,
                      "steps": r.steps, "measured_step_s": round(r.measured_s, 6),
                      "predicted_before_s": round(before_s, 6), "predicted_after_s": round(after_s, 6),
                      "error_before": round(before_s / r.measured_s - 1, 4),
                      "error_after": round(after_s / r.measured_s - 1, 4),
-                     "peak_mem_gb": r.peak_mem_gb})
+                     "peak_mem_gb": r.peak_mem_gb,
+                     **({"measured_busbw_gbs": {k: float(f"{v:.4g}") for k, v in r.busbw.items()}} if r.busbw else {})})
     plan = runs[0].plan
     gpu = {"name": plan.gpu.name, "peak_tflops": plan.gpu.peak_tflops, "memory_gb": plan.gpu.memory_gb}
     return ClusterProfile(gpu=gpu, gpus_per_node=plan.gpus_per_node,
