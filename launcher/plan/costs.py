@@ -40,6 +40,7 @@ What the bundled trainer communicates, and where it overlaps (launcher/trainer, 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 
@@ -207,6 +208,85 @@ def ring(nbytes: float, g: int, busbw_gbs: float, alpha_s: float, allreduce: boo
     return k * ((g - 1) * alpha_s + nbytes * (g - 1) / g / (busbw_gbs * 1e9))
 
 
+@dataclass(frozen=True)
+class Collective:
+    """One collective of a group kind as the time model prices it: the operation, one call's message
+    (nccl-tests' size: the whole gathered / reduced buffer; per direction for send_recv), the group's
+    size and stride in the rank order, and the bus bandwidth the model charges it at."""
+
+    kind: str            # tp, cp, pp, dp, ep
+    op: str              # all_gather, reduce_scatter, all_reduce, all_to_all, send_recv
+    nbytes: float
+    size: int            # ranks in one group (2 for a PP neighbour pair)
+    stride: int
+    busbw_gbs: float
+    alpha_s: float       # latency per ring step
+
+    def seconds(self, busbw_gbs: float | None = None) -> float:
+        """One call's time in the model (at `busbw_gbs` instead of the model's figure when given)."""
+        bw = busbw_gbs or self.busbw_gbs
+        if self.op == "send_recv":
+            return self.nbytes / (bw * 1e9)
+        if self.op == "all_to_all":
+            return self.nbytes * (self.size - 1) / self.size / (bw * 1e9)
+        return ring(self.nbytes, self.size, bw, self.alpha_s, allreduce=self.op == "all_reduce")
+
+    def busbw_for(self, seconds: float) -> float:
+        """The bus bandwidth at which the model's time for one call is `seconds` (the inverse of
+        seconds(); latency-bound calls faster than the model's latency alone read as the raw busbw)."""
+        g = self.size
+        if self.op == "send_recv":
+            return self.nbytes / seconds / 1e9
+        if self.op == "all_to_all":
+            return self.nbytes * (g - 1) / g / seconds / 1e9
+        k = 2 if self.op == "all_reduce" else 1
+        left = seconds / k - (g - 1) * self.alpha_s
+        if left <= seconds / k * 0.05:
+            left = seconds / k
+        return self.nbytes * (g - 1) / g / left / 1e9
+
+
+def collectives(model, train, lay: Layout, bw: Bandwidth, gpus_per_node: int,
+                mesh_order: tuple[str, ...] = ("pp", "dp", "cp", "tp"), counts: ParamCounts | None = None,
+                stack: Stack = BUNDLED) -> dict[str, Collective]:
+    """The collective of every group kind the layout communicates over (groups of one rank left out),
+    with the message sizes and bandwidths estimate() charges: what `launch preflight --plan` measures.
+    DP is the ZeRO / gradient group, dp·cp ranks (FSDP folds CP in); its message is one gradient bucket
+    (ZeRO 0/1) or one block's gradients (ZeRO 2/3)."""
+    counts = counts or param_counts(model)
+    alpha = bw.latency_s if bw.latency_s is not None else stack.alpha_s
+    st = strides({"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "dp": lay.dp}, mesh_order)
+    dtype = 4 if train.precision == "fp32" else 2
+    s_local, b, h = train.seq_len / lay.cp, lay.micro_batch, model.hidden
+    out: dict[str, Collective] = {}
+    if lay.tp > 1:
+        out["tp"] = Collective("tp", "all_gather", s_local * b * h * dtype, lay.tp, st["tp"],
+                               group_busbw(bw, lay.tp, st["tp"], gpus_per_node, per_gpu_nic=True), alpha)
+    if lay.cp > 1:
+        kv_heads_local = max(1, model.kv_heads // lay.tp)
+        out["cp"] = Collective("cp", "all_gather", train.seq_len * b * kv_heads_local * model.head_dim * dtype,
+                               lay.cp, st["cp"], group_busbw(bw, lay.cp, st["cp"], gpus_per_node, per_gpu_nic=True),
+                               alpha)
+    if lay.pp > 1:
+        out["pp"] = Collective("pp", "send_recv", s_local * b * h * dtype / lay.tp, 2, st["pp"],
+                               group_busbw(bw, lay.pp, st["pp"], gpus_per_node), alpha)
+    if model.experts > 1 and lay.ep > 1:
+        out["ep"] = Collective("ep", "all_to_all", s_local * b * h * dtype * model.experts_per_token / lay.tp,
+                               lay.ep, st["dp"], alltoall_busbw(bw, lay.ep, st["dp"], gpus_per_node), alpha)
+    shard = lay.dp * lay.cp
+    if shard > 1:
+        dp_stride = min(st["dp"], st["cp"]) if lay.cp > 1 else st["dp"]
+        most = max(rank_stage_layers(model.layers, lay.pp, lay.virtual_stages))
+        emb = counts.embedding + (counts.head if lay.pp == 1 else 0)
+        stage_params = (counts.per_layer * most + max(emb, counts.head)) / lay.tp
+        grad_elem = 4 if train.precision == "fp32" else stack.grad_reduce_bytes
+        elems = min(GRAD_BUCKET_ELEMS, stage_params) if lay.zero in (0, 1) else stage_params / max(most, 1)
+        out["dp"] = Collective("dp", "all_reduce" if lay.zero == 0 else "reduce_scatter", elems * grad_elem, shard,
+                               dp_stride, group_busbw(bw, shard, dp_stride, gpus_per_node,
+                                                      per_gpu_nic=stack.dp_per_gpu_nic), alpha)
+    return out
+
+
 # --- FLOPs ----------------------------------------------------------------------------------------
 
 def forward_flops_per_sequence(model, s: int, counts: ParamCounts | None = None) -> dict[str, float]:
@@ -372,13 +452,18 @@ def dp_traffic(lay: Layout, stack: Stack, elems: float, dtype: int, grad_elem: f
 def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
              mesh_order: tuple[str, ...] = ("pp", "dp", "cp", "tp"),
              counts: ParamCounts | None = None, efficiency_max: float | None = None,
-             stack: Stack = BUNDLED) -> Estimate:
+             stack: Stack = BUNDLED, busbw: Mapping[str, float] | None = None) -> Estimate:
+    """The step time of a layout. `busbw`: bus bandwidths (GB/s) by group kind (tp, cp, pp, dp, ep) that
+    replace what the model derives from `bw` for those groups (`launch preflight --plan`'s measured figures)."""
     counts = counts or param_counts(model)
     if bw.latency_s is not None and bw.latency_s != stack.alpha_s:
         stack = replace(stack, alpha_s=bw.latency_s)
+    # every group's bandwidth from the one table preflight --plan measures against (collectives())
+    inf = float("inf")
+    bws = {k: c.busbw_gbs for k, c in collectives(model, train, lay, bw, gpus_per_node, mesh_order, counts,
+                                                 stack).items()} | dict(busbw or {})
     s, b, h = train.seq_len, lay.micro_batch, model.hidden
     m, v, p = lay.grad_accum, lay.virtual_stages, lay.pp
-    st = strides({"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "dp": lay.dp}, mesh_order)
     dtype = 4 if train.precision == "fp32" else 2
     peak = gpu.peak_tflops * 1e12
 
@@ -401,7 +486,7 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
     s_local = s / lay.cp
     # TP (+SP): per layer 2 all-gathers + 2 reduce-scatters of s·b·h forward, as many backward; full
     # recompute repeats the forward's.
-    tp_bw = group_busbw(bw, lay.tp, st["tp"], gpus_per_node, per_gpu_nic=True)
+    tp_bw = bws.get("tp", inf)
     # the bundled trainer's selective recompute makes the norms' sequence all-gathers again in backward
     # (recompute.SAVED_OPS): 2 more
     tp_colls = 12 if lay.recompute == "full" else 10 if lay.recompute == "selective" and stack.selective_regathers \
@@ -412,7 +497,7 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
     # CP: K and V all-gathered forward (again under recompute), their gradients reduce-scattered
     # backward: 2 collectives per pass per layer, each of the full sequence's K (or V) for this rank's
     # kv heads. The bundled trainer runs them synchronously.
-    cp_bw = group_busbw(bw, lay.cp, st["cp"], gpus_per_node, per_gpu_nic=True)
+    cp_bw = bws.get("cp", inf)
     kv_heads_local = max(1, model.kv_heads // lay.tp)
     k_bytes = s * b * kv_heads_local * model.head_dim * dtype
     cp_passes = 2 if lay.recompute == "none" else 3
@@ -422,13 +507,13 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
     # EP: all-to-all dispatch + combine, forward and backward, of each token's top-k hidden states.
     ep_mb = 0.0
     if model.experts > 1 and lay.ep > 1:
-        ep_bw = alltoall_busbw(bw, lay.ep, st["dp"], gpus_per_node) * 1e9
+        ep_bw = bws["ep"] * 1e9
         ep_mb = 4 * s_local * b * h * dtype * model.experts_per_token * (lay.ep - 1) / lay.ep * layers_stage / lay.tp / ep_bw
     mb_time = compute_mb + tp_mb + cp_mb + ep_mb
 
     # PP: steady state m·v chunks of 1/v the work, plus the bubble (p-1)/(m·v); boundary transfers.
     bubble_fraction = (p - 1) / (m * v) if p > 1 else 0.0
-    pp_bw = group_busbw(bw, p, st["pp"], gpus_per_node) * 1e9
+    pp_bw = bws.get("pp", inf) * 1e9
     p2p = 2 * s_local * b * h * dtype / lay.tp / pp_bw if p > 1 else 0.0
     pp_p2p = p2p * (m * v + p - 1) * 0.5 if p > 1 else 0.0   # forward + backward, half hidden by compute
     busy = mb_time * m
@@ -436,8 +521,7 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
 
     # DP / ZeRO over dp·cp (FSDP folds CP in), for the stage holding the most parameters.
     shard = lay.dp * lay.cp
-    dp_stride = min(st["dp"], st["cp"]) if lay.cp > 1 else st["dp"]
-    dp_bw = group_busbw(bw, shard, dp_stride, gpus_per_node, per_gpu_nic=stack.dp_per_gpu_nic)
+    dp_bw = bws.get("dp", inf)
     emb = counts.embedding + (counts.head if p == 1 else 0)
     stage_params = (counts.per_layer * most + max(emb, counts.head)) / lay.tp
     grad_elem = 4 if train.precision == "fp32" else stack.grad_reduce_bytes
