@@ -44,8 +44,9 @@ def test_second_launch_run_is_refused_while_the_job_lives(tmp_path):
         assert second.returncode == 2, second.stderr
         errors = [ln for ln in second.stderr.splitlines() if ln.startswith("error")]
         assert len(errors) == 1 and "in use by another run" in errors[0], second.stderr
-        _wait_for(lambda: (rd / "logs" / "exit_code").exists(), 300, "the first job to end")
-        assert (rd / "logs" / "exit_code").read_text().strip() == "0"
+        ended = lambda: [p for p in (rd / "logs").glob("exit_code.*") if not p.name.endswith(".tmp")]  # noqa: E731
+        _wait_for(ended, 300, "the first job to end")       # its own exit-code file (one per submission)
+        assert [p.read_text().strip() for p in ended()] == ["0"]
         steps = [json.loads(ln)["step"] for ln in (rd / "metrics.jsonl").read_text().splitlines()]
         assert steps and max(steps) == 8  # it ran to the end, nobody cleaned up under it
         assert (rd / "checkpoints" / "latest").exists()

@@ -3,7 +3,8 @@
 Why it looks like this:
 - The job runs detached in its own session (a small bash wrapper around torchrun), so Ctrl-C in
   the terminal reaches `launch run`, which decides what to do, and so `launch status|logs|cancel`
-  work from another shell. The wrapper records torchrun's exit code in logs/exit_code.
+  work from another shell. The wrapper records torchrun's exit code in logs/exit_code.<token>, one file
+  per submission (a run dir reused by a resume keeps each run's own status).
 - All output goes to <run_dir>/logs/node0.log, each worker line prefixed `[rank<R>]: ` (torchrun's
   log-line prefix template), which is how rank 0's lines are picked out for the terminal.
 - torchrun exits 1 whenever a worker fails, whatever the worker's code; the job's real exit code
@@ -202,12 +203,11 @@ class LocalBackend(Backend):
             if name != rundir.PLAN:
                 atomic_write(rd / name, text, name)
         log = rundir.RunDir(rd).node_log()
-        exit_file = rundir.RunDir(rd).exit_code
-        exit_file.unlink(missing_ok=True)
         cmd = list(request.extra["argv"])
         env = dict(request.env)
         token = uuid.uuid4().hex
         env[procs.MARKER] = token
+        exit_file = rundir.RunDir(rd).exit_code_of(token)    # this submission's own: a resume writes another
         wrapper = self.wrapper(cmd, exit_file, request.extra.get("trainer_env") or {})
         started = time.time()
         try:  # never through a link planted since the run dir was checked (logs/ or the log itself)
@@ -217,7 +217,7 @@ class LocalBackend(Backend):
         except OSError as exc:
             raise UserError(f"{log}: cannot write the job's log ({exc.strerror})") from None
         with open(log_fd, "ab") as out:
-            out.write(f"# launch4d local {time.strftime('%Y-%m-%dT%H:%M:%S')}: {shlex.join(cmd)}\n".encode())
+            out.write(f"{rundir.LOCAL_RUN_HEADER}{time.strftime('%Y-%m-%dT%H:%M:%S')}: {shlex.join(cmd)}\n".encode())
             out.flush()
             offset = out.tell()  # this submission's output starts here (the file is appended to)
             proc = subprocess.Popen(["bash", "-c", wrapper], stdout=out, stderr=subprocess.STDOUT,
@@ -305,12 +305,16 @@ class LocalBackend(Backend):
         return procs.is_ours(int(pid), self.marker(handle), int(ticks) if ticks is not None else None)
 
     def _log_text(self, handle: JobHandle) -> str:
+        """This submission's part of node0.log: from its offset to the next submission's header (a run dir
+        reused by a resume appends another run after it)."""
         try:
             with open(handle.log_path or "", "rb") as f:
                 f.seek(int(handle.extra.get("log_offset") or 0))
-                return f.read().decode(errors="replace")
+                text = f.read().decode(errors="replace")
         except OSError:
             return ""
+        nxt = text.find("\n" + rundir.LOCAL_RUN_HEADER)
+        return text if nxt < 0 else text[:nxt + 1]
 
     def log_iter(self, handle: JobHandle, rank: int | None = None, follow: bool = False, since: int | None = None,
                  stream: str = "out") -> Iterator[str]:

@@ -93,20 +93,64 @@ def input_files(target: Path) -> tuple[Path, list[Path]]:
     return root, files
 
 
+@dataclass(frozen=True)
+class LastRun:
+    """The last of several local runs in one run dir (a resume reuses it): where its part of the node log
+    starts, and when it started (what an earlier run left is older)."""
+
+    log: Path
+    line: int                 # the last run's header line in `log` (1-based); earlier lines are older runs'
+    runs: int
+    started: float            # epoch seconds of the header's local time
+
+
+def last_local_run(root: Path, files: list[Path]) -> LastRun | None:
+    """Found from the headers the local backend writes into node0.log before each submission; None when
+    the run dir saw one run (or is not a local one)."""
+    import time
+
+    log = rundir.RunDir(root).node_log()
+    if log not in files:
+        return None
+    line, runs, stamp = 0, 0, ""
+    try:
+        with open(log, encoding="utf-8", errors="replace") as fh:
+            for n, text in enumerate(fh, 1):
+                if text.startswith(rundir.LOCAL_RUN_HEADER):
+                    line, runs, stamp = n, runs + 1, text[len(rundir.LOCAL_RUN_HEADER):].split(": ", 1)[0]
+    except OSError:
+        return None
+    if runs < 2:
+        return None
+    try:
+        started = time.mktime(time.strptime(stamp.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        started = 0.0
+    return LastRun(log, line, runs, started)
+
+
 def read_sources(target: Path) -> Sources:
     root, files = input_files(target)
     src = Sources()
+    last = last_local_run(root, files)
     for path in files:
         rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
         try:
-            _read_one(path, rel, src)
+            if last is not None and path == last.log:
+                src.skipped.append(f"{rel} lines 1-{last.line - 1} (the {last.runs - 1} earlier run(s) in this "
+                                   "run dir; the last run is diagnosed)")
+            elif last is not None and last.started and path.stat().st_mtime < last.started - 1:
+                src.skipped.append(f"{rel} (an earlier run's, in this run dir)")
+                continue
+            _read_one(path, rel, src, last.line if last is not None and path == last.log else 0)
         except OSError as exc:
             src.unread.append(f"{rel} ({exc.strerror or exc})")
     src.skipped += src.unread
     return src
 
 
-def _read_one(path: Path, rel: str, src: Sources) -> None:
+def _read_one(path: Path, rel: str, src: Sources, first_line: int = 0) -> None:
+    """`first_line`: lines before it are not fed (an earlier run's, in a reused run dir's node log)."""
     st = path.stat()
     if not stat.S_ISREG(st.st_mode):  # a FIFO would block the walk, a device never end
         if not stat.S_ISDIR(st.st_mode):
@@ -134,7 +178,7 @@ def _read_one(path: Path, rel: str, src: Sources) -> None:
         return
     src.files.append(rel)
     with open(path, encoding=encoding or "utf-8", errors="replace", newline=None) as fh:
-        _feed_lines(fh, rel, src)
+        _feed_lines(fh, rel, src, first_line)
 
 
 def _utf16(head: bytes) -> str | None:
@@ -150,9 +194,10 @@ def _utf16(head: bytes) -> str | None:
     return None
 
 
-def _feed_lines(fh: IO[str], rel: str, src: Sources) -> None:
+def _feed_lines(fh: IO[str], rel: str, src: Sources, first_line: int = 0) -> None:
     """Every line to the parsers, as the job printed it: ANSI colours and a collector's timestamp
-    prefix taken off, a line longer than MAX_LINE_CHARS cut there (and the rest read and dropped)."""
+    prefix taken off, a line longer than MAX_LINE_CHARS cut there (and the rest read and dropped).
+    Lines before `first_line` are counted (evidence keeps its line numbers) but not parsed."""
     init, failures, flight, stacks = src.init, src.failures, src.flight, src.stacks
     n = 0
     while True:
@@ -165,6 +210,8 @@ def _feed_lines(fh: IO[str], rel: str, src: Sources) -> None:
         elif len(line) >= MAX_LINE_CHARS:
             while (rest := fh.readline(MAX_LINE_CHARS)) and not rest.endswith("\n"):
                 pass
+        if n < first_line:
+            continue
         if "\x1b" in line:
             line = ANSI_RE.sub("", line)
         if line[:1].isdigit() or line[:1] == "[":

@@ -44,6 +44,9 @@ PREFLIGHT_PLAN = "preflight-plan.json"            # the plan's groups as measure
 PREFLIGHT_PLAN_SPEC = "preflight-plan.spec.json"  # the groups to measure, as submitted (formats/groupprobe.py)
 PREFLIGHT_PLAN_LOG = "logs/preflight-plan.log"    # the probe's own output
 EXIT_CODE = "logs/exit_code"  # the local backend's wrapper writes torchrun's exit status here
+#: The line the local backend writes into node0.log before each submission's output (a run dir reused
+#: by a resume holds several): "# launch4d local 2026-05-01T12:00:01: <command>", local time.
+LOCAL_RUN_HEADER = "# launch4d local "
 LATEST = "latest"            # checkpoints/latest holds the name of the newest complete step-N dir
 CHECKPOINT_EXTRA = "extra.pt"  # rank 0's step/scheduler/data state; with DCP's .metadata marks a complete checkpoint
 
@@ -70,6 +73,11 @@ class RunDir:
     exit_code = property(lambda self: self.root / EXIT_CODE)
     lock = property(lambda self: self.root / LOCK)
     preflight_plan = property(lambda self: self.root / PREFLIGHT_PLAN)
+
+    def exit_code_of(self, token: str) -> Path:
+        """One submission's exit-code file (the local backend's wrapper writes it): each run in a reused
+        run dir keeps its own status."""
+        return self.logs / f"exit_code.{token}"
 
     def node_log(self, node: int = 0) -> Path:
         """One node's combined output (the local backend's torchrun, every rank line prefixed)."""
@@ -99,7 +107,7 @@ class RunDir:
 def planted_link(root: str | Path) -> str | None:
     """The first symbolic link anywhere inside the run dir `root` ("path -> target"), or None. A run dir
     holds none of its own making, and every writer in it (the trainer's checkpoints and their .tmp dirs,
-    logs/, logs/exit_code.tmp, the node scripts) would write through one to its target: a job refuses
+    logs/, logs/exit_code.<token>.tmp, the node scripts) would write through one to its target: a job refuses
     to start, or resume, in a run dir that holds one."""
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
