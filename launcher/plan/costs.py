@@ -278,7 +278,7 @@ def collectives(model, train, lay: Layout, bw: Bandwidth, gpus_per_node: int,
         dp_stride = min(st["dp"], st["cp"]) if lay.cp > 1 else st["dp"]
         most = max(rank_stage_layers(model.layers, lay.pp, lay.virtual_stages))
         emb = counts.embedding + (counts.head if lay.pp == 1 else 0)
-        stage_params = (counts.per_layer * most + max(emb, counts.head)) / lay.tp
+        stage_params = (counts.largest_layer * most + max(emb, counts.head)) / lay.tp
         grad_elem = 4 if train.precision == "fp32" else stack.grad_reduce_bytes
         elems = min(GRAD_BUCKET_ELEMS, stage_params) if lay.zero in (0, 1) else stage_params / max(most, 1)
         out["dp"] = Collective("dp", "all_reduce" if lay.zero == 0 else "reduce_scatter", elems * grad_elem, shard,
@@ -292,9 +292,8 @@ def collectives(model, train, lay: Layout, bw: Bandwidth, gpus_per_node: int,
 def forward_flops_per_sequence(model, s: int, counts: ParamCounts | None = None) -> dict[str, float]:
     """Forward FLOPs of one sequence of length s, split into what recompute modes repeat."""
     counts = counts or param_counts(model)
-    active = counts.active_per_layer(model.experts_per_token)
-    matmul = 2 * s * active * model.layers
-    attention = 4 * s * s * model.hidden * model.layers
+    matmul = 2 * s * counts.active_layers(model.experts_per_token)
+    attention = 4 * s * s * model.q_width * model.layers
     logits = 2 * s * model.hidden * model.vocab
     return {"matmul": matmul, "attention": attention, "logits": logits}
 
@@ -523,7 +522,7 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
     shard = lay.dp * lay.cp
     dp_bw = bws.get("dp", inf)
     emb = counts.embedding + (counts.head if p == 1 else 0)
-    stage_params = (counts.per_layer * most + max(emb, counts.head)) / lay.tp
+    stage_params = (counts.largest_layer * most + max(emb, counts.head)) / lay.tp
     grad_elem = 4 if train.precision == "fp32" else stack.grad_reduce_bytes
     dp_comm = dp_traffic(lay, stack, stage_params, dtype, grad_elem, shard, dp_bw, most) \
         if shard > 1 else 0.0
