@@ -254,6 +254,14 @@ def test_watchdog_timeout_with_plan_names_missing_rank(tmp_path):
     assert "never reported a watchdog timeout" in report.verdict
 
 
+def test_flight_recorder_hint_names_the_current_variable():
+    """PyTorch's own line names TORCH_NCCL_TRACE_BUFFER_SIZE, which torch >= 2.13 calls deprecated on every
+    rank: the advice is TORCH_FR_BUFFER_SIZE (what launch4d itself exports)."""
+    verdict = diagnose(shared_file(LOGS, F_WATCHDOG)).verdict
+    assert "the flight recorder was off: set TORCH_FR_BUFFER_SIZE=2000" in verdict
+    assert "set TORCH_NCCL_TRACE_BUFFER_SIZE" not in verdict
+
+
 def test_watchdog_desync_report_names_lagging_rank():
     log = shared_file(LOGS, F_DESYNC)
     src = read_sources(log)

@@ -101,3 +101,22 @@ def test_the_job_env_has_the_last_word_everywhere():
     spec = replace(spec, backend=replace(spec.backend, env={"NCCL_DEBUG": "WARN"}))
     for env in (local_env(spec, plan), sbatch_env(spec, plan), k8s_env(spec, plan)):
         assert env["NCCL_DEBUG"] == "WARN"
+
+
+@pytest.mark.parametrize("api", ["trainjob", "pytorchjob"])
+def test_every_backend_puts_the_plan_in_the_environment(api):
+    """The LAUNCH4D_* layout variables (what a train.entrypoint script reads) are the same in every backend,
+    and the deprecated TORCH_NCCL_TRACE_BUFFER_SIZE (torch >= 2.13 warns on every rank) is set nowhere."""
+    spec, plan = spec_plan()
+    spec = replace(spec, backend=replace(spec.backend, k8s=replace(spec.backend.k8s, api=api)))
+    lay = plan.layout
+    expected = {"LAUNCH4D_TP": str(lay.tp), "LAUNCH4D_CP": str(lay.cp), "LAUNCH4D_PP": str(lay.pp),
+                "LAUNCH4D_DP": str(lay.dp), "LAUNCH4D_EP": str(lay.ep), "LAUNCH4D_ZERO": str(lay.zero),
+                "LAUNCH4D_MICRO_BATCH": str(lay.micro_batch), "LAUNCH4D_GRAD_ACCUM": str(lay.grad_accum),
+                "LAUNCH4D_MESH_ORDER": ",".join(plan.mesh_order), "LAUNCH4D_SEQ_LEN": str(plan.train.seq_len),
+                "LAUNCH4D_STEP_TIMEOUT_S": "900"}
+    for name, env in {"local": local_env(spec, plan), "sbatch": sbatch_env(spec, plan),
+                      "k8s": k8s_env(spec, plan)}.items():
+        assert {k: env.get(k) for k in expected} == expected, name
+        assert env["LAUNCH4D_PLAN"].endswith("/plan.json") and "LAUNCH4D_RESUME" not in env, name  # bundled trainer
+        assert "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env, name

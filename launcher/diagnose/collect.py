@@ -400,8 +400,9 @@ def _verdict(findings: list[Finding], stalled: list[int], hosts: dict[int, str],
         return head + (f" | also: {other.message}" if other else "")
     top = problems[0]
     if top.kind in ("collective_timeout", "gloo_timeout"):
-        hint = (" (the flight recorder was off: set TORCH_NCCL_TRACE_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1, "
-                "or TORCH_NCCL_DESYNC_DEBUG=1, next time)" if src.failures.fr_disabled else "")
+        hint = (" (the flight recorder was off: set TORCH_FR_BUFFER_SIZE=2000 TORCH_NCCL_DUMP_ON_TIMEOUT=1, "
+                "or TORCH_NCCL_DESYNC_DEBUG=1, next time; TORCH_NCCL_TRACE_BUFFER_SIZE, which the log names, is its "
+                "deprecated name)" if src.failures.fr_disabled else "")
         return (top.message + " | the stalled rank is one that never reached this collective; add the other "
                 "ranks' logs, the heartbeat/ files or flight-recorder dumps to name it" + hint)
     return top.message
