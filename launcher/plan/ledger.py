@@ -315,10 +315,11 @@ def trainer_layer_activation_bytes(model, s: int, b: int, mode: str, num: Numeri
         return selective_layer_bytes(model, tokens, tp, num)
     # two RMSNorms: the fp32 input (x, or x.float()) and the normalised x before the weight multiply
     norms = 2 * (4 + r) * h * tokens / sp
-    # the normed input of the attention's and the MLP's matmuls (all-gathered under TP; a MoE routes each TP
-    # rank's own sequence shard, moe_tokens)
+    # the normed input of the attention's and the MLP's matmuls: under TP the sequence shard, which the
+    # sequence-parallel linears keep and gather again in backward (trainer/sequence_parallel.py; a MoE routes
+    # each TP rank's own sequence shard, moe_tokens)
     mt, mtp = moe_tokens(model, tokens, tp)
-    linear_in = e * h * tokens + e * h * mt
+    linear_in = 2 * e * h * tokens / tp
     # SDPA keeps q, k (after RoPE; RoPE itself keeps only its cos/sin tables) and v, its output (which
     # wo keeps as its input, a view) and its fp32 logsumexp
     if mode != "none":
@@ -346,15 +347,16 @@ def selective_layer_bytes(model, tokens: float, tp: int, num: Numerics) -> float
     kept = r * h * tokens / tp                               # the block input (a sequence shard under TP)
     kept += (2 * hq + 2 * hkv) / tp * e * tokens             # wq, wk, wv outputs and SDPA's output
     kept += a / tp * 4 * tokens                              # SDPA's fp32 logsumexp
-    kept += h * e * tokens                                   # wo's output (a partial sum under TP)
     moe = model.experts > 1
     if tp > 1:
-        # the reduce-scatters of wo and w2 (a MoE block: attention's only, moe_tokens); the norms' sequence
-        # all-gathers are made again in backward (recompute.SAVED_OPS)
+        # the row-parallel linears' outputs, sequence shards (a MoE block: attention's only, moe_tokens); what
+        # the sequence-parallel linears gather they gather again in their own backward (recompute.SAVED_OPS)
         kept += (1 if moe else 2) * h / tp * e * tokens
+    else:
+        kept += (1 if moe else 2) * h * e * tokens           # wo's (and w2's) matmul outputs
     mats = 2 if model.mlp != "gelu" else 1                 # w1 (and w3) outputs
     if not moe:
-        return kept + (mats * model.ffn_hidden / tp + h) * e * tokens    # + w2's output
+        return kept + mats * model.ffn_hidden / tp * e * tokens
     k = model.experts_per_token
     # the router's logits, and per routed (token, expert) pair its experts' matmul outputs
     return kept + tokens / tp * (model.experts * e + k * (mats * model.expert_ffn + h) * e
@@ -521,9 +523,9 @@ def selective_recomputed_bytes(model, tokens: float, seq_tokens: float, tp: int,
     h, e, r = model.hidden, num.act, num.residual
     hq, hkv = model.q_width, model.kv_width
     out = 2 * (4 + r) * h * tokens / tp                      # both RMSNorms (sequence-parallel under TP)
-    # the matmuls' input: the norm weight's product, under TP the sequence all-gather's output, which
-    # DTensor puts in sequence order with a cat (all_gather_tensor, gather_dim 1): not a kept op
-    out += 2 * e * h * tokens
+    # the matmuls' input: the norm weight's product (a sequence shard under TP: the sequence-parallel linears'
+    # outputs are kept, so the replay never gathers)
+    out += 2 * e * h * tokens / tp
     out += (hq + hkv) / tp * e * tokens                      # apply_rope's q and k
     if seq_tokens > tokens:
         # CP: _GatherKV's all_gather is not a kept op: the gathered keys and values are made again
@@ -555,6 +557,10 @@ def dense_mlp_backward_bytes(model, tokens: float, lay: Layout, num: Numerics, f
     # w1's backward: the gradient of its output, w3's and w1's input gradients [tokens, hidden] (w3's done, w1's
     # being made) and, under FSDP, every MLP weight's unsharded gradient (w2, w3, w1) until the block's post-backward
     at_in = row + mats * e * h * tokens + ((mats + 1) * wgrad if fsdp else 0.0) - freed
+    if lay.tp > 1 and lay.micro_batch > 1:
+        # the sequence-parallel linear's backward (trainer/sequence_parallel.py) reduce-scatters its input
+        # gradient from a sequence-major copy (a view when the micro-batch is one sequence)
+        at_in += e * h * tokens
     return max(at_w2, at_act, at_in)
 
 
@@ -1149,9 +1155,9 @@ def _block_peak(model, lay: Layout, num: Numerics, tokens: float, acts: float, r
     if lay.recompute == "selective" and model.experts == 1:
         # op-level selective recompute (recompute.py) replays the block at its backward's first unpack and then
         # drops the kept outputs nothing saves: wq's and wk's (RoPE makes q and k anew), wv's under CP (SDPA
-        # saves the gathered V) and wo's
+        # saves the gathered V) and wo's (a sequence shard under TP)
         hkv = model.kv_width
-        acts -= ((model.q_width + hkv * (2 if lay.cp > 1 else 1)) / lay.tp + model.hidden) * num.act * tokens
+        acts -= (model.q_width + model.hidden + hkv * (2 if lay.cp > 1 else 1)) / lay.tp * num.act * tokens
     if model.experts > 1:
         temps = recomputed + mlp_backward_bytes(model, routed, mtp, num.act)
         if lay.ep > 1 and recomputed > 0:
@@ -1203,7 +1209,7 @@ def _mlp_kept_bytes(model, tokens: float, tp: int, num: Numerics, mode: str, ep:
         return 0.0
     mats, e = (2 if model.mlp != "gelu" else 1), num.act
     if model.experts == 1:
-        return (mats * model.ffn_hidden / tp + model.hidden) * e * tokens
+        return (mats * model.ffn_hidden + model.hidden) / tp * e * tokens    # w2's: a sequence shard under TP
     return tokens * (model.experts * e + model.experts_per_token * (mats * model.expert_ffn + model.hidden) * e
                      + (mats * model.shared_ffn + model.hidden) * e * (model.shared_experts > 0))
 

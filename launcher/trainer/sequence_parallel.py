@@ -64,14 +64,11 @@ def _gather_linear_setup(ctx, inputs, output) -> None:
 def _gather_linear_backward(ctx, grads: list[Tensor]):
     x, *weights = ctx.saved_tensors
     full = _gather_seq(x, *ctx.group).reshape(-1, x.shape[-1])        # gathered again (Megatron's backward)
-    grad_full = None
-    weight_grads = []
-    for g, w in zip(grads, weights, strict=True):
-        g2 = g.reshape(-1, g.shape[-1])
-        weight_grads.append(g2.t() @ full)
-        part = g @ w
-        grad_full = part if grad_full is None else grad_full.add_(part)
-    assert grad_full is not None
+    weight_grads = [g.reshape(-1, g.shape[-1]).t() @ full for g in grads]
+    del full                                                          # before the input gradient is made
+    grad_full = grads[0] @ weights[0]
+    for g, w in zip(grads[1:], weights[1:], strict=True):
+        grad_full.add_(g @ w)
     return _scatter_seq(grad_full, *ctx.group), weight_grads, None, None
 
 

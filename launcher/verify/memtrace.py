@@ -44,6 +44,7 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch._guards import active_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.distributed._tools.common_utils import get_untyped_storages
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType, _FSDPState
@@ -55,6 +56,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceS
 from torch.utils.weak import WeakIdKeyDictionary
 
 from launcher.trainer import engine as engine_mod
+from launcher.trainer import sequence_parallel as sp_ops
 from launcher.trainer.config import TrainerConfig
 from launcher.trainer.engine import Engine
 from launcher.trainer.mesh import build_mesh
@@ -324,6 +326,20 @@ class RankMemTracker(FSDPMemTracker):
             # torch's tracker files those as activations, the rest of the same recompute as temporaries
             reftype = _FSDPRefType.TEMP
         super()._track(reftype, t)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        """torch's, and a custom op's declared workspace (sequence_parallel.workspace_bytes: the gathered
+        input, the partial sum) held as a temporary while the op's outputs are made: the tracker sees a
+        custom op's outputs, not what its kernel allocates inside."""
+        ws = sp_ops.workspace_bytes(func, args)
+        if not ws or active_fake_mode() is not self._fake_mode_on_entry:
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        buf = torch.empty(ws, dtype=torch.uint8, device=args[0].device)
+        self._track(_FSDPRefType.TEMP, buf)
+        try:
+            return super().__torch_dispatch__(func, types, args, kwargs)
+        finally:
+            del buf
 
     def clipping(self, clip):
         """`clip` (the engine's clip_grad_norm) with what it makes filed as temporaries."""
