@@ -77,7 +77,7 @@ class Stack:
     grad_reduce_bytes: float          # bytes per gradient element reduced
     selective_matmul_recompute: float = 0.0   # share of the matmul forward that selective recompute repeats
     selective_attention_recompute: float = 1.0   # share of the attention core it repeats (Megatron's: all)
-    selective_regathers: bool = False         # selective recompute repeats TP's sequence all-gathers in backward
+    sp_regathers: bool = False        # TP's linears keep the sequence shard and all-gather it again in backward
     replicated_param_bytes: float = 2.0       # bytes per parameter ZeRO 1 gathers back (replicated state)
     dp_per_gpu_nic: bool = False      # DP collectives across nodes reach one NIC's bandwidth per GPU, not k·NIC
     ceiling_by_generation: tuple[tuple[str, float], ...] = ()   # efficiency_max per GPU generation, where it differs
@@ -113,7 +113,7 @@ STACKS: dict[str, Stack] = {
                      # op-level selective recompute (trainer/recompute.py) keeps every matmul's and
                      # SDPA's output: backward repeats only norms, RoPE and activations (no FLOPs here);
                      # the sequence-parallel linears (trainer/sequence_parallel.py) gather again in backward
-                     selective_attention_recompute=0.0, selective_regathers=True, elementwise_passes=140.0),
+                     selective_attention_recompute=0.0, sp_regathers=True, elementwise_passes=140.0),
     # Megatron-LM / NeMo: fused kernels (TE, cuDNN attention), distributed optimizer overlapping grad reduce
     # and param gather with compute
     "megatron": Stack("Megatron-LM / NeMo", efficiency_max=0.791, fsdp_overlap=0.8, grad_sync_overlap=0.8,
@@ -486,10 +486,9 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
     # TP (+SP): per layer 2 all-gathers + 2 reduce-scatters of s·b·h forward, as many backward; full
     # recompute repeats the forward's.
     tp_bw = bws.get("tp", inf)
-    # the bundled trainer's selective recompute makes the norms' sequence all-gathers again in backward
-    # (recompute.SAVED_OPS): 2 more
-    tp_colls = 12 if lay.recompute == "full" else 10 if lay.recompute == "selective" and stack.selective_regathers \
-        else 8
+    # linears that keep only the sequence shard (sp_regathers: the bundled trainer's sequence_parallel.py)
+    # all-gather it again in backward: 2 more
+    tp_colls = (12 if lay.recompute == "full" else 8) + (2 if stack.sp_regathers else 0)
     if model.experts > 1:
         tp_colls //= 2      # a MoE block: attention's collectives only (the experts route each rank's own shard)
     tp_mb = tp_colls * ring(s_local * b * h * dtype, lay.tp, tp_bw, stack.alpha_s) * layers_stage
