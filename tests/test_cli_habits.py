@@ -97,3 +97,29 @@ def test_log_lines_show_one_rank_prefix():
     assert one_prefix("1: [rank3]: [rank3] x") == "1: [rank3]: x"                     # after srun --label
     assert one_prefix("[rank0]: step 1/8 | loss 5.0") == "[rank0]: step 1/8 | loss 5.0"
     assert one_prefix("[rank0]: [rank1] not its own") == "[rank0]: [rank1] not its own"
+
+
+def test_no_ghost_commands():
+    """Every `launch X` the README, the docs and the job file's schema name is a command `launch` has
+    (the schema once sent users to a `launch tokenize` that never existed)."""
+    from launcher.plan.spec import job_schema
+
+    named = re.compile(r"`launch ([a-z][a-z-]*)|^\$? ?launch ([a-z][a-z-]*)", re.M)
+    ghosts = [f"{p.name}: launch {m.group(1) or m.group(2)}"
+              for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+              for m in named.finditer(p.read_text()) if (m.group(1) or m.group(2)) not in COMMANDS]
+    ghosts += [f"job schema: launch {w}" for w in re.findall(r"\blaunch ([a-z][a-z-]*)", json.dumps(job_schema()))
+               if w not in COMMANDS]
+    assert ghosts == []
+    assert "export" in COMMANDS and launch("export", "--help").returncode == 0
+
+
+def test_make_demo_shows_its_install_progress():
+    """`make demo` on a fresh clone installs for minutes: each step says what it does before it starts,
+    and the big download (torch) keeps pip's progress bar (no -q on it)."""
+    recipe = (REPO / "Makefile").read_text().split("$(VENV)/.installed:", 1)[1].split("\n\n", 1)[0]
+    lines = [ln.strip() for ln in recipe.splitlines()[1:] if ln.strip() and not ln.strip().startswith("#")]
+    installs = [i for i, ln in enumerate(lines) if "install" in ln and not ln.startswith("@echo")]
+    assert installs and all(lines[i - 1].startswith("@echo") for i in installs), lines
+    torch = next(ln for ln in lines if "torch" in ln and not ln.startswith("@echo"))
+    assert " -q" not in torch and "--progress-bar on" in torch
