@@ -21,7 +21,7 @@ def describe(g: ProbeGroup) -> str:
     """One slow group in one line: which, where, how fast, what the plan assumed."""
     return (f"{KIND_NAMES[g.kind]} group {g.index}, {g.where()}: {g.op} {g.measured_busbw_gbs or 0:.3g} GB/s busbw "
             f"in {g.measured_s or 0:.3g} s; the plan assumed {g.assumed_s:.3g} s at {g.assumed_busbw_gbs:.3g} GB/s "
-            f"(ratio {g.ratio or 0:.2f})")
+            f"(ratio {g.ratio or 0:.2g})")
 
 
 def verdict(result: str | Path, hosts: list[str], log_tail: str = "") -> list[str]:

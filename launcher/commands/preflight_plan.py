@@ -201,7 +201,7 @@ def render(probe: GroupProbe, per_kind: int = 8) -> str:
                  f"{'measured (worst)':>16}  {'ratio':>6}")
     for r in rows:
         flag = "  SLOW" if r["slow_groups"] else ""
-        ratio = "-" if r["ratio_worst"] is None else f"{r['ratio_worst']:.2f}"
+        ratio = "-" if r["ratio_worst"] is None else f"{r['ratio_worst']:.2g}"
         lines.append(f"{r['name']:<14} {r['groups']:>6}  {r['op']:<14} {_size(r['nbytes']):>9}  "
                      f"{_gbs(r['assumed_busbw_gbs']):>12}  {_gbs(r['measured_busbw_gbs_worst']):>16}  {ratio:>6}{flag}")
     for kind in probe.kinds():
@@ -209,7 +209,7 @@ def render(probe: GroupProbe, per_kind: int = 8) -> str:
         lines.append(f"\n{KIND_NAMES[kind]} groups ({len(groups)}):")
         for g in groups[:per_kind]:
             flag = "  SLOW" if g.slow(tol) else ""
-            ratio = "-" if g.ratio is None else f"{g.ratio:.2f}"
+            ratio = "-" if g.ratio is None else f"{g.ratio:.2g}"
             t = "-" if g.measured_s is None else f"{g.measured_s * 1e3:.3g} ms"
             lines.append(f"  {g.index:>4}  {g.where(probe.hosts):<44} {t:>10}  {_gbs(g.measured_busbw_gbs):>12}  "
                          f"ratio {ratio}{flag}")
@@ -217,8 +217,8 @@ def render(probe: GroupProbe, per_kind: int = 8) -> str:
             lines.append(f"  ... {len(groups) - per_kind} more (--json lists every group)")
     if probe.measured_step_s is not None:
         change = probe.measured_step_s / probe.predicted_step_s - 1 if probe.predicted_step_s else 0.0
-        lines.append(f"\nstep time: {probe.predicted_step_s:.4g} s as planned; {probe.measured_step_s:.4g} s with the "
-                     f"measured bandwidths ({change:+.0%})")
+        lines.append(f"\nstep time (the plan's time model): {probe.predicted_step_s:.4g} s at the assumed bandwidths, "
+                     f"{probe.measured_step_s:.4g} s at the measured ones ({change:+.0%})")
     slow = probe.slow_groups()
     if probe.error:
         lines.append(f"\nnot measured: {probe.error}")
