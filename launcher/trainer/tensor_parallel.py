@@ -53,18 +53,18 @@ def shard_block(block: nn.Module, tp_mesh: DeviceMesh, moe: bool) -> None:
     """Megatron's column-then-row split of attention (and a dense MLP): heads and the MLP's inner
     dimension over TP, the sequence-parallel ops given the group (model.Attention.sp, FeedForward.sp)."""
     group = (tp_mesh.size(), tp_mesh.get_group().group_name)
-    attn = block.attention
+    attn = block.get_submodule("attention")
     for name in ("wq", "wk", "wv"):
-        _shard_weight(getattr(attn, name), tp_mesh, 0)
-    _shard_weight(attn.wo, tp_mesh, 1)
+        _shard_weight(attn.get_submodule(name), tp_mesh, 0)
+    _shard_weight(attn.get_submodule("wo"), tp_mesh, 1)
     attn.sp = group  # type: ignore[assignment]
     if moe:
         return
-    ffn = block.feed_forward
+    ffn = block.get_submodule("feed_forward")
     for name in ("w1", "w3"):
         if hasattr(ffn, name):
-            _shard_weight(getattr(ffn, name), tp_mesh, 0)
-    _shard_weight(ffn.w2, tp_mesh, 1)
+            _shard_weight(ffn.get_submodule(name), tp_mesh, 0)
+    _shard_weight(ffn.get_submodule("w2"), tp_mesh, 1)
     ffn.sp = group  # type: ignore[assignment]
 
 
