@@ -259,3 +259,18 @@ def test_doc_reference_is_generated_and_current():
     text = DOC.read_text()
     assert updated(text, render_reference()) == text, "docs/job-file.md is stale: run python -m launcher.plan.schema_doc"
     assert "| `seq_len` | integer 1 … 16777216 | **required** |" in text
+
+
+def test_every_job_file_field_has_a_meaning():
+    """Every key of every section, nested ones included, says what it does: the reference's meaning
+    column is never empty (it is generated from the same schema)."""
+    from launcher.plan.schema_doc import SECTIONS
+    from launcher.plan.spec import job_schema
+
+    defs = job_schema()["$defs"]
+    missing = [f"{name}.{key}" for name, d in defs.items() for key, s in d.get("properties", {}).items()
+               if not s.get("description", "").strip()]
+    assert not missing, f"fields without a doc= meaning: {missing}"
+    assert {ref for _, ref in SECTIONS} == set(defs), "every section of the job file has a table in the reference"
+    rows = [line for line in render_reference().splitlines() if line.startswith("| `")]
+    assert rows and all(line.rsplit("|", 2)[-2].strip() for line in rows)

@@ -283,7 +283,7 @@ def dataclass_schema(cls: type, defs: dict[str, Any]) -> dict[str, Any]:
                 if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if required:
         out["required"] = required
-    doc = (cls.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+    doc = " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
     if doc and not doc.startswith(cls.__name__ + "("):
         out["description"] = doc
     return out

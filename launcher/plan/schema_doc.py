@@ -16,9 +16,11 @@ END = "<!-- END generated reference -->"
 DOC = Path(__file__).resolve().parents[2] / "docs" / "job-file.md"
 
 #: (title, path to the section's schema in the job schema's $defs)
-SECTIONS = [("model", "ModelSpec"), ("train", "TrainSpec"), ("cluster", "ClusterSpec"),
-            ("cluster.gpu (a mapping)", "GpuSpec"), ("parallel", "ParallelSpec"), ("backend", "BackendSpec"),
-            ("backend.slurm", "SlurmSpec"), ("backend.k8s", "K8sSpec"), ("diagnostics", "DiagnosticsSpec")]
+SECTIONS = [("model", "ModelSpec"), ("train", "TrainSpec"), ("train.entrypoint", "EntrypointSpec"),
+            ("cluster", "ClusterSpec"), ("cluster.gpu (a mapping)", "GpuSpec"), ("parallel", "ParallelSpec"),
+            ("backend", "BackendSpec"), ("backend.slurm", "SlurmSpec"), ("backend.slurm.node_check", "NodeCheckSpec"),
+            ("backend.k8s", "K8sSpec"), ("backend.k8s.topology", "K8sTopologySpec"),
+            ("diagnostics", "DiagnosticsSpec")]
 
 
 def _code(v: Any) -> str:
@@ -66,7 +68,8 @@ def table(defn: dict[str, Any]) -> list[str]:
             default = _code(s["default"])
         else:
             default = "—"
-        rows.append(f"| `{key}` | {type_text(s)} | {default} | {s.get('description', '')} |")
+        meaning = s.get("description", "").replace("|", "\\|")      # a bare | would end the cell
+        rows.append(f"| `{key}` | {type_text(s)} | {default} | {meaning} |")
     return rows
 
 
