@@ -622,10 +622,6 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
     opt_b = TRAINER_STATE_BYTES[train.optimizer]
     dense = rp.blocks_dense + rp.root
     buffers = rope_buffer_bytes(model, train, lay, num)
-    # TP: DTensor has no vocab-sharded strategy for embedding_dense_backward, so each TP rank computes the
-    # whole [vocab, hidden] gradient (replicated; sliced to its Shard(0) only when FSDP reduces it or the
-    # optimizer reads it): the rest of the vocabulary beside this rank's shard
-    whole_vocab = param_counts(model).embedding * (1 - 1 / lay.tp) if pp_rank_of(lay, role) == 0 else 0.0
     # --- state: fp32 params and grads (the optimizer's masters), sharded by FSDP under ZeRO 2/3
     if fsdp:
         params = 4 * (dense / n + rp.blocks_expert / n_exp)
@@ -642,15 +638,14 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
         if lay.pp > 1:
             # ... and gradient sync: unsharded grads accumulate in the fp32 reduce dtype for the whole
             # stage; the sharded ones appear only at the final reduce-scatter, after the activations
-            grads = 4 * (rp.total + whole_vocab)
+            grads = 4 * rp.total
     else:
         # ZeRO 0/1 (dist_optim.py): the weights in their own dtype and their gradients in it (or grad_dtype
-        # fp32's buffer, into which each micro-batch's gradient is added and released, TP's whole-vocabulary
-        # one included); the fp32 masters and the optimizer's state of the even share the rank steps: every
+        # fp32's buffer, into which each micro-batch's gradient is added and released); the fp32 masters and the optimizer's state of the even share the rank steps: every
         # tensor chunked over dp·cp under ZeRO 1 (EP experts over their dp·cp/ep replicas), all of it under 0
         w = num.gathered
         params = w * rp.total
-        grads = 4 * rp.total if train.grad_dtype == "fp32" and w == 2 else w * (rp.total + whole_vocab)
+        grads = 4 * rp.total if train.grad_dtype == "fp32" and w == 2 else w * rp.total
         owned = dense / n + rp.blocks_expert / n_exp if lay.zero == 1 else dense + rp.blocks_expert
         optimizer = (4 + opt_b) * owned
         step_grads = 4 * owned                   # the fp32 shard the reduce leaves (the weights' are released)
@@ -696,7 +691,7 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
         state = RankMemory(params + buffers, grads, optimizer, acts - per_layer * layers * held
                            - pipeline_buffer_bytes(model, lay, num, tokens, held, r), 0.0, 0.0, "")
         fwd_bwd = _interleaved_peak(model, train, lay, num, rp, state, tokens, per_layer, recomputed, fsdp, r,
-                                    whole_vocab, step_grads / grads if fsdp and grads else 1.0)
+                                    step_grads / grads if fsdp and grads else 1.0)
         return fwd_bwd if fwd_bwd.total >= step.total else step
     has_head = r == lay.pp - 1
     # --- the forward/backward peak: the loss's backward (last stage) or the first block's backward
@@ -725,11 +720,11 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
     if r == 0:
         # the end of a micro-batch's backward: one micro-batch's blocks are freed, the others in flight stay
         end_acts = acts - per_layer * layers
-        # embedding_dense_backward's gradient, before it is accumulated: [vocab, hidden] in the weight's
-        # dtype, the whole vocabulary under TP too (see whole_vocab); tied with pp = 1 it is added to the
+        # the embedding's gradient, before it is accumulated: [vocab/tp, hidden] in the weight's dtype (under TP
+        # sequence_parallel.embedding_scatter makes only this rank's rows); tied with pp = 1 it is added to the
         # head's waiting gradient, out of place (the sum, the two gradients)
-        end_temps = num.gathered * model.vocab * model.hidden * (3 if model.tied_embeddings and has_head else 1)
-        end_temps += num.residual * model.hidden * tokens     # its incoming gradient (all-gathered under TP)
+        end_temps = embedding_backward_bytes(model, lay, num, tokens) + num.gathered * model.vocab * model.hidden \
+            / lay.tp * (2 if model.tied_embeddings and has_head else 0)
         # ZeRO 3 under PP: every block of the stage (with interleaving: of the model chunk whose backward
         # ends) is still gathered: pipelining turns reshard-after-backward off until the last micro-batch
         # (ZeRO 2's gathered blocks are already in params)
@@ -740,7 +735,7 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
             # the first backward's end (no earlier one here): FSDP's post-backward upcasts the embedding's bf16
             # unsharded gradient (its .grad) to the fp32 reduce dtype (_fsdp_param.to_accumulated_grad_if_needed:
             # the whole vocabulary under TP), beside it; the incoming gradient is freed
-            emb = param_counts(model).embedding
+            emb = param_counts(model).embedding / lay.tp
             candidates.append(RankMemory(params + buffers + end_gathered, grads - (4 - num.gathered) * emb,
                                          optimizer, end_acts, 4.0 * emb, 0.0, "end of the first backward"))
             # a later backward's end (the accumulated gradient exists): one micro-batch fewer in flight
@@ -1007,8 +1002,7 @@ def _moment_features(pp: int, v: int, m: int, r: int, chunk_layers: tuple[int, .
 
 
 def _interleaved_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, state: RankMemory, tokens: float,
-                      per_layer: float, recomputed: float, fsdp: bool, r: int, whole_vocab: float,
-                      sharded: float) -> RankMemory:
+                      per_layer: float, recomputed: float, fsdp: bool, r: int, sharded: float) -> RankMemory:
     """The forward/backward peak of pipeline rank r under interleaved 1F1B, from its own action order
     (interleaved_order): at each chunk's backward of a micro-batch, the activations of every (chunk,
     micro-batch) whose forward has run and backward has not; the gradients of each chunk whose backward has
@@ -1027,15 +1021,12 @@ def _interleaved_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, 
     c = param_counts(model)
     embedding = c.embedding / lay.tp if r == 0 else 0.0
     blocks = rp.blocks_dense + rp.blocks_expert
-    # each chunk's gradient: its blocks'; the embedding's (and TP's whole-vocabulary gradient) on stage 0;
+    # each chunk's gradient: its blocks'; the embedding's on stage 0;
     # the head's and final norm's on the last stage (the rest of the root unit)
     # (FSDP under PP: unsharded, in the fp32 reduce dtype; ZeRO 0/1: in the weights' dtype, or grad_dtype fp32's)
     gw = 4 if fsdp or train.grad_dtype == "fp32" else num.gathered
     chunk_grads = [gw * blocks * n / max(1, layers) for n in chunk_layers]
-    # TP's whole-vocabulary embedding gradient: FSDP accumulates it in fp32; without FSDP it waits in the weight's
-    # dtype (grad_dtype fp32 adds it into the buffer as it comes)
-    vocab_rest = (4 if fsdp else 0 if train.grad_dtype == "fp32" else num.gathered) * whole_vocab
-    chunk_grads[0] += gw * embedding + vocab_rest
+    chunk_grads[0] += gw * embedding
     chunk_grads[-1] += gw * (rp.root - embedding)                 # 0 but on the last pipeline rank
     # the loss's and a block's backward peaks grow by the activations held beside them, nothing else: priced
     # once without them (the loss's per micro-batch in flight of the head chunk) and added to per moment
@@ -1047,7 +1038,7 @@ def _interleaved_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, 
     buffer_bytes, received, shares = _pipeline_buffers(model, lay, num, tokens, r)
     base = state.params
     opt = state.optimizer
-    embedding_grad = gw * c.embedding / lay.tp + vocab_rest
+    embedding_grad = gw * c.embedding / lay.tp
     # per chunk: layers, whether it ends in the loss, whether it starts the model, its gathered blocks at its
     # backward's end (ZeRO 3 under PP)
     per_chunk = []
@@ -1056,7 +1047,7 @@ def _interleaved_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, 
         per_chunk.append((n, r == pp - 1 and k == v - 1, r == 0 and k == 0,
                           num.gathered * (rp.blocks_dense + rp.blocks_expert) * share if fsdp and lay.zero == 3
                           else 0.0, block[n]))
-    first_end_temps = num.gathered * model.vocab * model.hidden + num.residual * model.hidden * tokens
+    first_end_temps = embedding_backward_bytes(model, lay, num, tokens)
     kept_by_finished: dict[tuple, list[float]] = {}
     best_total: float = float("-inf")
     best: tuple = ()
@@ -1133,6 +1124,13 @@ def loss_input_bytes(model, lay: Layout, num: Numerics, tokens: float) -> float:
     # backward: without TP that is the loss's hidden states themselves, under TP they are its all-gather
     stage_output = r * h * tokens / lay.tp if lay.tp > 1 and lay.pp > 1 else 0.0
     return (4 + r) * h * tokens / lay.tp + r * h * tokens + stage_output
+
+
+def embedding_backward_bytes(model, lay: Layout, num: Numerics, tokens: float) -> float:
+    """The embedding's backward working set: its incoming gradient (all-gathered under TP, and a masked copy of
+    it: sequence_parallel.embedding_scatter) and the gradient it makes, this rank's [vocab/tp, hidden] rows."""
+    incoming = num.residual * model.hidden * tokens * (2 if lay.tp > 1 else 1)
+    return incoming + num.gathered * model.vocab * model.hidden / lay.tp
 
 
 def _head_grad_bytes(num: Numerics, rp: RankParams | None, elems: float = 0.0) -> float:

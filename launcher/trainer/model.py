@@ -227,6 +227,8 @@ class Transformer(nn.Module):
         self.register_buffer("rope_sin", torch.empty(seq_len, width), persistent=False)
         self.positions = torch.arange(seq_len)   # this rank's absolute token positions (CP changes it)
         self.rope_dtype = torch.float32         # the compute dtype (the engine sets bf16): no cast per forward
+        # (first vocabulary row of this rank, TP size, TP group name) once TP shards the embedding
+        self.embed_sp: tuple[int, int, str] | None = None
 
     def keep_only(self, first: int, last: int, has_embedding: bool, has_head: bool) -> None:
         """Turn this model into a pipeline stage owning layers [first, last)."""
@@ -296,7 +298,12 @@ class Transformer(nn.Module):
         self.set_positions(self.positions)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+        if self.tok_embeddings is None:
+            h = x
+        elif self.embed_sp is not None:      # this rank's vocabulary rows, its sequence shard out
+            h = sp_ops.embedding_scatter(x, local(cast(torch.Tensor, self.tok_embeddings.weight)), *self.embed_sp)
+        else:
+            h = self.tok_embeddings(x)
         # the tables are held in the compute dtype (rope_dtype): no copy here, and FSDP's cast of each
         # block's inputs to bf16 finds them cast
         cos, sin = self.rope_cos.to(h.dtype), self.rope_sin.to(h.dtype)

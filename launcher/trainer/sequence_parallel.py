@@ -11,6 +11,9 @@ each, autograd saves exactly what the backward below needs, and selective recomp
 - ``gather_linear(x, [w...])``: all-gather ``x`` [b, s/tp, h] along the sequence, one matmul per
   weight (q, k, v share one gather, as Megatron's fused QKV); saves ``x`` (the shard). Backward:
   the same all-gather again, the weight gradients from it, the input gradient reduce-scattered.
+- ``embedding_scatter(ids, w)``: the vocabulary-parallel embedding (this rank's rows looked up, the
+  partial sums reduce-scattered along the sequence); its backward makes only this rank's rows'
+  gradient, where DTensor's RowwiseParallel embedding makes the whole [vocab, h] one and slices it.
 - ``linear_scatter(x, w)``: the row-parallel matmul and the reduce-scatter of its partial sums
   along the sequence; saves ``x`` (which its producer keeps anyway). Backward: the output gradient
   all-gathered, both gradients from it.
@@ -101,8 +104,52 @@ def _linear_scatter_backward(ctx, grad: Tensor):
 
 linear_scatter.register_autograd(_linear_scatter_backward, setup_context=_linear_scatter_setup)
 
+
+
+@torch.library.custom_op("launch4d::embedding_scatter", mutates_args=())
+def embedding_scatter(ids: Tensor, w: Tensor, vocab_start: int, group_size: int, group_name: str) -> Tensor:
+    """Megatron's VocabParallelEmbedding with sequence parallelism: each rank looks up the tokens of its
+    vocabulary rows (zeros for the others), and the partial sums are reduce-scattered along the sequence."""
+    local, outside = _local_ids(ids, vocab_start, w.shape[0])
+    rows = torch.nn.functional.embedding(local, w).masked_fill_(outside.unsqueeze(-1), 0)
+    return _scatter_seq(rows, group_size, group_name)
+
+
+@embedding_scatter.register_fake
+def _(ids: Tensor, w: Tensor, vocab_start: int, group_size: int, group_name: str) -> Tensor:
+    b, s = ids.shape
+    return w.new_empty(b, s // group_size, w.shape[1])
+
+
+def _local_ids(ids: Tensor, vocab_start: int, rows: int) -> tuple[Tensor, Tensor]:
+    local = ids - vocab_start
+    outside = (local < 0) | (local >= rows)
+    return local.masked_fill(outside, 0), outside
+
+
+def _embedding_setup(ctx, inputs, output) -> None:
+    ids, w, vocab_start, group_size, group_name = inputs
+    ctx.save_for_backward(ids)
+    ctx.rows, ctx.dtype = w.shape[0], w.dtype
+    ctx.vocab_start, ctx.group = vocab_start, (group_size, group_name)
+
+
+def _embedding_backward(ctx, grad: Tensor):
+    (ids,) = ctx.saved_tensors
+    g = _gather_seq(grad, *ctx.group)                                 # [b, s, h]
+    local, outside = _local_ids(ids, ctx.vocab_start, ctx.rows)
+    g = g.masked_fill(outside.unsqueeze(-1), 0)
+    # only this rank's vocabulary rows: DTensor's embedding backward makes the whole [vocab, h] gradient
+    grad_w = g.new_zeros(ctx.rows, g.shape[-1]).index_add_(0, local.reshape(-1), g.reshape(-1, g.shape[-1]))
+    return None, grad_w, None, None, None
+
+
+embedding_scatter.register_autograd(_embedding_backward, setup_context=_embedding_setup)
+
+
 #: the ops' overloads, for selective recompute's kept list and the tracer
-OPS = (torch.ops.launch4d.gather_linear.default, torch.ops.launch4d.linear_scatter.default)
+OPS = (torch.ops.launch4d.gather_linear.default, torch.ops.launch4d.linear_scatter.default,
+       torch.ops.launch4d.embedding_scatter.default)
 
 
 def workspace_bytes(func, args) -> int:
@@ -115,4 +162,7 @@ def workspace_bytes(func, args) -> int:
     if func is OPS[1]:
         x, w = args[0], args[1]
         return x.shape[0] * x.shape[1] * w.shape[0] * x.element_size()
+    if func is OPS[2]:
+        ids, w = args[0], args[1]
+        return ids.numel() * w.shape[1] * w.element_size()
     return 0

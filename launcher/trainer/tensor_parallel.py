@@ -4,19 +4,21 @@ Why this plan: attention heads and the MLP's inner dimension split column-then-r
 block needs one all-gather in and one reduce-scatter out per sub-layer; the norms and the
 residual stream stay sharded along the sequence (SequenceParallel), so no rank stores the
 full s·b·h activations outside attention/MLP, and the linears (sequence_parallel.py) keep the
-shard, not the gathered sequence, for their backward. The embedding is vocab-sharded (RowwiseParallel)
+shard, not the gathered sequence, for their backward. The embedding is vocab-sharded (sequence_parallel.embedding_scatter)
 and the output projection is vocab-sharded too: the loss (loss.py) is computed vocab-parallel
 from those shards, so full logits are never gathered.
 """
 
 from __future__ import annotations
 
+from typing import cast
+
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (
     PrepareModuleInput,
-    RowwiseParallel,
     SequenceParallel,
     parallelize_module,
 )
@@ -72,14 +74,13 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh) -> None:
     """Shard `model` (a whole model or one pipeline stage) over `tp_mesh` in place."""
     if tp_mesh.size() == 1:
         return
-    top: dict = {}
     if model.tok_embeddings is not None:
-        # token ids replicated in, sequence-sharded hidden states out (reduce-scatter)
-        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+        # token ids replicated in, sequence-sharded hidden states out (sequence_parallel.embedding_scatter)
+        _shard_weight(model.tok_embeddings, tp_mesh, 0)
+        rows = cast(torch.Tensor, model.tok_embeddings.weight).shape[0] // tp_mesh.size()
+        model.embed_sp = (tp_mesh.get_local_rank() * rows, tp_mesh.size(), str(tp_mesh.get_group().group_name))
     if model.norm is not None:
-        top["norm"] = SequenceParallel()
-    if top:
-        parallelize_module(model, tp_mesh, top)
+        parallelize_module(model, tp_mesh, {"norm": SequenceParallel()})
     if model.output is not None:
         # vocab-sharded [V/tp, h]; used directly by the vocab-parallel loss, never called as a module
         w = model.output.weight
