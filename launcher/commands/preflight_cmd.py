@@ -175,11 +175,19 @@ def threshold_options(f: Any) -> Any:
 @click.option("--plan", "plan_file", type=click.Path(dir_okay=False),
               help="Measure this plan.json's own communication groups instead (TP, CP, PP neighbours, DP/ZeRO, EP: "
                    "each group's collective at the plan's message size) and compare them with what its time model "
-                   "assumed; --backend local (default), ssh (--hosts: node i is host i) or slurm (a batch job; waits).")
+                   "assumed; --backend local (default), ssh (--hosts: node i is host i), slurm (a batch job; waits) or "
+                   "k8s (a one-off gang of pods; waits).")
 @click.option("--tolerance", type=click.FloatRange(0, 1, max_open=True), default=0.3, show_default=True,
               help="With --plan: a group measuring below (1 - tolerance) x the assumed bandwidth fails (exit 1).")
 @click.option("--iters", type=click.IntRange(1, 1000), default=5, show_default=True,
               help="With --plan: timed calls per group (the median counts), after 2 untimed ones.")
+@click.option("--python", "node_python", default=None,
+              help="With --plan --backend ssh|k8s: the Python on the nodes (in the image) that has launch4d[train] "
+                   "(default: python3 over SSH, python in a pod).")
+@click.option("--master-addr", help="With --plan --backend ssh: the address the nodes reach the first host at "
+                                    "(default: the first host's name).")
+@click.option("--master-port", type=click.IntRange(1024, 65535), default=29511, show_default=True,
+              help="With --plan --backend ssh|k8s: the probe's rendezvous port on the first node.")
 @threshold_options
 @json_option
 @click.pass_context
@@ -195,7 +203,8 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
               thresholds: str | None, expected_gpus: int | None, min_intra_busbw: float | None,
               min_inter_busbw: float | None, output: str | None, exclude_failed: bool, drain: bool,
               scheduler: str | None, do_apply: bool, as_json: bool, plan_file: str | None = None,
-              tolerance: float = 0.3, iters: int = 5) -> int | None:
+              tolerance: float = 0.3, iters: int = 5, node_python: str | None = None, master_addr: str | None = None,
+              master_port: int = 29511) -> int | None:
     """Measure nodes and links (nvidia-smi topo, health, nccl-tests); write a bandwidth map. With --plan:
     measure the plan's own communication groups against what it assumed."""
     if ctx.invoked_subcommand is not None:
@@ -204,8 +213,12 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
         return _plan_preflight(plan_file, hosts_expr, hostfile, backend, tolerance, iters, nccl_timeout, output,
                                as_json, dict(user=user, port=port, identity_file=identity_file,
                                              known_hosts=known_hosts, accept_new_hosts=accept_new_hosts, jump=jump,
-                                             ssh_config=ssh_config, connect_timeout=connect_timeout),
-                               dict(out_dir=out_dir, partition=partition, account=account, time=time_limit))
+                                             ssh_config=ssh_config, connect_timeout=connect_timeout,
+                                             master_port=master_port, python=node_python or "python3",
+                                             master_addr=master_addr),
+                               dict(out_dir=out_dir, partition=partition, account=account, time=time_limit),
+                               dict(namespace=namespace, image=image, context=kube_context, gpus=gpus_per_node,
+                                    python=node_python or "python", master_port=master_port, dry_run=dry_run))
     from checks.hosts import HostsError, expand, from_allocation, from_file
     from checks.orchestrate import PreflightOptions, run_preflight
     from checks.pairing import NcclOptions
@@ -288,7 +301,7 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
 
 def _plan_preflight(plan_file: str, hosts_expr: str | None, hostfile: str | None, backend: str | None,
                     tolerance: float, iters: int, timeout_s: float, output: str | None, as_json: bool,
-                    ssh: dict[str, Any], slurm: dict[str, Any]) -> int:
+                    ssh: dict[str, Any], slurm: dict[str, Any], k8s: dict[str, Any]) -> int:
     """`preflight --plan` (launcher/commands/preflight_plan.py)."""
     from checks.hosts import HostsError, expand, from_file
     from launcher.commands import preflight_plan
@@ -298,7 +311,7 @@ def _plan_preflight(plan_file: str, hosts_expr: str | None, hostfile: str | None
     except HostsError as exc:
         raise UserError(str(exc)) from None
     return preflight_plan.run(plan_file, backend, hosts, tolerance, iters, timeout_s, output, as_json,
-                              ssh={**ssh, "master_port": 29511, "python": "python3"}, slurm=slurm)
+                              ssh=ssh, slurm=slurm, k8s=k8s)
 
 
 def _k8s_backend(context: str | None) -> Any:

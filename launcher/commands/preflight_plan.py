@@ -29,7 +29,7 @@ PLAN_BACKENDS = ("local", "ssh", "slurm")
 
 def run(plan_path: str, backend: str | None, hosts: list[str] | None, tolerance: float, iters: int,
         timeout_s: float, output: str | None, as_json: bool, ssh: dict[str, Any] | None = None,
-        slurm: dict[str, Any] | None = None) -> int:
+        slurm: dict[str, Any] | None = None, k8s: dict[str, Any] | None = None) -> int:
     from launcher.plan.commgroups import probe_spec, with_measured_step
     from launcher.plan.model import Plan
 
@@ -79,14 +79,14 @@ def _over_ssh(spec: GroupProbe, hosts: list[str], timeout_s: float, ssh: dict[st
     from checks.runners import get_runner
 
     opts = dict(ssh)
-    port, python = opts.pop("master_port"), opts.pop("python")
+    port, python, master = opts.pop("master_port"), opts.pop("python"), opts.pop("master_addr", None)
     try:
         runner = get_runner("ssh", **opts)
     except Exception as exc:  # noqa: BLE001 - one line, exit 2
         raise UserError(f"--backend ssh: {type(exc).__name__}: {exc}") from None
     try:
         with runner:
-            return run_nodes(spec, runner, hosts, timeout_s, port, python=python)
+            return run_nodes(spec, runner, hosts, timeout_s, port, python=python, master=master)
     except ValueError as exc:
         raise UserError(f"--plan: {exc}") from None
 
