@@ -50,9 +50,11 @@ POSITIONS = ("rope", "alibi")
 #: MoE with tp > 1 runs under ZeRO 0/1 (MOE_TP_ZERO).
 MOE_WITH_TP = True
 MOE_TP_ZERO = (0, 1)
-#: Context parallelism: keys and values all-gathered over the cp group, exact causal attention
-#: over a load-balanced head+tail split of the sequence into 2·cp chunks (context_parallel.py).
-CP_ATTENTION = "all-gather"
+#: Context parallelism (context_parallel.py), over a load-balanced head+tail split of the sequence into 2·cp
+#: chunks: all-gather (keys and values all-gathered over the cp group, Llama 3's) or all-to-all (DeepSpeed-Ulysses:
+#: q/k/v exchanged for a group of heads over the whole sequence, heads/tp divisible by cp: cp_attention_problem).
+CP_ATTENTIONS = ("all-gather", "all-to-all")
+CP_ATTENTION = CP_ATTENTIONS[0]            # the default
 
 ZeroStage = Literal[ZERO_STAGES]            # type: ignore[valid-type]
 Precision = Literal[PRECISIONS]             # type: ignore[valid-type]
@@ -63,6 +65,7 @@ Schedule = Literal[SCHEDULES]               # type: ignore[valid-type]
 PlanSchedule = Literal[("none", *SCHEDULES)]  # type: ignore[valid-type]
 Mlp = Literal[MLPS]                         # type: ignore[valid-type]
 Position = Literal[POSITIONS]               # type: ignore[valid-type]
+CpAttention = Literal[CP_ATTENTIONS]        # type: ignore[valid-type]
 
 
 def table() -> dict:
@@ -70,7 +73,7 @@ def table() -> dict:
     return {"zero_stages": list(ZERO_STAGES), "precisions": list(PRECISIONS), "optimizers": list(OPTIMIZERS),
             "recompute": list(RECOMPUTE), "schedules": list(SCHEDULES), "mlp": list(MLPS),
             "positions": list(POSITIONS),
-            "moe_with_tp": MOE_WITH_TP, "cp_attention": CP_ATTENTION}
+            "moe_with_tp": MOE_WITH_TP, "cp_attention": list(CP_ATTENTIONS)}
 
 
 # --- checks shared by the job file, the planner and the trainer --------------------------------
@@ -156,6 +159,27 @@ def ep_problem(m: ModelSpec, ep: int, dp: int, cp: int) -> str | None:
     return None
 
 
+def cp_attention_problem(m: ModelSpec, cp: int, tp: int, kind: str) -> str | None:
+    """All-to-all CP hands each cp rank heads/cp of its TP rank's query heads over the whole sequence, so they
+    must divide by cp; key/value heads too, or (GQA with fewer than cp) divide cp: each is then repeated up to
+    cp, every rank's query group sharing one (context_parallel.kv_repeats). After TP: tp_problem comes first."""
+    if kind != "all-to-all" or cp == 1:
+        return None
+    kv_heads = m.kv_heads or m.heads
+    q, kv = m.heads // tp, kv_heads // tp
+    where = f" per TP rank (of {{}}, tp={tp})" if tp > 1 else ""
+    if q % cp:
+        return (f"all-to-all needs the {q} query heads{where.format(m.heads)} divisible by cp={cp}; "
+                "use cp_attention: all-gather")
+    if kv >= cp and kv % cp:
+        return (f"all-to-all needs the {kv} key/value heads{where.format(kv_heads)} divisible by cp={cp}; "
+                "use cp_attention: all-gather")
+    if kv < cp and cp % kv:
+        return (f"all-to-all repeats the {kv} key/value heads{where.format(kv_heads)} up to cp={cp}, which they "
+                "must divide; use cp_attention: all-gather")
+    return None
+
+
 def interleave_problem(layers: int, pp: int, v: int) -> str | None:
     """Layers split over pp·v model chunks evenly, or with the first and last chunk (which also hold the
     embedding and the head) one layer short, down to none (Llama 3's 126 layers on pp 16 × v 8:
@@ -215,6 +239,10 @@ def check_plan(plan: Plan) -> None:
     need(why is None, f"plan.layout.zero={lay.zero} {why}")
     why = cp_problem(t.seq_len, lay.cp, lay.tp)
     need(why is None, f"plan.layout.cp={lay.cp} {why}")
+    need(lay.cp_attention in CP_ATTENTIONS, f"plan.layout.cp_attention={lay.cp_attention!r} is not one of "
+                                            f"{', '.join(CP_ATTENTIONS)}")
+    why = cp_attention_problem(m, lay.cp, lay.tp, lay.cp_attention)
+    need(why is None, f"plan.layout.cp_attention={lay.cp_attention} with cp={lay.cp}: {why}")
     why = ep_problem(m, lay.ep, lay.dp, lay.cp)
     need(why is None, f"plan.layout.ep={lay.ep} {why}")
     need(lay.micro_batch * lay.grad_accum * lay.dp == t.global_batch,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import SpecError, UserError
-from launcher.plan.capabilities import ZERO_REFUSED, PlanSchedule, Recompute, ZeroStage
+from launcher.plan.capabilities import ZERO_REFUSED, CpAttention, PlanSchedule, Recompute, ZeroStage
 from launcher.plan.schema import bounded, json_schema, load_dataclass, show
 from launcher.plan.spec import ClusterSpec, GpuSpec, ModelSpec, TrainSpec
 from launcher.plan.spec_backend import BackendSpec, DiagnosticsSpec
@@ -43,6 +43,8 @@ class Layout:
     grad_accum: int = bounded(lo=1, doc="micro-batches per optimizer step")
     schedule: PlanSchedule = bounded(doc="pipeline schedule ('none' when pp = 1)")
     virtual_stages: int = bounded(lo=1, doc="model chunks per pipeline rank")
+    cp_attention: CpAttention = bounded("all-gather", doc="how attention crosses the cp group: all-gather (keys and "
+                                                          "values) or all-to-all (heads, DeepSpeed-Ulysses)")
 
     @property
     def world(self) -> int:
@@ -183,6 +185,10 @@ class Plan:
     @property
     def virtual_stages(self) -> int:
         return self.layout.virtual_stages
+
+    @property
+    def cp_attention(self) -> str:
+        return self.layout.cp_attention
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:

@@ -19,6 +19,14 @@ with a bottom-right causal mask type; the first chunk is square (is_causal=True)
 would rule out flash attention and, with fp32 on some GPUs, fall back to the math kernel that
 materialises the s² scores. CPU kernels have no bottom-right variant: there the two masks are
 built once and shared by every layer.
+
+All-to-all (DeepSpeed-Ulysses, Jacobs et al. 2023, `parallel.cp_attention: all-to-all`): the same head/tail
+sequence split (data, positions, RoPE and the loss are unchanged: RoPE is applied before the exchange on the
+rank's own positions), but before attention one all-to-all per q, k and v turns [b, heads, s/cp, d] into
+[b, heads/cp, s, d] — cp rank r gets head group r of the whole sequence, put in sequence order — then plain
+square causal SDPA (no mask, no chunking), and one all-to-all back on the output. GQA key/value heads fewer
+than cp are repeated up to cp first (each rank's query group then shares one of them). Each exchange is
+its own autograd function whose backward is the opposite exchange.
 """
 
 from __future__ import annotations
@@ -30,10 +38,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
+from launcher.plan.capabilities import CP_ATTENTIONS
 from launcher.trainer.model import Transformer
 
-#: (first query position, queries, keys, q) -> ALiBi's additive bias with the causal mask (model.Attention.alibi_bias)
-AlibiFn = Callable[[int, int, int, torch.Tensor], torch.Tensor]
+#: (first query position, queries, keys, q[, first head of q among the rank's]) -> ALiBi's additive bias with
+#: the causal mask (model.Attention.alibi_bias)
+AlibiFn = Callable[..., torch.Tensor]
 
 
 def positions(seq_len: int, cp_rank: int, cp: int) -> torch.Tensor:
@@ -123,11 +133,107 @@ class CPAttention:
         return self._masks[key]
 
 
-def apply_cp(model: Transformer, group, cp_rank: int, cp: int, seq_len: int) -> None:
-    """Give every attention layer the cp core and the model this rank's RoPE positions."""
+def _scatter_heads(x: torch.Tensor, group, n: int) -> torch.Tensor:
+    """[b, H, s/n, d], this rank's head and tail chunks of every head -> [b, H/n, s, d], head group `rank`
+    of the whole sequence in sequence order (chunk j from rank j's head, chunk 2n-1-j from its tail)."""
+    b, H, sl, d = x.shape
+    hc, c = H // n, sl // 2
+    send = x.reshape(b, n, hc, sl, d).transpose(0, 1).contiguous()      # [dest rank, b, H/n, s/n, d]
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    del send
+    r = recv.view(n, b, hc, 2, c, d)                                    # [source rank, b, H/n, head|tail, c, d]
+    out = x.new_empty(b, hc, 2 * n, c, d)
+    out[:, :, :n].copy_(r[:, :, :, 0].permute(1, 2, 0, 3, 4))
+    for j in range(n):
+        out[:, :, 2 * n - 1 - j].copy_(r[j, :, :, 1])
+    return out.view(b, hc, 2 * n * c, d)
+
+
+def _gather_heads(y: torch.Tensor, group, n: int, seq_major: bool = False) -> torch.Tensor:
+    """The inverse of _scatter_heads: [b, H/n, s, d] -> [b, H, s/n, d]; `seq_major`: held as [b, s/n, H, d]
+    (what SDPA's outputs are, so the output projection's reshape is a view) and returned transposed."""
+    b, hc, S, d = y.shape
+    c = S // (2 * n)
+    yc = y.reshape(b, hc, 2 * n, c, d)
+    send = y.new_empty(n, b, hc, 2, c, d)
+    send[:, :, :, 0].copy_(yc[:, :, :n].permute(2, 0, 1, 3, 4))
+    for j in range(n):
+        send[j, :, :, 1].copy_(yc[:, :, 2 * n - 1 - j])
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    del send
+    r = recv.view(n, b, hc, 2 * c, d)                                   # [source rank = head group, b, H/n, s/n, d]
+    if seq_major:
+        return r.permute(1, 3, 0, 2, 4).reshape(b, 2 * c, n * hc, d).transpose(1, 2)
+    return r.permute(1, 0, 2, 3, 4).reshape(b, n * hc, 2 * c, d)
+
+
+class _ToHeads(torch.autograd.Function):
+    """q, k or v to this rank's head group of the whole sequence; backward sends the gradient back."""
+
+    @staticmethod
+    def forward(ctx, x, group, n):
+        ctx.group, ctx.n = group, n
+        return _scatter_heads(x, group, n)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _gather_heads(g, ctx.group, ctx.n), None, None
+
+
+class _ToSequence(torch.autograd.Function):
+    """Attention's output back to this rank's sequence chunks of every head."""
+
+    @staticmethod
+    def forward(ctx, y, group, n):
+        ctx.group, ctx.n = group, n
+        return _gather_heads(y, group, n, seq_major=True)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _scatter_heads(g, ctx.group, ctx.n), None, None
+
+
+def kv_repeats(kv_heads: int, cp: int) -> int:
+    """How often all-to-all CP repeats each of a rank's key/value heads: fewer than cp are repeated up to cp
+    (capabilities.cp_attention_problem refuses counts that neither divide nor are divisible by cp)."""
+    return cp // kv_heads if kv_heads < cp else 1
+
+
+class UlyssesAttention:
+    """Causal attention over the cp group by head exchange (DeepSpeed-Ulysses) for one rank's [b, heads, s/cp, d]
+    q/k/v: all-to-all to [b, heads/cp, s, d], causal SDPA over the whole sequence, all-to-all back."""
+
+    def __init__(self, group, cp_rank: int, cp: int):
+        self.group = group
+        self.cp_rank, self.cp = cp_rank, cp
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, alibi: AlibiFn | None = None) -> torch.Tensor:
+        n = self.cp
+        rep = kv_repeats(k.shape[1], n)
+        if rep > 1:
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        qh, kh, vh = (_ToHeads.apply(t, self.group, n) for t in (q, k, v))
+        gqa = qh.shape[1] != kh.shape[1]
+        S = qh.shape[2]
+        if alibi is not None:       # this rank's query heads are head group cp_rank of the rank's heads
+            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=alibi(0, S, S, qh, self.cp_rank * qh.shape[1]),
+                                               enable_gqa=gqa)
+        else:
+            o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=gqa)
+        return _ToSequence.apply(o, self.group, n)
+
+
+def apply_cp(model: Transformer, group, cp_rank: int, cp: int, seq_len: int, kind: str = "all-gather") -> None:
+    """Give every attention layer the cp core (`kind`: plan.layout.cp_attention) and the model this rank's
+    RoPE positions."""
     model.set_positions(positions(seq_len, cp_rank, cp))
     if cp == 1:
         return
-    core = CPAttention(group, cp_rank, cp, seq_len)
+    if kind not in CP_ATTENTIONS:
+        raise ValueError(f"cp_attention {kind!r} is not one of {', '.join(CP_ATTENTIONS)}")
+    core: CPAttention | UlyssesAttention = (CPAttention(group, cp_rank, cp, seq_len) if kind == "all-gather"
+                                            else UlyssesAttention(group, cp_rank, cp))
     for block in model.layers.values():
         block.attention.cp = core  # type: ignore[union-attr]

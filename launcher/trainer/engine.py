@@ -86,7 +86,7 @@ def build_parts(cfg: TrainerConfig, mesh: MeshInfo, bf16: bool) -> tuple[list[Tr
                             expert_mesh=mesh.ep.replica_mesh if mesh.ep is not None else None)
         m.to_empty(device=mesh.device)
         m.rope_dtype = torch.bfloat16 if bf16 else torch.float32
-        cpar.apply_cp(m, mesh.group("cp"), mesh.coords["cp"], p.cp, cfg.train.seq_len)
+        cpar.apply_cp(m, mesh.group("cp"), mesh.coords["cp"], p.cp, cfg.train.seq_len, p.cp_attention)
         m.init_weights(cfg.train.seed)
         moe.tag_expert_params(m)
         tag_tp_replicated(m, mesh.tp_mesh)
@@ -134,10 +134,11 @@ class Engine:
                                        else f"bf16 weights and activations, {cfg.train.grad_dtype} gradients, fp32 "
                                             "master/optimizer") if bf16 else
                      ("fp32 (CPU runs fp32; plan asked bf16)" if cfg.train.precision == "bf16" else "fp32"))
-            log.info("tp=%d (sequence parallel) cp=%d (all-gather KV, head/tail chunks) pp=%d schedule=%s "
+            log.info("tp=%d (sequence parallel) cp=%d (%s, head/tail chunks) pp=%d schedule=%s "
                      "virtual_stages=%d stage_layers=%s recompute=%s micro_batch=%d grad_accum=%d",
-                     p.tp, p.cp, p.pp, p.schedule, p.virtual_stages, list(p.stage_layers), p.recompute,
-                     p.micro_batch, p.grad_accum)
+                     p.tp, p.cp, "all-to-all q/k/v/out" if p.cp_attention == "all-to-all" else "all-gather KV",
+                     p.pp, p.schedule, p.virtual_stages, list(p.stage_layers), p.recompute, p.micro_batch,
+                     p.grad_accum)
         self.params = [q for m in self.parts for q in m.parameters()]
         experts = {id(q) for m in self.parts for q in moe.expert_params(m)}
         self.expert_params = [q for q in self.params if id(q) in experts]    # summed over the EP replicas
@@ -242,11 +243,12 @@ def timed_sync(device: torch.device) -> float:
 
 def phase_collectives(p, dp_mode: str) -> tuple[str | None, str | None]:
     """The first collective each phase issues (what a heartbeat names when a rank stops there)."""
+    a2a = p.cp_attention == "all-to-all"
     fwd = ("all_gather(fsdp, dp·cp)" if dp_mode == "fsdp" else
            "reduce_scatter(tp)" if p.tp > 1 else
-           "all_gather(kv, cp)" if p.cp > 1 else
+           ("all_to_all(q/k/v, cp)" if a2a else "all_gather(kv, cp)") if p.cp > 1 else
            "send/recv(pp)" if p.pp > 1 else None)
-    bwd = ("all_gather(kv backward, cp)" if p.cp > 1 else
+    bwd = (("all_to_all(out backward, cp)" if a2a else "all_gather(kv backward, cp)") if p.cp > 1 else
            "all_reduce(loss, tp)" if p.tp > 1 else
            "reduce_scatter(fsdp, dp·cp)" if dp_mode == "fsdp" else None)
     return fwd, bwd

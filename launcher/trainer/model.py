@@ -103,7 +103,7 @@ class Attention(nn.Module):
         self.wk = nn.Linear(a.hidden, a.kv_width, bias=False)
         self.wv = nn.Linear(a.hidden, a.kv_width, bias=False)
         self.wo = nn.Linear(a.q_width, a.hidden, bias=False)
-        self.cp = None                  # a context_parallel.CPAttention once CP is applied
+        self.cp = None                  # context_parallel's CPAttention or UlyssesAttention once CP is applied
         self.alibi = alibi              # ALiBi instead of RoPE
         self.sp: tuple[int, str] | None = None   # (size, name) of the TP group once TP is applied
         self.first_head = 0             # this rank's first query head (tensor_parallel.apply_tp sets it)
@@ -137,10 +137,11 @@ class Attention(nn.Module):
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
         return o.transpose(1, 2)
 
-    def alibi_bias(self, q0: int, L: int, S: int, q: torch.Tensor) -> torch.Tensor:
-        """The bias for this rank's heads of q [b, heads, L, d], queries at positions q0.. against keys 0..S-1."""
+    def alibi_bias(self, q0: int, L: int, S: int, q: torch.Tensor, head0: int = 0) -> torch.Tensor:
+        """The bias for q [b, heads, L, d], queries at positions q0.. against keys 0..S-1: this rank's heads, from
+        its `head0`-th on (all-to-all CP hands each cp rank a group of them)."""
         assert self.alibi is not None
-        return self.alibi.bias(self.first_head, q.shape[1], q0, L, S, q.dtype, q.device)
+        return self.alibi.bias(self.first_head + head0, q.shape[1], q0, L, S, q.dtype, q.device)
 
 
 class FeedForward(nn.Module):
