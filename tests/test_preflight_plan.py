@@ -100,7 +100,7 @@ def test_a_slowed_group_is_found_and_named(modest_plan, tmp_path):
 
 def test_bad_input_is_one_line_and_exit_2(modest_plan, tmp_path):
     for args, word in ((["--plan", str(tmp_path / "none.json")], "cannot read plan"),
-                       (["--backend", "k8s"], "--backend k8s"),
+                       (["--backend", "srun"], "--backend srun: with --plan, one of local, ssh, slurm, k8s"),
                        (["--backend", "ssh", "--hosts", "a,b,c"], "--hosts: 3 host(s)"),
                        (["--tolerance", "1.5"], "--tolerance")):
         res = preflight(modest_plan, *args)

@@ -56,16 +56,18 @@ def run_local(probe: GroupProbe, workdir: Path, timeout_s: float, python: str = 
 
 
 def node_command(probe: GroupProbe, node_rank: int, master: str, port: int, python: str, timeout_s: float,
-                 host: str) -> str:
-    """The shell command that starts node `node_rank`'s torchrun, the spec inlined (zlib + base64)."""
+                 host: str | None) -> str:
+    """The shell command that starts node `node_rank`'s torchrun, the spec inlined (zlib + base64). `host`:
+    the node's name in the results (None: $LAUNCH4D_NODE_NAME as the node sets it, e.g. a pod's node)."""
     blob = base64.b64encode(zlib.compress(json.dumps(probe.to_dict()).encode(), 9)).decode()
     if len(blob) > MAX_INLINE_SPEC:
         raise ValueError(f"the plan's {len(probe.groups)} groups make a {len(blob) >> 10} KiB spec, more than one "
                          "SSH command carries; run the probe inside the allocation (--backend slurm)")
     q = shlex.quote
+    name = "" if host is None else f"LAUNCH4D_NODE_NAME={q(host)} "
     unpack = "import base64,sys,zlib; sys.stdout.write(zlib.decompress(base64.b64decode(sys.argv[1])).decode())"
     return (f"set -o pipefail; d=$(mktemp -d) && {q(python)} -c {q(unpack)} {blob} > \"$d/spec.json\" && "
-            f"LAUNCH4D_NODE_NAME={q(host)} OMP_NUM_THREADS=${{OMP_NUM_THREADS:-1}} {q(python)} -m torch.distributed.run "
+            f"{name}OMP_NUM_THREADS=${{OMP_NUM_THREADS:-1}} {q(python)} -m torch.distributed.run "
             f"--nnodes={probe.nodes} --nproc-per-node={probe.gpus_per_node} --node-rank={node_rank} "
             f"--rdzv-backend=static --master-addr={q(master)} --master-port={port} --max-restarts=0 "
             f"-m {WORKER} \"$d/spec.json\" -o - --timeout {timeout_s:g}; rc=$?; rm -rf \"$d\"; exit $rc")

@@ -6,8 +6,9 @@ and phase by phase, creates that phase's groups and runs each group's collective
 every group of the phase at the same time, as the real step runs them, `warmup` untimed calls then
 `iters` timed ones, each started together behind a world barrier. A call's time on one rank is from
 the barrier's end to the collective's completion (on GPUs: synchronised); a group's time for a call is
-its slowest member's, and its figure the median over the calls. Rank 0 gathers every rank's times and
-host name and writes the spec back with the measurements filled in.
+its slowest member's, and its figure the median over the calls. Every rank gathers every rank's times
+and host name; rank 0 (with --every-node: each node's local rank 0, the copy a pod judges itself by)
+writes the spec back with the measurements filled in.
 
 Exit 0 when it measured (judging is the reader's: the gate, `launch preflight --plan`), 1 when it could
 not (the error is in the result file when rank 0 got that far, and on stderr).
@@ -78,7 +79,7 @@ class _Call:
 
 
 def run(probe: GroupProbe, timeout_s: float) -> GroupProbe:
-    """This rank's part; rank 0 returns the probe with every group measured (other ranks: unchanged)."""
+    """This rank's part; returns the probe with every group measured (the same on every rank)."""
     import torch
     import torch.distributed as dist
 
@@ -123,9 +124,7 @@ def run(probe: GroupProbe, timeout_s: float) -> GroupProbe:
         dist.all_gather_object(everyone, (host_name(), mine))
     finally:
         dist.destroy_process_group()
-    if rank != 0:
-        return probe
-    hosts = [h for h, _ in everyone]
+    hosts = [h for h, _ in everyone]   # every rank holds every rank's times: each can write the result
     groups = []
     for g in probe.groups:
         per_rank = [everyone[r][1].get((g.kind, g.index), []) for r in g.ranks]
@@ -145,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("spec", help="preflight-plan.json with the groups (launch preflight --plan writes it)")
     ap.add_argument("-o", "--output", default="-", help="where rank 0 writes the result (- : stdout)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds any collective may take")
+    ap.add_argument("--every-node", action="store_true",
+                    help="each node's local rank 0 writes the result too (a pod's own copy, for its own verdict)")
     args = ap.parse_args(argv)
     try:
         probe = GroupProbe.load(args.spec)
@@ -152,15 +153,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"groupprobe: {exc}", file=sys.stderr)
         return 2
     rank = int(os.environ.get("RANK", "0"))
+    writes = rank == 0 or (args.every_node and os.environ.get("LOCAL_RANK", "0") == "0")
     try:
         result = run(probe, args.timeout)
     except Exception as exc:  # noqa: BLE001 - one line for the reader; the result says it too
         why = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         print(f"groupprobe: rank {rank} on {host_name()}: {why}", file=sys.stderr)
-        if rank == 0:
-            _write(replace(probe, error=f"rank 0 on {host_name()}: {why}"), args.output)
+        if writes:
+            _write(replace(probe, error=f"rank {rank} on {host_name()}: {why}"), args.output)
         return 1
-    if rank == 0:
+    if writes:
         _write(result, args.output)
     return 0
 

@@ -152,7 +152,7 @@ class KubernetesBackend(Backend):
         even built. `run_dir` is where the job is recorded here; the pods' run dir is the manifest's."""
         from launcher.render.k8s import parse_manifests, render_k8s
 
-        rendered = render_k8s(job, plan, None, templates, exclude)
+        rendered = render_k8s(job, plan, None, templates, exclude, options.get("preflight_plan"))
         configmap, *objects = parse_manifests(rendered.files["manifest.yaml"])
         head = objects[-1]
         ns = head["metadata"]["namespace"]
@@ -161,6 +161,10 @@ class KubernetesBackend(Backend):
                  "nodes": plan.nodes, "pod_run_dir": rendered.run_dir, "kubeconfig": k.kubeconfig,
                  "context": k.context, "kind": head["kind"],
                  "owned": [[o["kind"], o["metadata"]["name"]] for o in objects[:-1]]}
+        if options.get("preflight_plan") is not None:   # `launch logs` shows the gate's init container first
+            from launcher.render.groupprobe import PROBE_CONTAINER
+
+            extra["probe_container"] = PROBE_CONTAINER
         made = ", ".join(f"{o['kind']} {o['metadata']['name']}" for o in [configmap, *objects])
         command = f"create in namespace {ns}{' (context ' + k.context + ')' if k.context else ''}: {made}"
         return Request(self.name, job.name, str(run_dir or rendered.run_dir), command,
@@ -178,12 +182,55 @@ class KubernetesBackend(Backend):
                        extra={"namespace": ns, "kind": "Pod", "kubeconfig": self._kubeconfig,
                               "context": self._context})
 
+    def gang_request(self, docs: list[dict[str, Any]], run_dir: str = "", gpus_per_node: int = 1) -> Request:
+        """A headless Service and its pods made elsewhere (`launch preflight --plan --backend k8s`: one pod
+        per node of the plan) as one request: submitted, followed (status: every pod's phase, a failed
+        one's exit code; logs: the pod of the node asked for, node 0's by default) and cancelled (pods
+        and Service deleted) like any job."""
+        import yaml
+
+        service, *pods = docs
+        ns, name = service["metadata"]["namespace"], service["metadata"]["name"]
+        ctx = f" (context {self._context})" if self._context else ""
+        made = ", ".join([f"Service {name}", *(f"Pod {p['metadata']['name']}" for p in pods)])
+        return Request(self.name, name, run_dir, f"create in namespace {ns}{ctx}: {made}",
+                       {"gang.yaml": "---\n".join(yaml.safe_dump(d, sort_keys=False) for d in docs)}, main="gang.yaml",
+                       extra={"namespace": ns, "kind": "PodGang", "pods": [p["metadata"]["name"] for p in pods],
+                              "gpus_per_node": gpus_per_node, "nodes": len(pods), "kubeconfig": self._kubeconfig,
+                              "context": self._context})
+
+    def _submit_gang(self, request: Request) -> JobHandle:
+        from launcher.render.k8s import parse_manifests
+
+        service, *pods = parse_manifests(request.files["gang.yaml"])
+        ns, name = service["metadata"]["namespace"], service["metadata"]["name"]
+        self._use(request.extra)
+        core = self._core()
+        try:
+            core.create_namespaced_service(ns, service)
+        except Exception as exc:
+            raise _api_error(exc, f"Service {ns}/{name}") from None
+        made: list[str] = []
+        for pod in pods:
+            try:
+                core.create_namespaced_pod(namespace=ns, body=pod)
+            except Exception as exc:
+                for done in made:
+                    self._delete_pod(done, ns, quiet=True)
+                self._delete_object("Service", ns, name)
+                raise _api_error(exc, f"Pod {ns}/{pod['metadata']['name']}") from None
+            made.append(pod["metadata"]["name"])
+        return JobHandle(self.name, name, request.name, request.run_dir, request=request.text(),
+                         extra=dict(request.extra))
+
     def submit(self, request: Request) -> JobHandle:
         """Create the manifest's objects in order (undone on any failure)."""
         from launcher.render.k8s import parse_manifests
 
         if request.extra.get("kind") == "Pod":
             return self._submit_pod(request)
+        if request.extra.get("kind") == "PodGang":
+            return self._submit_gang(request)
         configmap, *objects = parse_manifests(request.files["manifest.yaml"])
         extra = dict(request.extra)
         self._use(extra)
@@ -218,8 +265,12 @@ class KubernetesBackend(Backend):
         made: list[dict] = []
         created: dict = {}
         for obj in objects:
-            group, version, plural = KINDS[obj["kind"]]
             try:
+                if obj["kind"] == "Service":        # the gate's headless Service (a PyTorchJob's gang)
+                    core.create_namespaced_service(ns, obj)
+                    made.append(obj)
+                    continue
+                group, version, plural = KINDS[obj["kind"]]
                 created = custom.create_namespaced_custom_object(group, version, ns, plural, obj)
             except Exception as exc:
                 for done in reversed(made):
@@ -235,6 +286,9 @@ class KubernetesBackend(Backend):
             try:
                 core.patch_namespaced_config_map(cm_name, ns, patch)
                 for obj in objects[:-1]:
+                    if obj["kind"] == "Service":
+                        core.patch_namespaced_service(obj["metadata"]["name"], ns, patch)
+                        continue
                     group, version, plural = KINDS[obj["kind"]]
                     custom.patch_namespaced_custom_object(group, version, ns, plural, obj["metadata"]["name"], patch)
             except Exception:
@@ -242,8 +296,11 @@ class KubernetesBackend(Backend):
         return uid
 
     def _delete_object(self, kind: str, ns: str, name: str) -> None:
-        group, version, plural = KINDS[kind]
         try:
+            if kind == "Service":
+                self._core().delete_namespaced_service(name, ns)
+                return
+            group, version, plural = KINDS[kind]
             self._custom().delete_namespaced_custom_object(group, version, ns, plural, name)
         except Exception:
             pass
@@ -293,6 +350,8 @@ class KubernetesBackend(Backend):
         kind = handle.extra.get("kind") or "PyTorchJob"
         if kind == "Pod":
             return self._describe_pod(handle.id, ns)
+        if kind == "PodGang":
+            return self._describe_gang(handle.extra.get("pods") or [], ns)
         job = self.get_job(handle.id, ns, kind)
         if job is None:
             return None
@@ -335,6 +394,27 @@ class KubernetesBackend(Backend):
             rc = 0 if state == SUCCEEDED else 1
         return K8sJobStatus(state, rc, f"pod {st.phase}", condition=st.phase or "Pending", pods={name: st.phase})
 
+    def _describe_gang(self, names: list[str], ns: str) -> K8sJobStatus | None:
+        """A gang of pods as one job: failed when one failed (its exit code), succeeded when all did,
+        running while one runs; None when every pod is gone."""
+        seen = {n: self._describe_pod(n, ns) for n in names}
+        here = {n: st for n, st in seen.items() if st is not None}
+        if not here:
+            return None
+        pods: dict[str, str | None] = {n: (st.condition if st is not None else "Gone") for n, st in seen.items()}
+        failed = [(n, st) for n, st in here.items() if st.state == FAILED]
+        gone = [n for n, st in seen.items() if st is None]
+        if failed or gone:
+            n, st = failed[0] if failed else (gone[0], None)
+            rc = st.exit_code if st is not None else 1
+            return K8sJobStatus(FAILED, rc, f"pod {n} {'failed' if st is not None else 'is gone'}",
+                                condition="Failed", pods=pods)
+        if all(st.state == SUCCEEDED for st in here.values()):
+            return K8sJobStatus(SUCCEEDED, 0, "every pod succeeded", condition="Succeeded", pods=pods)
+        state = RUNNING if any(st.state == RUNNING for st in here.values()) else PENDING
+        return K8sJobStatus(state, None, f"{sum(st.state == RUNNING for st in here.values())} of {len(names)} "
+                            "pod(s) running", condition="Running" if state == RUNNING else "Pending", pods=pods)
+
     # logs -------------------------------------------------------------------------------------
     def _targets(self, handle: JobHandle, ns: str, nodes: int, node: int | None) -> list[str]:
         """Pod names of node `node` (all nodes when None), in node-rank order. A PyTorchJob's are
@@ -370,6 +450,13 @@ class KubernetesBackend(Backend):
             yield from self._pod_log(handle.id, ns, follow)
             return
         gpus = int(handle.extra.get("gpus_per_node", 1))
+        if handle.extra.get("kind") == "PodGang":
+            names = handle.extra.get("pods") or []
+            node = 0 if rank is None else rank // gpus
+            if node >= len(names):
+                raise UserError(f"--rank {rank}: the gang has {len(names) * gpus} ranks")
+            yield from self._pod_log(names[node], ns, follow)
+            return
         nodes = int(handle.extra.get("nodes", 1))
         container = "node" if handle.extra.get("kind") == "TrainJob" else "pytorch"
         if rank is None:
@@ -380,11 +467,26 @@ class KubernetesBackend(Backend):
                 raise UserError(f"--rank {rank}: the job has {nodes * gpus} ranks")
             targets = self._targets(handle, ns, nodes, node)
         core = self._core()
+        probe = handle.extra.get("probe_container")
         for pod in targets:
+            shown = False
+            if probe:   # `--preflight-plan`: the gate's init container ran first; its lines come first
+                try:
+                    resp = core.read_namespaced_pod_log(pod, ns, container=probe, follow=follow,
+                                                        _preload_content=False)
+                    for raw in _stream_lines(resp):
+                        shown = True
+                        if rank is None:
+                            yield raw if len(targets) == 1 else f"{pod}: {raw}"
+                except Exception:  # noqa: BLE001 - not started yet: the trainer's log says the rest
+                    pass
             try:
                 resp = core.read_namespaced_pod_log(pod, ns, container=container, follow=follow,
                                                     _preload_content=False)
             except Exception as exc:
+                if shown and getattr(exc, "status", None) == 400:   # the gate failed: no trainer started
+                    yield f"{pod}: the {container} container did not start (plan preflight above)"
+                    continue
                 raise _api_error(exc, f"logs of pod {ns}/{pod}") from None
             for raw in _stream_lines(resp):
                 if rank is None:
@@ -416,6 +518,10 @@ class KubernetesBackend(Backend):
         kind = handle.extra.get("kind") or "PyTorchJob"
         if kind == "Pod":
             return self._delete_pod(handle.id, ns)
+        if kind == "PodGang":
+            ended = [self._delete_pod(n, ns, quiet=True) for n in handle.extra.get("pods") or []]
+            self._delete_object("Service", ns, handle.id)
+            return any(ended)
         group, version, plural = KINDS[kind]
         stopped = True
         try:
@@ -433,12 +539,13 @@ class KubernetesBackend(Backend):
         return stopped
 
 
-    def _delete_pod(self, name: str, ns: str) -> bool:
-        """Delete a lone pod; False when it had already ended or is gone (404)."""
+    def _delete_pod(self, name: str, ns: str, quiet: bool = False) -> bool:
+        """Delete a lone pod; False when it had already ended or is gone (404). `quiet`: any error is
+        False too (cleaning up after another failure)."""
         try:
             gone = self._core().delete_namespaced_pod(name=name, namespace=ns)
         except Exception as exc:
-            if getattr(exc, "status", None) == 404:
+            if getattr(exc, "status", None) == 404 or quiet:
                 return False
             raise _api_error(exc, f"Pod {ns}/{name}") from None
         phase = getattr(getattr(gone, "status", None), "phase", None)

@@ -24,7 +24,9 @@ PREFLIGHT_PLAN_OPTIONS = (
                  help="Gate the job on the plan's own communication groups: inside the allocation, before the "
                       "trainer, measure each TP/CP/PP/DP/EP group's collective (`launch preflight --plan`); a group "
                       "slower than the plan assumed leaves its node(s) out and the job requeues, as the node check "
-                      "does (Slurm). Measurements: RUN_DIR/preflight-plan.json."),
+                      "does (Slurm), or fails the job naming the group and node(s) (Kubernetes: an init container "
+                      "of every pod). Measurements: RUN_DIR/preflight-plan.json (Kubernetes: also the init "
+                      "container's log)."),
     click.option("--tolerance", type=click.FloatRange(0, 1, max_open=True), default=0.3, show_default=True,
                  help="With --preflight-plan: how much below the plan's assumed bandwidth a group may measure."),
 )
@@ -83,8 +85,8 @@ def _gate(kind: str, preflight_plan: bool, tolerance: float) -> float | None:
     """--preflight-plan's tolerance for the backend's rendering (None: no gate)."""
     if not preflight_plan:
         return None
-    if kind != "slurm":
-        raise UserError(f"--preflight-plan: the gate runs inside a Slurm allocation (backend slurm), not {kind}; "
+    if kind not in ("slurm", "k8s"):
+        raise UserError(f"--preflight-plan: the gate runs inside the job (backend slurm or k8s), not {kind}; "
                         "measure the plan's groups with `launch preflight --plan plan.json` first")
     return tolerance
 

@@ -217,8 +217,9 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
                                              master_port=master_port, python=node_python or "python3",
                                              master_addr=master_addr),
                                dict(out_dir=out_dir, partition=partition, account=account, time=time_limit),
-                               dict(namespace=namespace, image=image, context=kube_context, gpus=gpus_per_node,
-                                    python=node_python or "python", master_port=master_port, dry_run=dry_run))
+                               dict(namespace=_given(ctx, "namespace", namespace), image=_given(ctx, "image", image),
+                                    context=kube_context, gpus=gpus_per_node, python=node_python or "python",
+                                    master_port=master_port, dry_run=dry_run))
     from checks.hosts import HostsError, expand, from_allocation, from_file
     from checks.orchestrate import PreflightOptions, run_preflight
     from checks.pairing import NcclOptions
@@ -297,6 +298,14 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
             raise UserError(f"--save-raw {save_raw}: cannot write ({exc.strerror})") from None
     bw = assemble(results, cfg)
     return _finish(bw, output, as_json, exclude_failed, drain_to, do_apply)
+
+
+def _given(ctx: click.Context, name: str, value: Any) -> Any:
+    """The option's value when the user gave it, else None (with --plan, the plan's own setting wins
+    over the node checks' default)."""
+    from click.core import ParameterSource
+
+    return None if ctx.get_parameter_source(name) == ParameterSource.DEFAULT else value
 
 
 def _plan_preflight(plan_file: str, hosts_expr: str | None, hostfile: str | None, backend: str | None,

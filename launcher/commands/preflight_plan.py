@@ -4,6 +4,7 @@ was given, and compare each group with what the plan's time model assumed.
     launch preflight --plan plan.json                          # every rank on this machine (gloo / NCCL)
     launch preflight --plan plan.json --backend ssh --hosts n[1-2]   # one torchrun per node over SSH
     launch preflight --plan plan.json --backend slurm          # a batch job on the plan's node count; waits
+    launch preflight --plan plan.json --backend k8s            # a one-off gang of pods (Kubernetes API); waits
 
 Every group of the plan (launcher/plan/commgroups.py) runs its collective at the plan's message size,
 all groups of one kind at once (checks/groupprobe). The report gives per kind and per group the
@@ -24,7 +25,7 @@ from launcher.commands import emit, progress
 from launcher.errors import UserError
 from launcher.formats.groupprobe import KIND_NAMES, GroupProbe
 
-PLAN_BACKENDS = ("local", "ssh", "slurm")
+PLAN_BACKENDS = ("local", "ssh", "slurm", "k8s")
 
 
 def run(plan_path: str, backend: str | None, hosts: list[str] | None, tolerance: float, iters: int,
@@ -36,8 +37,7 @@ def run(plan_path: str, backend: str | None, hosts: list[str] | None, tolerance:
     plan = Plan.load(plan_path)
     backend = backend or ("ssh" if hosts else "local")
     if backend not in PLAN_BACKENDS:
-        raise UserError(f"--backend {backend}: with --plan, one of {', '.join(PLAN_BACKENDS)} (Kubernetes: "
-                        "`launch submit --preflight-plan` gates the job itself)")
+        raise UserError(f"--backend {backend}: with --plan, one of {', '.join(PLAN_BACKENDS)}")
     if backend == "ssh":
         hosts = hosts or plan.hosts
         if not hosts:
@@ -46,10 +46,15 @@ def run(plan_path: str, backend: str | None, hosts: list[str] | None, tolerance:
             raise UserError(f"--hosts: {len(hosts)} host(s) for a plan of {plan.nodes} node(s)")
     elif hosts and backend == "local":
         raise UserError("--hosts goes with --backend ssh (or slurm's allocation); local runs every rank here")
+    elif hosts and backend == "k8s" and len(hosts) != plan.nodes:
+        raise UserError(f"--hosts: {len(hosts)} Kubernetes node(s) for a plan of {plan.nodes} node(s)")
     spec = probe_spec(plan, tolerance=tolerance, iters=iters, hosts=hosts)
     if not spec.groups:
         raise UserError(f"{plan_path}: the plan communicates over no group of more than one rank "
                         f"(tp=cp=pp=dp=1): nothing to measure")
+    kube = None
+    if backend == "k8s" and not (k8s or {}).get("dry_run"):
+        kube = _k8s_backend(plan, k8s or {})    # no cluster: one line, exit 2, before anything else is said
     progress(f"preflight --plan: {len(spec.groups)} group(s) of {', '.join(KIND_NAMES[k] for k in spec.kinds())} "
              f"over {plan.world_size} rank(s) ({backend})")
     if backend == "local":
@@ -59,6 +64,11 @@ def run(plan_path: str, backend: str | None, hosts: list[str] | None, tolerance:
             result, log = run_local(spec, Path(tmp), timeout_s)
     elif backend == "ssh":
         result, log = _over_ssh(spec, hosts or [], timeout_s, ssh or {})
+    elif backend == "k8s":
+        gang = _k8s_gang(plan, spec, hosts, timeout_s, k8s or {}, as_json, kube)
+        if gang is None:      # --dry-run: the gang was printed, nothing created
+            return 0
+        result, log = gang
     else:
         result, log = _slurm_job(plan, spec, timeout_s, slurm or {})
     result = with_measured_step(plan, replace(result, tolerance=tolerance))
@@ -143,6 +153,95 @@ def _slurm_job(plan: Any, spec: GroupProbe, timeout_s: float, o: dict[str, Any])
 
         return replace(spec, error=f"job {handle.id}: {failure(log)}"), log
     return GroupProbe.load(res), log
+
+
+def _k8s_backend(plan: Any, o: dict[str, Any]) -> Any:
+    """The Kubernetes backend the gang goes through, its credentials loaded now (the plan's kubeconfig
+    and context, --kube-context first)."""
+    from launcher.backends.jobstate import check_state
+    from launcher.backends.kubernetes import KubernetesBackend, load_api_client
+
+    k = plan.backend.k8s if plan.backend is not None else None
+    context = o.get("context") or (k.context if k is not None else None)
+    api = load_api_client(k.kubeconfig if k is not None else None, context)
+    check_state()
+    return KubernetesBackend(api, context=context)
+
+
+def _k8s_gang(plan: Any, spec: GroupProbe, hosts: list[str] | None, timeout_s: float, o: dict[str, Any],
+              as_json: bool, be: Any) -> tuple[GroupProbe, str] | None:
+    """A one-off gang through the Kubernetes API: a headless Service and one pod per node of the plan,
+    pod i running node i's torchrun of the probe (the spec inlined, as over SSH) with pod 0 as the static
+    rendezvous; followed until every pod ends, then node 0's log holds the result. The pods and the
+    Service are deleted at the end. Image, namespace, pull secrets, node selector and tolerations are the
+    plan's backend.k8s where it has them (--image / --namespace when given win); --hosts pins pod i to
+    Kubernetes node i. None with --dry-run (the manifests printed, nothing created)."""
+    import secrets
+    import time
+
+    from checks.groupprobe.launch import failure, node_command
+    from checks.groupprobe.worker import RESULT_MARKER
+    from launcher.render.groupprobe import gang_documents
+
+    k = plan.backend.k8s if plan.backend is not None else None
+    image = o.get("image") or (k.image if k is not None else None)
+    if not image:
+        raise UserError("--image: give an image with launch4d[train] installed (the plan names none in "
+                        "backend.k8s.image)")
+    ns = o.get("namespace") or (k.namespace if k is not None else "default")
+    name = f"launch4d-pp-{secrets.token_hex(4)}"
+    port = int(o.get("master_port") or 29511)
+    master = f"{name}-0.{name}"
+    try:
+        commands = [node_command(spec, i, master, port, o.get("python") or "python", timeout_s, None)
+                    for i in range(plan.nodes)]
+    except ValueError as exc:
+        raise UserError(f"--plan: {exc}") from None
+    gpus = plan.gpus_per_node if plan.gpu.name != "cpu" else None
+    docs = gang_documents(name=name, namespace=ns, image=image, commands=commands, gpus=o.get("gpus") or gpus,
+                          nodes=hosts, node_selector=k.node_selector if k is not None else None,
+                          tolerations=[dict(t) for t in k.tolerations] if k is not None else None,
+                          pull_secrets=list(k.image_pull_secrets) if k is not None else None,
+                          service_account=k.service_account if k is not None else None,
+                          deadline_s=int(timeout_s) + 600)
+    from launcher.render.k8s import to_model
+
+    to_model(docs[0], "V1Service")
+    for pod in docs[1:]:
+        to_model(pod, "V1Pod")
+    if o.get("dry_run"):
+        import yaml
+
+        text = "---\n".join(yaml.safe_dump(d, sort_keys=False) for d in docs)
+        emit({"dry_run": True, "namespace": ns, "documents": docs}, as_json, lambda: text.rstrip("\n"))
+        return None
+    from launcher.backends.jobstate import record_handle
+
+    handle = be.submit(be.gang_request(docs, gpus_per_node=plan.gpus_per_node))
+    try:
+        record_handle(handle, "")
+    except UserError as exc:
+        progress(f"warning: gang {name} was created but not recorded ({exc})")
+    progress(f"preflight --plan: gang {name} ({plan.nodes} pod(s) in namespace {ns}); waiting for it to end")
+    try:
+        deadline = time.monotonic() + timeout_s + 600
+        st = be.describe(handle)
+        while st is not None and not st.done and time.monotonic() < deadline:
+            time.sleep(float(o.get("poll_s") or 2.0))
+            st = be.describe(handle)
+        log = "\n".join(be.log_iter(handle))
+    finally:
+        be.cancel(handle)
+    doc = next((ln[len(RESULT_MARKER):] for ln in log.splitlines() if ln.startswith(RESULT_MARKER)), None)
+    if doc is None:
+        why = "still running at the deadline" if st is not None and not st.done else failure(log)
+        return replace(spec, error=f"pod {name}-0: {why}"), log
+    import json
+
+    try:
+        return GroupProbe.from_dict(json.loads(doc), f"pod {name}-0's result"), log
+    except (ValueError, UserError) as exc:
+        return replace(spec, error=f"pod {name}-0: unreadable result ({exc})"), log
 
 
 # --- the report -----------------------------------------------------------------------------

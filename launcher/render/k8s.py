@@ -44,7 +44,9 @@ def shutdown_timeout(grace_s: int) -> int:
     return max(grace_s - 15, 1)
 
 
-def k8s_context(spec: JobSpec, plan: Plan, run_dir: str) -> dict[str, Any]:
+def k8s_context(spec: JobSpec, plan: Plan, run_dir: str, preflight_plan: float | None = None) -> dict[str, Any]:
+    """`preflight_plan`: a tolerance, to measure the plan's communication groups in an init container of
+    every pod before the trainer (`launch submit --preflight-plan`)."""
     check_plan(spec, plan)
     k = spec.backend.k8s
     tolerations = check_k8s_fields(k)   # names, labels, quantities, images, tolerations: as the API server
@@ -115,7 +117,11 @@ def k8s_context(spec: JobSpec, plan: Plan, run_dir: str) -> dict[str, Any]:
         raise UserError("backend.k8s.image: required; give an image with launch4d[train] installed "
                         "(build one from the repository's Containerfile)")
     bash_syntax_check(script, "pod command")
+    probe = None
+    if preflight_plan is not None:
+        probe = probe_context(spec, plan, name, run_dir, env, resources, trainer_only, preflight_plan)
     return {
+        "probe": probe,
         "name": name,
         "configmap_name": check_k8s_name(f"{name}-plan", "name"),
         "k": k,
@@ -132,6 +138,77 @@ def k8s_context(spec: JobSpec, plan: Plan, run_dir: str) -> dict[str, Any]:
     }
 
 
+def gang_service(name: str) -> str:
+    """A PyTorchJob's headless Service for the gate: its pods' DNS names before they are Ready."""
+    if not name[0].isalpha():
+        raise UserError(f"name: {name!r} must start with a letter for --preflight-plan on a PyTorchJob "
+                        "(its gang's Service is an RFC 1035 label)")
+    return f"{name}-gang"
+
+
+def probe_context(spec: JobSpec, plan: Plan, name: str, run_dir: str, env: list[tuple[str, str]],
+                  resources: dict[str, str], trainer_only: str, tolerance: float) -> dict[str, Any]:
+    """The gate's init container for every pod of the gang (per role: a PyTorchJob's master and
+    workers find their node rank differently), the spec for the ConfigMap, and for a PyTorchJob the
+    headless Service that publishes the pods' addresses before they are Ready.
+
+    The rendezvous is the trainer's, resolvable while every pod is still initialising: a TrainJob's
+    head `<job>-node-0-0.<job>` is JobSet's headless Service, which publishes not-ready addresses
+    (the runtime sets it; JobSet's default too); a PyTorchJob's operator Service for the master only
+    answers once the master is Ready (after its init containers: a deadlock), so the pods take a
+    subdomain of our own Service and the master is `<job>-master-0.<job>-gang`."""
+    from launcher.render.groupprobe import PROBE_CONTAINER, k8s_probe_script, probe_files
+
+    k = spec.backend.k8s
+    probe, files = probe_files(plan, tolerance, spec.diagnostics.init_timeout_s)
+    spec_path = f"{PLAN_MOUNT}/{rundir.PREFLIGHT_PLAN_SPEC}"
+    next_port = "$(( {p} < 65535 ? {p} + 1 : {p} - 1 ))"   # the trainer's own port is bound right after
+    if k.api == "trainjob":
+        from launcher.render.trainjob import DEFAULT_PORT, head_host
+
+        service = None
+        roles = {"node": ("${PET_NODE_RANK:-${JOB_COMPLETION_INDEX:-}}",
+                          f"${{PET_MASTER_ADDR:-{head_host(name)}}}",
+                          next_port.format(p=f"${{PET_MASTER_PORT:-{DEFAULT_PORT}}}"))}
+    else:
+        service = gang_service(name)
+        port = next_port.format(p=k.master_port)
+        roles = {"master": ("0", f"{name}-master-0.{service}", port),
+                 "worker": ("${LAUNCH4D_REPLICA_INDEX:+$((LAUNCH4D_REPLICA_INDEX + 1))}",
+                            f"{name}-master-0.{service}", port)}
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"},
+              {"name": "plan", "mountPath": PLAN_MOUNT, "readOnly": True},
+              {"name": "runs", "mountPath": k8s_log_dir(spec)}]
+    base_env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in env]
+    base_env.append({"name": "LAUNCH4D_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
+    init: dict[str, list[dict[str, Any]]] = {}
+    for role, (rank, master, port_expr) in roles.items():
+        script = k8s_probe_script(nodes=plan.nodes, nproc=plan.gpus_per_node, node_rank=rank, master_addr=master,
+                                  master_port=port_expr, spec_path=spec_path, run_dir=run_dir,
+                                  shared_run_dir=bool(k.pvc), timeout_s=probe["timeout_s"], groups=probe["groups"],
+                                  python_prefix=trainer_only)
+        bash_syntax_check(script, "plan preflight init container command")
+        role_env = list(base_env)
+        if role == "worker":    # the operator's label on the pod; its env reaches the trainer container only
+            role_env.append({"name": "LAUNCH4D_REPLICA_INDEX", "valueFrom": {"fieldRef": {
+                "fieldPath": "metadata.labels['training.kubeflow.org/replica-index']"}}})
+        init[role] = [{"name": PROBE_CONTAINER, "image": k.image, "imagePullPolicy": "IfNotPresent",
+                       "command": ["bash", "-c", script], "env": role_env,
+                       "resources": {"limits": dict(resources), "requests": dict(resources)},
+                       "volumeMounts": mounts}]
+    return {**probe, "init": init, "service": service, "spec_key": rundir.PREFLIGHT_PLAN_SPEC,
+            "spec_text": files[rundir.PREFLIGHT_PLAN_SPEC], "files": files}
+
+
+def service_doc(ctx: dict[str, Any]) -> dict[str, Any]:
+    """The gang's headless Service (PyTorchJob gate): every pod of the job, published before Ready."""
+    name = ctx["name"]
+    labels = {"app.kubernetes.io/managed-by": "launch4d", "launch4d/job": name}
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": ctx["probe"]["service"], "namespace": ctx["k"].namespace, "labels": labels},
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": {"launch4d/job": name}}}
+
+
 def image_warnings(image: str) -> list[str]:
     """A `latest` (or missing) tag names a different image tomorrow: reruns stop being reruns."""
     last = image.rsplit("/", 1)[-1]
@@ -146,11 +223,15 @@ K8S_ONLY = {"pytorchjob": ("clean_pod_policy", "backoff_limit", "ttl_seconds_aft
             "trainjob": ("runtime", "max_restarts", "topology")}
 
 
-def k8s_warnings(spec: JobSpec) -> list[str]:
+def k8s_warnings(spec: JobSpec, gate: bool = False) -> list[str]:
     """Settings that do not do what they say: a restart budget whose restarts cannot resume (the run
-    dir must outlive the pods), and fields of the other job kind."""
+    dir must outlive the pods), fields of the other job kind, and a gate the kubelet reruns in place."""
     k = spec.backend.k8s
     out = []
+    if gate and k.api == "pytorchjob" and k.restart_policy in ("OnFailure", "Always"):
+        out.append(f"backend.k8s.restart_policy {k.restart_policy} with --preflight-plan: the kubelet reruns a "
+                   "failed plan preflight in place until backoff_limit; restart_policy ExitCode or Never fails "
+                   "the job at once")
     if k.api == "trainjob" and k.max_restarts and not k.pvc:
         out.append(f"backend.k8s.max_restarts {k.max_restarts} without backend.k8s.pvc: the run dir is in the "
                    "pods, so a restarted gang starts again from step 0")
@@ -163,9 +244,12 @@ def k8s_warnings(spec: JobSpec) -> list[str]:
 
 
 def render_k8s(spec: JobSpec, plan: Plan, run_dir: str | None = None,
-               templates: str | Path | None = None, exclude: list[str] | None = None) -> Rendered:
+               templates: str | Path | None = None, exclude: list[str] | None = None,
+               preflight_plan: float | None = None) -> Rendered:
     """The plan's ConfigMap, then a TrainJob (with its TrainingRuntime when one is needed) or a
-    PyTorchJob. `exclude`: bad nodes from a BandwidthMap, kept out like backend.k8s.exclude_nodes."""
+    PyTorchJob. `exclude`: bad nodes from a BandwidthMap, kept out like backend.k8s.exclude_nodes.
+    `preflight_plan`: a tolerance; the gang's pods measure the plan's groups first (an init container;
+    a PyTorchJob's gang gets a headless Service for it)."""
     import dataclasses
 
     if exclude:
@@ -173,19 +257,24 @@ def render_k8s(spec: JobSpec, plan: Plan, run_dir: str | None = None,
         k = dataclasses.replace(k, exclude_nodes=sorted(set(k.exclude_nodes) | set(exclude)))
         spec = dataclasses.replace(spec, backend=dataclasses.replace(spec.backend, k8s=k))
     run_dir = run_dir or f"{k8s_log_dir(spec)}/{spec.name}"
-    ctx = k8s_context(spec, plan, run_dir)
+    ctx = k8s_context(spec, plan, run_dir, preflight_plan)
     configmap = render_template("k8s/configmap.yaml.j2", ctx, templates)
+    from launcher.render.trainjob import dump
+
     if spec.backend.k8s.api == "trainjob":
-        from launcher.render.trainjob import documents, dump
+        from launcher.render.trainjob import documents
 
         job = dump(documents(ctx))
     else:
         job = render_template("k8s/pytorchjob.yaml.j2", ctx, templates)
+        if ctx["probe"] is not None:
+            job = dump([service_doc(ctx)]) + "---\n" + job
     manifests = parse_manifests(configmap + "---\n" + job)
     check_manifests(manifests)
+    probe_files = ctx["probe"]["files"] if ctx["probe"] is not None else {}
     return Rendered("k8s", run_dir, "manifest.yaml",
-                    {"manifest.yaml": configmap + "---\n" + job, rundir.PLAN: plan.to_json() + "\n"},
-                    warnings=image_warnings(spec.backend.k8s.image or "") + k8s_warnings(spec))
+                    {"manifest.yaml": configmap + "---\n" + job, rundir.PLAN: plan.to_json() + "\n", **probe_files},
+                    warnings=image_warnings(spec.backend.k8s.image or "") + k8s_warnings(spec, ctx["probe"] is not None))
 
 
 def parse_manifests(text: str) -> list[dict]:
@@ -204,9 +293,11 @@ def check_manifests(docs: list[dict]) -> None:
     kinds = [d.get("kind") for d in docs]
     if kinds[-1:] == ["TrainJob"]:
         return _check_trainjob(docs)
-    if kinds != ["ConfigMap", "PyTorchJob"]:
-        raise UserError(f"rendered manifest holds {kinds}; expected a ConfigMap then a PyTorchJob")
-    job = docs[1]
+    if kinds not in (["ConfigMap", "PyTorchJob"], ["ConfigMap", "Service", "PyTorchJob"]):
+        raise UserError(f"rendered manifest holds {kinds}; expected a ConfigMap, [the gang's Service,] a PyTorchJob")
+    if kinds[1] == "Service":
+        to_model(docs[1], "V1Service")
+    job = docs[-1]
     if job.get("apiVersion") != "kubeflow.org/v1":
         raise UserError(f"PyTorchJob apiVersion {job.get('apiVersion')!r}; expected kubeflow.org/v1")
     specs = (job.get("spec") or {}).get("pytorchReplicaSpecs") or {}

@@ -36,9 +36,10 @@ def head_host(name: str) -> str:
     return f"{name}-{CONTAINER}-0-0.{name}"
 
 
-def needs_own_runtime(k: Any) -> bool:
-    """Settings a runtimePatches entry cannot carry."""
-    return bool(k.max_restarts or k.scheduler_name or k.env_from_secrets or (k.priority_class and not k.queue))
+def needs_own_runtime(k: Any, gate: bool = False) -> bool:
+    """Settings a runtimePatches entry cannot carry (a patch may only amend an init container, not add one)."""
+    return bool(gate or k.max_restarts or k.scheduler_name or k.env_from_secrets
+                or (k.priority_class and not k.queue))
 
 
 def runtime_name(name: str) -> str:
@@ -55,6 +56,9 @@ def _pod_patch(ctx: dict[str, Any]) -> dict[str, Any]:
     if k.pvc:
         mounts.append({"name": "runs", "mountPath": ctx["log_dir"]})
         volumes.append({"name": "runs", "persistentVolumeClaim": {"claimName": k.pvc}})
+    elif ctx.get("probe"):     # the gate's init container writes its measurements where the trainer reads them
+        mounts.append({"name": "runs", "mountPath": ctx["log_dir"]})
+        volumes.append({"name": "runs", "emptyDir": {}})
     affinity: dict[str, Any] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
         {"labelSelector": {"matchLabels": {"launch4d/job": name}}, "topologyKey": "kubernetes.io/hostname"}]}}
     # Nodes `launch preflight --drain --scheduler k8s` labelled failed, and the ones named here.
@@ -89,7 +93,7 @@ def trainjob(ctx: dict[str, Any]) -> dict[str, Any]:
         labels[QUEUE_LABEL] = k.queue
         if k.priority_class:
             labels[PRIORITY_LABEL] = k.priority_class
-    own = needs_own_runtime(k)
+    own = needs_own_runtime(k, bool(ctx.get("probe")))
     ref = ({"apiGroup": GROUP, "kind": "TrainingRuntime", "name": runtime_name(name)} if own
            else {"apiGroup": GROUP, "kind": "ClusterTrainingRuntime", "name": k.runtime})
     spec: dict[str, Any] = {"runtimeRef": ref}
@@ -118,11 +122,15 @@ def training_runtime(ctx: dict[str, Any]) -> dict[str, Any]:
         pod["schedulerName"] = k.scheduler_name
     if k.priority_class and not k.queue:  # queued: it names Kueue's WorkloadPriorityClass (a label), not a pod's
         pod["priorityClassName"] = k.priority_class
+    job: dict[str, Any] = {"backoffLimit": 0, "template": {"spec": pod}}
     jobset: dict[str, Any] = {
         "failurePolicy": {"maxRestarts": k.max_restarts, "restartStrategy": "Recreate"},
         "replicatedJobs": [{"name": CONTAINER, "template": {
             "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
-            "spec": {"backoffLimit": 0, "template": {"spec": pod}}}}]}
+            "spec": job}}]}
+    probe = ctx.get("probe")
+    if probe:
+        gate(jobset, job, pod, probe)
     return {"apiVersion": API_VERSION, "kind": "TrainingRuntime",
             "metadata": {"name": runtime_name(name), "namespace": k.namespace,
                          "labels": {"app.kubernetes.io/managed-by": "launch4d", "launch4d/job": name,
@@ -130,9 +138,25 @@ def training_runtime(ctx: dict[str, Any]) -> dict[str, Any]:
             "spec": {"mlPolicy": {"numNodes": ctx["nodes"], "torch": {}}, "template": {"spec": jobset}}}
 
 
+def gate(jobset: dict[str, Any], job: dict[str, Any], pod: dict[str, Any], probe: dict[str, Any]) -> None:
+    """`--preflight-plan`: the plan preflight as every pod's init container, over the gang's rendezvous
+    (JobSet's headless Service, published before the pods are Ready: they are not, while initialising).
+    A slow group (exit SLOW_EXIT) fails the pod's Job by its pod failure policy, and that reason fails
+    the JobSet, not a gang restart that would land on the same nodes; a probe that measured nothing
+    fails like any pod (the restart budget applies)."""
+    from launcher.render.groupprobe import PROBE_CONTAINER, SLOW_EXIT
+
+    pod["initContainers"] = probe["init"]["node"]
+    jobset["network"] = {"publishNotReadyAddresses": True}
+    jobset["failurePolicy"]["rules"] = [{"name": "plan-preflight-slow", "action": "FailJobSet",
+                                         "onJobFailureReasons": ["PodFailurePolicy"]}]
+    job["podFailurePolicy"] = {"rules": [{"action": "FailJob", "onExitCodes": {
+        "containerName": PROBE_CONTAINER, "operator": "In", "values": [SLOW_EXIT]}}]}
+
+
 def documents(ctx: dict[str, Any]) -> list[dict[str, Any]]:
     """[TrainingRuntime,] TrainJob, in the order they must be created."""
-    docs = [training_runtime(ctx)] if needs_own_runtime(ctx["k"]) else []
+    docs = [training_runtime(ctx)] if needs_own_runtime(ctx["k"], bool(ctx.get("probe"))) else []
     return docs + [trainjob(ctx)]
 
 
