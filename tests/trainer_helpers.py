@@ -28,7 +28,7 @@ def make_plan(tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, *, ep: int = 1
               schedule: str | None = None, virtual_stages: int = 1, stage_layers: list[int] | None = None,
               seq_len: int = 32, steps: int = 5, mesh_order=("pp", "dp", "cp", "tp"), gpus_per_node: int = 8,
               model: str = "tiny", model_over: dict | None = None, forced: bool = False,
-              cp_attention: str = "all-gather", **train_over) -> Plan:
+              cp_attention: str = "all-gather", dp_shard: int | None = None, **train_over) -> Plan:
     """A Plan for the given layout (what the planner would emit for a fully fixed `parallel`)."""
     degrees = {"tp": tp, "cp": cp, "pp": pp, "dp": dp, "ep": ep}
     world = tp * cp * pp * dp
@@ -46,7 +46,7 @@ def make_plan(tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, *, ep: int = 1
     gpn = min(gpus_per_node, world)
     lay = Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, zero=zero, recompute=recompute, micro_batch=micro_batch,
                  grad_accum=grad_accum, schedule=schedule or ("none" if pp == 1 else "1f1b"),
-                 virtual_stages=virtual_stages, cp_attention=cp_attention)
+                 virtual_stages=virtual_stages, cp_attention=cp_attention, dp_shard=dp_shard)
     return Plan(name="t", world_size=world, nodes=max(1, world // gpn), gpus_per_node=gpn, layout=lay,
                 mesh_order=list(mesh_order), ranks=layout.placements(degrees, mesh_order, gpn),
                 stage_layers=stage_layers, fits=True, memory={}, estimate={}, bandwidth={}, warnings=[],

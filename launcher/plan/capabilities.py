@@ -55,6 +55,11 @@ MOE_TP_ZERO = (0, 1)
 #: q/k/v exchanged for a group of heads over the whole sequence, heads/tp divisible by cp: cp_attention_problem).
 CP_ATTENTIONS = ("all-gather", "all-to-all")
 CP_ATTENTION = CP_ATTENTIONS[0]            # the default
+#: Hybrid sharding (parallel.dp_shard; torchtitan's dp_replicate × dp_shard, FSDP2's HSDP, MiCS): ZeRO 1-3
+#: shard over dp_shard·cp and replicate over dp / dp_shard — FSDP2 on a 2-D (replicate, shard) mesh under
+#: ZeRO 2/3 (fsdp.py), the lean optimizer's shards all-reduced across the replicas under ZeRO 1
+#: (dist_optim.py); the mesh splits dp into (dp_replicate, dp_shard), outer to inner (mesh.py).
+HYBRID_SHARDING = True
 
 ZeroStage = Literal[ZERO_STAGES]            # type: ignore[valid-type]
 Precision = Literal[PRECISIONS]             # type: ignore[valid-type]
@@ -73,7 +78,7 @@ def table() -> dict:
     return {"zero_stages": list(ZERO_STAGES), "precisions": list(PRECISIONS), "optimizers": list(OPTIMIZERS),
             "recompute": list(RECOMPUTE), "schedules": list(SCHEDULES), "mlp": list(MLPS),
             "positions": list(POSITIONS),
-            "moe_with_tp": MOE_WITH_TP, "cp_attention": list(CP_ATTENTIONS)}
+            "moe_with_tp": MOE_WITH_TP, "cp_attention": list(CP_ATTENTIONS), "hybrid_sharding": HYBRID_SHARDING}
 
 
 # --- checks shared by the job file, the planner and the trainer --------------------------------
@@ -156,6 +161,22 @@ def ep_problem(m: ModelSpec, ep: int, dp: int, cp: int) -> str | None:
         return f"does not divide model.experts={m.experts}"
     if (dp * cp) % ep:
         return f"does not divide dp·cp={dp * cp}"
+    return None
+
+
+def dp_shard_problem(dp_shard: int, dp: int, cp: int, zero: int, ep: int) -> str | None:
+    """Why ZeRO cannot shard over `dp_shard` of the dp ranks (with cp) and replicate over the rest."""
+    if dp % dp_shard:
+        return f"does not divide dp={dp}"
+    if dp_shard == dp:
+        return None
+    if zero == 0:
+        return "needs zero 1, 2 or 3: ZeRO 0 shards nothing (its gradients are all-reduced over all of dp·cp)"
+    if dp_shard * cp == 1:
+        return "with cp 1 shards over one rank, which is ZeRO 0's replication; use zero 0 or dp_shard > 1"
+    if ep > 1:
+        return ("with ep > 1 is not run by the bundled trainer (experts shard over their own dp·cp/ep replicas); "
+                "use dp_shard = dp")
     return None
 
 
@@ -245,6 +266,8 @@ def check_plan(plan: Plan) -> None:
     need(why is None, f"plan.layout.cp_attention={lay.cp_attention} with cp={lay.cp}: {why}")
     why = ep_problem(m, lay.ep, lay.dp, lay.cp)
     need(why is None, f"plan.layout.ep={lay.ep} {why}")
+    why = dp_shard_problem(lay.dp_shard_size, lay.dp, lay.cp, lay.zero, lay.ep)
+    need(why is None, f"plan.layout.dp_shard={lay.dp_shard} {why}")
     need(lay.micro_batch * lay.grad_accum * lay.dp == t.global_batch,
          f"plan.layout: micro_batch {lay.micro_batch} × grad_accum {lay.grad_accum} × dp {lay.dp} = "
          f"{lay.micro_batch * lay.grad_accum * lay.dp}, but train.global_batch is {t.global_batch}")

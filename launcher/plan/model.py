@@ -45,10 +45,32 @@ class Layout:
     virtual_stages: int = bounded(lo=1, doc="model chunks per pipeline rank")
     cp_attention: CpAttention = bounded("all-gather", doc="how attention crosses the cp group: all-gather (keys and "
                                                           "values) or all-to-all (heads, DeepSpeed-Ulysses)")
+    dp_shard: int | None = bounded(None, lo=1, doc="dp ranks ZeRO 1-3 shard over (with cp); dp / dp_shard "
+                                                    "replicas (HSDP). None: all of dp")
 
     @property
     def world(self) -> int:
         return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def dp_shard_size(self) -> int:
+        """The dp ranks of one ZeRO shard group (all of dp unless hybrid sharding)."""
+        return self.dp_shard or self.dp
+
+    @property
+    def dp_replicas(self) -> int:
+        """Copies of each ZeRO shard across dp (1 unless hybrid sharding)."""
+        return max(1, self.dp // self.dp_shard_size)
+
+    @property
+    def shard_group(self) -> int:
+        """Ranks ZeRO shards over: dp_shard·cp (FSDP and the lean optimizer fold CP in)."""
+        return self.dp_shard_size * self.cp
+
+    @property
+    def hybrid(self) -> bool:
+        """Hybrid sharding: ZeRO state sharded inside dp_shard·cp, replicated over dp / dp_shard."""
+        return self.dp_replicas > 1
 
     @property
     def degrees(self) -> dict[str, int]:
@@ -185,6 +207,15 @@ class Plan:
     @property
     def virtual_stages(self) -> int:
         return self.layout.virtual_stages
+
+    @property
+    def dp_shard(self) -> int:
+        """dp ranks of one ZeRO shard group (all of dp unless hybrid sharding)."""
+        return self.layout.dp_shard_size
+
+    @property
+    def dp_replicas(self) -> int:
+        return self.layout.dp_replicas
 
     @property
     def cp_attention(self) -> str:

@@ -182,6 +182,9 @@ class ParallelSpec:
     dp: int | None = bounded(None, 1, 1 << 20, doc="data-parallel degree")
     ep: int | None = bounded(None, 1, 1 << 20, doc="expert-parallel degree (splits dp·cp)")
     zero: ZeroStage | None = bounded(None, why_not=capabilities.ZERO_REFUSED, doc="ZeRO stage")
+    dp_shard: int | None = bounded(None, 1, 1 << 20, doc="dp ranks ZeRO 1-3 shard over (with cp), replicated over "
+                                                         "dp / dp_shard (hybrid sharding, HSDP); dp_shard = dp "
+                                                         "shards over all; searched when not given")
     recompute: Recompute | None = bounded(None, doc="activation recomputation")
     micro_batch: int | None = bounded(None, 1, 1 << 30, doc="sequences per micro-batch")
     schedule: Schedule | None = bounded(None, doc="pipeline schedule")
@@ -300,6 +303,14 @@ def _check_parallel(p: ParallelSpec, m: ModelSpec, t: TrainSpec, c: ClusterSpec)
         why = capabilities.ep_problem(m, p.ep, 1, p.ep)      # dp·cp is searched: only the model's side here
         if why:
             raise SpecError("parallel.ep", f"{p.ep} {why}")
+    if p.dp_shard is not None:
+        if world % p.dp_shard:
+            raise SpecError("parallel.dp_shard", f"{p.dp_shard} does not divide the world size {world}")
+        if p.dp is not None:     # what is searched stays open (cp 2, zero 1, ep 1 refuse nothing)
+            why = capabilities.dp_shard_problem(p.dp_shard, p.dp, p.cp or 2, 1 if p.zero is None else p.zero,
+                                                p.ep or 1)
+            if why:
+                raise SpecError("parallel.dp_shard", f"{p.dp_shard} {why.replace('dp=', 'parallel.dp=')}")
     fixed = [getattr(p, k) for k in ("tp", "cp", "pp", "dp")]
     if None not in fixed and fixed[0] * fixed[1] * fixed[2] * fixed[3] != world:
         raise SpecError("parallel", f"tp·cp·pp·dp = {fixed[0] * fixed[1] * fixed[2] * fixed[3]} "

@@ -108,6 +108,7 @@ class Group:
     n: int                          # chunks per parameter: size under ZeRO 1, 1 under ZeRO 0
     rank: int                       # this rank's chunk (0 when n = 1)
     mesh: object | None             # the group as a 1-D DeviceMesh (checkpoint DTensors)
+    replicas: object | None = None  # hybrid sharding: the ranks holding the same shard (its gradient all-reduced)
     buckets: list[Bucket] = field(default_factory=list)
     master: torch.Tensor = field(init=False)       # the flat fp32 shard; each bucket's master is a slice
 
@@ -166,22 +167,25 @@ class MixedPrecisionOptimizer:
     """Model weights in their dtype; fp32 master, gradient shard and an inner torch optimizer over
     the master slices of each bucket. `reduce_grads`, the clip, then `step` (engine.step).
 
-    `groups`: (named parameters, process group or None, 1-D DeviceMesh of that group or None).
+    `groups`: (named parameters, process group or None, 1-D DeviceMesh of that group or None[, replica
+    process group]): under hybrid sharding each shard's reduced gradient is then all-reduced over the
+    replica group (the ranks of the other shard groups holding the same shard), so the group's ranks
+    step identical copies, as MiCS / HSDP do.
     `shard`: ZeRO 1 (chunks over the group) or ZeRO 0 (whole on every rank, gradients all-reduced).
     The inner optimizer steps one bucket at a time, so a foreach implementation's temporaries (AdamW's
     sqrt(v)) are one bucket's, not the whole shard's.
     """
 
-    def __init__(self, groups: list[tuple[list[tuple[str, nn.Parameter]], object, object]], make_inner,
-                 shard: bool, grad_dtype: str = "bf16"):
+    def __init__(self, groups: list[tuple], make_inner, shard: bool, grad_dtype: str = "bf16"):
         self.groups: list[Group] = []
-        for named, pg, mesh in groups:
+        for named, pg, mesh, *rest in groups:
             if not named:
                 continue
-            size = dist.get_world_size(pg) if pg is not None else 1  # type: ignore[arg-type]
+            size = dist.get_world_size(pg) if pg is not None else 1
             n = size if shard else 1
-            rank = dist.get_rank(pg) if pg is not None and shard else 0  # type: ignore[arg-type]
-            g = Group([_segment(name, p, n) for name, p in named], pg, size, n, rank, mesh)
+            rank = dist.get_rank(pg) if pg is not None and shard else 0
+            g = Group([_segment(name, p, n) for name, p in named], pg, size, n, rank, mesh,
+                      rest[0] if rest else None)
             row = g.layout()
             g.master = torch.zeros(row, dtype=torch.float32, device=_local(named[0][1]).device)
             for b in g.buckets:
@@ -258,6 +262,8 @@ class MixedPrecisionOptimizer:
                 else:
                     shard = torch.empty(b.hi - b.lo, dtype=torch.float32, device=g.master.device)
                     dist.reduce_scatter_single(shard, pack.view(-1), group=g.group)
+                    if g.replicas is not None:        # hybrid sharding: the shard summed over its copies
+                        dist.all_reduce(shard, group=g.replicas)
                     b.master.grad = shard
                 del pack
 

@@ -82,7 +82,7 @@ def build_parts(cfg: TrainerConfig, mesh: MeshInfo, bf16: bool) -> tuple[list[Tr
         apply_tp(m, mesh.tp_mesh)
         apply_recompute(m, p.recompute)
         if dp_mode == "fsdp":
-            fsdp.apply_fsdp(m, mesh.dp_cp_mesh, p.zero_stage, bf16,
+            fsdp.apply_fsdp(m, mesh.fsdp_mesh, p.zero_stage, bf16,
                             expert_mesh=mesh.ep.replica_mesh if mesh.ep is not None else None)
         m.to_empty(device=mesh.device)
         m.rope_dtype = torch.bfloat16 if bf16 else torch.float32
@@ -124,7 +124,7 @@ class Engine:
         self.parts, self.stage_ids = build_parts(cfg, mesh, bf16=bf16)
         if mesh.rank == 0:
             log.info("data parallel over dp·cp = %d ranks: %s", mesh.dp_cp_size,
-                     fsdp.describe(p.zero_stage, mesh.dp_cp_size))
+                     fsdp.describe(p.zero_stage, mesh.dp_cp_size, p.dp_replicas))
             if mesh.ep is not None:
                 log.info("expert parallel ep=%d: %d of %d experts per rank (all-to-all dispatch); expert grads "
                          "summed over dp·cp/ep = %d replicas (%s)", p.ep, cfg.model.experts // p.ep,
@@ -151,8 +151,8 @@ class Engine:
             self.optimizer = self.lean.inner
             if mesh.rank == 0 and p.zero_stage == 1 and mesh.dp_cp_size > 1:
                 log.info("ZeRO 1: fp32 master weights and optimizer state of every tensor split evenly over "
-                         "dp·cp = %d ranks (%d elements on rank 0)", mesh.dp_cp_size,
-                         sum(m.numel() for m in self.lean.masters))
+                         "%s = %d ranks (%d elements on rank 0)", "dp_shard·cp" if p.dp_replicas > 1 else "dp·cp",
+                         mesh.zero_mesh.size(), sum(m.numel() for m in self.lean.masters))
         self.scheduler = make_scheduler(cfg, self.optimizer)
         n_stages = p.pp * p.virtual_stages
         last = next((m for m, s in zip(self.parts, self.stage_ids) if s == n_stages - 1), None)
@@ -198,7 +198,11 @@ class Engine:
                 local += x.detach().float()
         else:
             model = self.parts[0]
-            for inp, lab in zip(inputs.chunk(p.grad_accum), labels.chunk(p.grad_accum)):
+            for i, (inp, lab) in enumerate(zip(inputs.chunk(p.grad_accum), labels.chunk(p.grad_accum))):
+                if self.dp_mode == "fsdp" and p.dp_replicas > 1:
+                    # HSDP: reduce-scatter every micro-batch inside the shard group, all-reduce the summed
+                    # shards across replicas once, after the last (FSDP2 keeps the partial sums meanwhile)
+                    model.set_requires_all_reduce(i == p.grad_accum - 1)  # type: ignore[operator]
                 beat("forward", self.fwd_collective)
                 loss = self.loss_fn(model(inp), lab)
                 beat("backward", self.bwd_collective)
@@ -263,8 +267,10 @@ def lean_optimizer(cfg: TrainerConfig, mesh: MeshInfo, parts: list[Transformer],
     dense = [(n, q) for n, q in named if id(q) not in experts]
     expert = [(n, q) for n, q in named if id(q) in experts]
     several = mesh.dp_cp_size > 1
-    groups: list[tuple[list, object, object]] = [
-        (dense, mesh.dp_cp_mesh.get_group() if several else None, mesh.dp_cp_mesh if several else None)]
+    shard = mesh.zero_mesh if cfg.parallel.zero_stage == 1 else mesh.dp_cp_mesh   # ZeRO 0 shards nothing
+    groups: list[tuple] = [(dense, shard.get_group() if several else None, shard if several else None)]
+    if several and shard is mesh.shard_mesh and mesh.replica_mesh is not None:
+        groups[0] = (*groups[0], mesh.replica_mesh.get_group())      # hybrid: each shard all-reduced over copies
     if expert and mesh.ep is None:
         groups[0] = (named, *groups[0][1:])
     elif expert and mesh.ep is not None:

@@ -8,6 +8,12 @@
   (dist_optim.py): gradients all-reduced (ZeRO 0) or reduce-scattered into even shards (ZeRO 1)
   after the last micro-batch, updated weights all-gathered.
 
+Hybrid sharding (plan.layout.dp_shard < dp): ZeRO 2/3 pass fully_shard the 2-D mesh (dp_replicate,
+dp_shard·cp), FSDP2's HSDP: parameters sharded inside a shard group and replicated across them, gradients
+reduce-scattered inside it and the shards all-reduced across replicas (once per step: the engine turns the
+all-reduce off until the last micro-batch, FSDPModule.set_requires_all_reduce); ZeRO 1 shards the lean
+optimizer over dp_shard·cp and all-reduces each shard across replicas (dist_optim.py).
+
 `fully_shard` goes on each transformer block, then on the root — never on the root alone
 (seed failure mode 2). Gradients are summed, not averaged (divide factor 1), because the loss
 is already normalised by the global token count (loss.py).
@@ -25,16 +31,18 @@ from launcher.trainer.model import Transformer
 log = logging.getLogger("launcher.trainer")
 
 
-def describe(zero: int, dp_size: int) -> str:
+def describe(zero: int, dp_size: int, replicas: int = 1) -> str:
     if dp_size == 1:
         return "no data parallelism (dp·cp = 1): parameters unsharded"
+    hybrid = (f"; hybrid: sharded over {dp_size // replicas} ranks, {replicas} replicas, shards all-reduced "
+              "across them" if replicas > 1 else "")
     if zero == 3:
-        return "ZeRO 3: fully_shard per block + root, reshard_after_forward=True"
+        return "ZeRO 3: fully_shard per block + root, reshard_after_forward=True" + hybrid
     if zero == 2:
-        return "ZeRO 2: fully_shard per block + root, reshard_after_forward=False"
+        return "ZeRO 2: fully_shard per block + root, reshard_after_forward=False" + hybrid
     if zero == 1:
         return ("ZeRO 1: replicated weights; gradients reduce-scattered (sum) into even fp32 shards, "
-                "master weights and optimizer state sharded, updated weights all-gathered")
+                "master weights and optimizer state sharded, updated weights all-gathered" + hybrid)
     return "ZeRO 0: replicated weights and optimizer state, gradients all-reduced (sum) after backward"
 
 
@@ -45,8 +53,9 @@ def mode(zero: int, dp_size: int) -> str:
 
 
 def apply_fsdp(model: Transformer, dp_mesh, zero: int, bf16: bool, expert_mesh=None) -> None:
-    """`expert_mesh`: with expert parallelism, each EP-sharded expert is its own FSDP unit over
-    the dp·cp/ep ranks that hold the same experts (the block's unit then skips its parameters)."""
+    """`dp_mesh`: 1-D (dp·cp) or 2-D (replicas, shard group: HSDP). `expert_mesh`: with expert parallelism,
+    each EP-sharded expert is its own FSDP unit over the dp·cp/ep ranks that hold the same experts (the
+    block's unit then skips its parameters)."""
     from launcher.trainer.moe import MoE
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -40,9 +40,13 @@ class MeshInfo:
     coords: dict[str, int]
     device: torch.device
     tp_mesh: DeviceMesh
-    dp_cp_mesh: DeviceMesh      # FSDP / gradient-reduction mesh: dp and cp flattened
+    dp_cp_mesh: DeviceMesh      # all data-parallel ranks of a stage: dp and cp flattened
     sizes: dict[str, int]
     ep: EPGroups | None = None  # expert-parallel groups when plan.degrees.ep > 1 (moe.py)
+    # hybrid sharding (plan.layout.dp_shard < dp): ZeRO shards over dp_shard·cp, replicas over dp_replicate
+    shard_mesh: DeviceMesh | None = None      # dp_shard and cp flattened (None: dp_cp_mesh)
+    replica_mesh: DeviceMesh | None = None    # dp_replicate: the same shard on each
+    _fsdp_mesh: DeviceMesh | None = field(default=None, init=False, repr=False)
 
     def group(self, dim: str):
         return self.world.get_group(dim)
@@ -50,6 +54,21 @@ class MeshInfo:
     @property
     def dp_cp_size(self) -> int:
         return self.sizes["dp"] * self.sizes["cp"]
+
+    @property
+    def zero_mesh(self) -> DeviceMesh:
+        """The 1-D group ZeRO shards over: dp·cp, or dp_shard·cp under hybrid sharding."""
+        return self.shard_mesh if self.shard_mesh is not None else self.dp_cp_mesh
+
+    @property
+    def fsdp_mesh(self) -> DeviceMesh:
+        """fully_shard's mesh: 1-D dp·cp, or 2-D (dp_replicate, dp_shard·cp), FSDP2's HSDP (torchtitan's
+        (dp_replicate, dp_shard_cp))."""
+        if self.shard_mesh is None or self.replica_mesh is None:
+            return self.dp_cp_mesh
+        if self._fsdp_mesh is None:
+            self._fsdp_mesh = DeviceMesh._concatenate([self.replica_mesh, self.shard_mesh])
+        return self._fsdp_mesh
 
 
 def hostname() -> str:
@@ -63,19 +82,38 @@ def hostname() -> str:
     return socket.gethostname()
 
 
-def build_mesh(cfg: TrainerConfig, device: torch.device) -> MeshInfo:
-    p = cfg.parallel
+def mesh_dims(p) -> tuple[list[str], dict[str, int]]:
+    """The world mesh's dimensions outer→inner and their sizes: plan.mesh_order, with dp split in place
+    into (dp_replicate, dp_shard) under hybrid sharding (torchtitan's order: the shard group is dp-consecutive
+    ranks, inside a node first). The rank grid is the plan's either way."""
     sizes = {"tp": p.tp, "cp": p.cp, "pp": p.pp, "dp": p.dp}
     order = list(p.mesh_order)
-    world = init_device_mesh(device.type, tuple(sizes[d] for d in order), mesh_dim_names=tuple(order))
-    dims = [d for d in order if d in ("dp", "cp")]
-    dp_cp = world[tuple(dims)]._flatten("dp_cp")
+    if p.dp_replicas == 1:
+        return order, sizes
+    names = [x for d in order for x in (("dp_replicate", "dp_shard") if d == "dp" else (d,))]
+    return names, {**sizes, "dp_replicate": p.dp_replicas, "dp_shard": p.dp_shard}
+
+
+def build_mesh(cfg: TrainerConfig, device: torch.device) -> MeshInfo:
+    p = cfg.parallel
+    names, sizes = mesh_dims(p)
+    order = list(p.mesh_order)
+    world = init_device_mesh(device.type, tuple(sizes[d] for d in names), mesh_dim_names=tuple(names))
+    dp_cp = world[tuple(d for d in names if d in ("dp", "dp_replicate", "dp_shard", "cp"))]._flatten("dp_cp")
+    shard = replica = None
+    if p.dp_replicas > 1:
+        shard = world[tuple(d for d in names if d in ("dp_shard", "cp"))]._flatten("dp_shard_cp")
+        replica = world["dp_replicate"]
     rank = dist.get_rank()
     coords = layout.coords_of(rank, sizes, order)
-    for d in order:
-        assert world.get_local_rank(d) == coords[d], "DeviceMesh layout differs from launcher.plan.layout"
+    for d in names:
+        got = world.get_local_rank(d)
+        want = coords[d] if d in coords else (coords["dp"] // p.dp_shard if d == "dp_replicate"
+                                              else coords["dp"] % p.dp_shard)
+        assert got == want, "DeviceMesh layout differs from launcher.plan.layout"
     return MeshInfo(world=world, rank=rank, coords=coords, device=device, tp_mesh=world["tp"],
-                    dp_cp_mesh=dp_cp, sizes=sizes, ep=build_ep_groups(sizes, order, p.ep, rank, device.type))
+                    dp_cp_mesh=dp_cp, sizes={d: sizes[d] for d in order},
+                    ep=build_ep_groups(sizes, order, p.ep, rank, device.type), shard_mesh=shard, replica_mesh=replica)
 
 
 def ep_layout(sizes: dict[str, int], order: list[str], ep: int) -> tuple[list[list[int]], list[list[int]]]:
@@ -117,6 +155,8 @@ def all_groups(mesh: MeshInfo) -> list:
     for d in mesh.world.mesh_dim_names or ():
         groups.append(mesh.world.get_group(d))
     groups.append(mesh.dp_cp_mesh.get_group())
+    if mesh.shard_mesh is not None and mesh.replica_mesh is not None:
+        groups += [mesh.shard_mesh.get_group(), mesh.replica_mesh.get_group()]
     if mesh.ep is not None:
         groups += [mesh.ep.ep_group, mesh.ep.replica_group]  # type: ignore[list-item]
     return groups

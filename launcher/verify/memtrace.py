@@ -307,6 +307,11 @@ class RankMemTracker(FSDPMemTracker):
                     if fp.unsharded_accumulated_grad is not None:
                         self._update_and_maybe_create_winfos(fp.unsharded_accumulated_grad,
                                                              _FSDPRefType.UNSHARDED_GRAD)
+                # hybrid sharding before the last micro-batch (the all-reduce off): the reduce-scattered
+                # gradients summed so far wait in the group's partial output, not in .grad: gradients
+                partial = getattr(group, "_partial_reduce_output", None)
+                if partial is not None:
+                    self._update_and_maybe_create_winfos(partial, _FSDPRefType.SHARDED_GRAD)
 
         return post_backward
 
@@ -408,7 +413,7 @@ def mesh_for(cfg: TrainerConfig):
     """This rank's MeshInfo, built once per fake world (its thousands of fake process groups cost
     seconds at 16,384 ranks; the layer and micro-batch variants of a plan share the same mesh)."""
     p = cfg.parallel
-    key = (dist.get_rank(), dist.get_world_size(), p.tp, p.cp, p.pp, p.dp, p.ep, tuple(p.mesh_order))
+    key = (dist.get_rank(), dist.get_world_size(), p.tp, p.cp, p.pp, p.dp, p.ep, tuple(p.mesh_order), p.dp_shard)
     if key not in _MESHES:
         _MESHES[key] = build_mesh(cfg, torch.device("cpu"))      # real tensors: a mesh is metadata
     return _MESHES[key]
