@@ -16,7 +16,8 @@ def _gb(x: float) -> str:
 def plan_line(p: Plan) -> str:
     d = p.degrees
     sched = p.schedule + (f" v={p.virtual_stages}" if p.virtual_stages > 1 else "")
-    return (f"tp={d['tp']} cp={d['cp']} pp={d['pp']} dp={d['dp']} ep={d['ep']} | ZeRO {p.zero_stage} | "
+    hybrid = f" over dp_shard={p.dp_shard}·cp, {p.dp_replicas} replicas (HSDP)" if p.dp_replicas > 1 else ""
+    return (f"tp={d['tp']} cp={d['cp']} pp={d['pp']} dp={d['dp']} ep={d['ep']} | ZeRO {p.zero_stage}{hybrid} | "
             f"recompute {p.recompute} | micro-batch {p.micro_batch} × {p.grad_accum} accum | schedule {sched}")
 
 
@@ -118,7 +119,8 @@ def render_result(spec, result) -> str:
             d = a.degrees
             vs = f"{u['predicted_diff']:+.1%}" + ("*" if u["within_error"] else " ")
             sched = a.schedule + (f" v={a.virtual_stages}" if a.virtual_stages > 1 else "")
-            out.append(f"  {d['tp']:>3} {d['cp']:>3} {d['pp']:>3} {d['dp']:>5} {d['ep']:>3} {a.zero_stage:>4} "
+            zero = f"{a.zero_stage}" + (f"h{a.dp_shard}" if a.dp_replicas > 1 else "")    # h: hybrid, dp_shard
+            out.append(f"  {d['tp']:>3} {d['cp']:>3} {d['pp']:>3} {d['dp']:>5} {d['ep']:>3} {zero:>4} "
                        f"{a.recompute:>9} {a.micro_batch:>3} {a.grad_accum:>5} {sched:>18} "
                        f"{a.memory['per_gpu_gb']:>7.1f} {a.memory['used_pct']:>5.0f}% {a.estimate['step_time_s']:>8.3f} "
                        f"{vs:>8} {a.estimate['mfu']:>6.1%} {duration(b.get('wall_time_s', 0.0)):>10}"

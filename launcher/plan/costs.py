@@ -28,6 +28,9 @@ What the bundled trainer communicates, and where it overlaps (launcher/trainer, 
 - ZeRO 3 (reshard_after_forward=True): outside PP, all-gather in forward and again in backward, and
   a reduce-scatter, every micro-batch; under PP one all-gather per forward and per backward that
   follows a forward, and one reduce-scatter per step.
+- Hybrid sharding (parallel.dp_shard < dp): the ZeRO 1-3 traffic above inside the dp_shard·cp shard group,
+  at that group's bandwidth, plus the sharded gradients all-reduced across the dp / dp_shard replicas once per
+  step at theirs (replica_traffic).
 - CP (context_parallel.py): per layer, K and V all-gathered in forward and their gradients
   reduce-scattered in backward (again in forward under full recompute), synchronously: nothing
   hides it. Each rank's two query chunks (head/tail balanced) then attend to the keys up to
@@ -273,7 +276,7 @@ def collectives(model, train, lay: Layout, bw: Bandwidth, gpus_per_node: int,
     if model.experts > 1 and lay.ep > 1:
         out["ep"] = Collective("ep", "all_to_all", s_local * b * h * dtype * model.experts_per_token / lay.tp,
                                lay.ep, st["dp"], alltoall_busbw(bw, lay.ep, st["dp"], gpus_per_node), alpha)
-    shard = lay.dp * lay.cp
+    shard = lay.shard_group                 # dp·cp, or dp_shard·cp under hybrid sharding (its replicas apart)
     if shard > 1:
         dp_stride = min(st["dp"], st["cp"]) if lay.cp > 1 else st["dp"]
         most = max(rank_stage_layers(model.layers, lay.pp, lay.virtual_stages))
@@ -408,6 +411,7 @@ class Estimate:
     hfu: float
     efficiency: float
     flop_formula: str = "model FLOPs = 3 x forward (2/param-token + 4bs^2h attention + 2bshV logits); HFU adds recompute"
+    dp_replica_s: float = 0.0   # hybrid sharding: the cross-replica all-reduce, before overlap (in dp_comm_s)
 
     def to_dict(self) -> dict:
         return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()}
@@ -446,6 +450,28 @@ def dp_traffic(lay: Layout, stack: Stack, elems: float, dtype: int, grad_elem: f
     if pp == 1:                                             # ZeRO 3
         return passes(param_bytes, 2 * m) + passes(grad_bytes, m)
     return passes(param_bytes, m + min(m, pp)) + passes(grad_bytes, 1)
+
+
+def replica_group(lay: Layout, mesh_order: tuple[str, ...]) -> tuple[int, int]:
+    """(size, stride) of a hybrid-sharding replica group: the dp / dp_shard ranks holding the same shard, dp
+    coordinates dp_shard apart (mesh.py splits dp into (dp_replicate, dp_shard), outer to inner)."""
+    st = strides({"tp": lay.tp, "cp": lay.cp, "pp": lay.pp, "dp": lay.dp}, mesh_order)
+    return lay.dp_replicas, st["dp"] * lay.dp_shard_size
+
+
+def replica_traffic(lay: Layout, stack: Stack, elems: float, grad_elem: float, bw: float, blocks: int) -> float:
+    """Seconds per step of hybrid sharding's cross-replica all-reduce of the sharded gradients (before
+    overlap): each rank's 1/(dp_shard·cp) of `elems` stage parameters, all-reduced over dp / dp_shard replicas
+    once per step (MiCS's "amortized" synchronisation, arXiv 2205.00119 §3.3; FSDP2's HSDP all-reduce, which
+    the bundled trainer turns off until the last micro-batch, FSDPModule.set_requires_all_reduce, and
+    pipelining until a stage's last): per FSDP unit under ZeRO 2/3, per bucket after its reduce-scatter under
+    ZeRO 1 (dist_optim.py)."""
+    r = lay.dp_replicas
+    if r <= 1:
+        return 0.0
+    calls = -(-elems // GRAD_BUCKET_ELEMS) if lay.zero == 1 else stack.dp_collectives_per_layer * max(blocks, 1)
+    return ring(elems / lay.shard_group * grad_elem, r, bw, stack.alpha_s, allreduce=True) \
+        + (calls - 1) * 2 * (r - 1) * stack.alpha_s
 
 
 def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
@@ -518,13 +544,22 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
     bubble = busy * bubble_fraction
 
     # DP / ZeRO over dp·cp (FSDP folds CP in), for the stage holding the most parameters.
-    shard = lay.dp * lay.cp
+    # Hybrid sharding: the ZeRO traffic above inside dp_shard·cp at that group's bandwidth (inside a node when it
+    # fits there), and the sharded gradients' all-reduce across the dp / dp_shard replicas at theirs (one rank a
+    # node: its own NIC), replica_traffic
+    shard = lay.shard_group
     dp_bw = bws.get("dp", inf)
     emb = counts.embedding + (counts.head if p == 1 else 0)
     stage_params = (counts.largest_layer * most + max(emb, counts.head)) / lay.tp
     grad_elem = 4 if train.precision == "fp32" else stack.grad_reduce_bytes
     dp_comm = dp_traffic(lay, stack, stage_params, dtype, grad_elem, shard, dp_bw, most) \
         if shard > 1 else 0.0
+    rep_comm = 0.0
+    if lay.dp_replicas > 1:
+        r_size, r_stride = replica_group(lay, mesh_order)
+        rep_bw = bws.get("dp_replica") or group_busbw(bw, r_size, r_stride, gpus_per_node,
+                                                      per_gpu_nic=stack.dp_per_gpu_nic)
+        rep_comm = replica_traffic(lay, stack, stage_params, grad_elem, rep_bw, most)
     if lay.zero >= 2:
         # FSDP overlaps with the compute running at the same time: every micro-batch's outside PP; under
         # PP the per-step gather and reduce meet only the first forward and the last backward.
@@ -534,16 +569,23 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
         edge = dp_comm / max(most, 1)
         rest = dp_comm - edge
         dp_exposed = edge + max(rest * (1 - stack.fsdp_overlap), rest - concurrent * stack.fsdp_overlap)
+        # HSDP's all-reduce follows each unit's reduce-scatter in the last backward (FSDP2's all-reduce stream,
+        # on the NICs while the shard group's traffic is on NVLink): behind that backward, the last unit's exposed
+        r_edge = rep_comm / max(most, 1)
+        r_rest = rep_comm - r_edge
+        dp_exposed += r_edge + max(r_rest * (1 - stack.fsdp_overlap), r_rest - mb_time * 2 / 3 * stack.fsdp_overlap)
     else:
         backward = busy * 2 / 3
-        dp_exposed = max(dp_comm * (1 - stack.grad_sync_overlap), dp_comm - backward * stack.grad_sync_overlap)
+        sync = dp_comm + rep_comm                  # ZeRO 1: each bucket reduce-scattered, then all-reduced
+        dp_exposed = max(sync * (1 - stack.grad_sync_overlap), sync - backward * stack.grad_sync_overlap)
+    dp_comm += rep_comm
 
     step = busy + bubble + pp_p2p + dp_exposed
     world = lay.world
     return Estimate(
         step_time_s=step, compute_s=compute_mb * m, tp_comm_s=tp_mb * m, cp_comm_s=cp_mb * m,
         ep_comm_s=ep_mb * m, pp_p2p_s=pp_p2p, bubble_s=bubble, bubble_fraction=bubble_fraction,
-        dp_comm_s=dp_comm, dp_exposed_s=dp_exposed,
+        dp_comm_s=dp_comm, dp_exposed_s=dp_exposed, dp_replica_s=rep_comm,
         tokens_per_s=train.global_batch * s / step,
         tflops_per_gpu=model_fl / step / world / 1e12,
         mfu=model_fl / step / world / peak, hfu=hw_fl / step / world / peak, efficiency=eff,

@@ -84,11 +84,13 @@ def torchtitan(p: Plan) -> Export:
     notes: list[str] = []
     cannot: list[str] = []
     par: dict[str, Any] = {}
+    # hybrid sharding is torchtitan's HSDP: dp_replicate × dp_shard
+    rep, shard = lay.dp_replicas, lay.dp_shard_size
     if lay.zero == 3:
-        par.update(data_parallel_replicate_degree=1, data_parallel_shard_degree=lay.dp,
+        par.update(data_parallel_replicate_degree=rep, data_parallel_shard_degree=shard,
                    fsdp_reshard_after_forward="always")
     elif lay.zero == 2:
-        par.update(data_parallel_replicate_degree=1, data_parallel_shard_degree=lay.dp,
+        par.update(data_parallel_replicate_degree=rep, data_parallel_shard_degree=shard,
                    fsdp_reshard_after_forward="never")
     elif lay.zero == 0 and lay.tp == lay.cp == lay.pp == 1:
         par.update(data_parallel_replicate_degree=lay.dp, data_parallel_shard_degree=1)
@@ -96,6 +98,7 @@ def torchtitan(p: Plan) -> Export:
         par.update(data_parallel_replicate_degree=1, data_parallel_shard_degree=lay.dp,
                    fsdp_reshard_after_forward="never")
         if lay.zero == 1:
+            par.update(data_parallel_replicate_degree=rep, data_parallel_shard_degree=shard)
             cannot.append("ZeRO 1 (only the optimizer state sharded): torchtitan has no such mode; written instead: "
                           "FSDP without resharding after forward (ZeRO 2, gradients sharded too)")
         else:
@@ -187,6 +190,9 @@ def megatron(p: Plan) -> Export:
         if lay.schedule == "gpipe":
             cannot.append("schedule gpipe: Megatron-LM runs 1F1B (interleaved with virtual stages); no GPipe "
                           "schedule (1F1B has the same bubble and holds fewer micro-batches' activations)")
+    if lay.dp_replicas > 1:
+        cannot.append(f"hybrid sharding (dp_shard {lay.dp_shard_size} of dp {lay.dp}, {lay.dp_replicas} replicas): not "
+                      "written as Megatron-LM flags here; written instead: sharding over all of dp")
     if lay.zero == 1:
         flags["--use-distributed-optimizer"] = True
     elif lay.zero in (2, 3):

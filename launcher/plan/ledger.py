@@ -616,7 +616,9 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
     model = padded_model(model, lay.tp)
     num = trainer_numerics(train, gpu, lay)
     rp = rank_params(model, lay, role)
-    n = lay.dp * lay.cp                              # FSDP / ZeRO 1 group: dp·cp (mesh.dp_cp_mesh)
+    # FSDP / ZeRO 1 group: dp·cp (mesh.dp_cp_mesh), or dp_shard·cp under hybrid sharding (mesh.shard_mesh; the
+    # replicas hold copies: ZeRO's state ÷ dp_shard·cp, torchtitan's 16 B/param ÷ (dp_shard·cp))
+    n = lay.shard_group
     n_exp = max(1, n // lay.ep)                      # an expert's replicas: dp·cp/ep
     fsdp = lay.zero >= 2 and n > 1
     opt_b = TRAINER_STATE_BYTES[train.optimizer]

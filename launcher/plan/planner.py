@@ -73,11 +73,11 @@ class Candidate:
     @functools.cached_property
     def complexity(self) -> tuple:
         """Simpler first: fewer model-parallel dimensions (TP, CP, PP, EP; data parallelism is the
-        baseline), less CP, fewer pipeline stages, lower ZeRO stage, smaller TP, fewer chunks, less
-        recompute, then more memory headroom."""
+        baseline), less CP, fewer pipeline stages, lower ZeRO stage, one shard group over all of dp (not
+        hybrid sharding), smaller TP, fewer chunks, less recompute, then more memory headroom."""
         lay, led = self.layout, self.ledger
         dims = sum(d > 1 for d in (lay.tp, lay.cp, lay.pp, lay.ep))
-        return (dims, lay.cp, lay.pp, lay.zero, lay.tp, lay.virtual_stages,
+        return (dims, lay.cp, lay.pp, lay.zero, lay.dp_replicas, lay.tp, lay.virtual_stages,
                 RECOMPUTE_ORDER.index(lay.recompute), round(led.per_gpu_gb - led.limit_gb, 1))
 
     def ranked_time(self, seq_len: int) -> float:
@@ -300,7 +300,8 @@ class Search:
         if self.model.is_moe and tp > 1:
             zeros = [z for z in zeros if capabilities.moe_tp_zero_problem(self.model, tp, z, dp * cp) is None]
         recomputes = [p.recompute] if p.recompute else list(RECOMPUTE_ORDER)
-        per_mb = len(zeros) * len(recomputes)
+        shards = self.dp_shard_choices(tp, cp, pp, dp, ep, zeros)
+        per_mb = sum(len(zs) for _, zs in shards) * len(recomputes)
         for sched, v in self.schedule_choices(pp):
             # memory never falls as the micro-batch grows (1F1B holds min(m, p)·b sequences, GPipe
             # all b·m) nor as recompute or the ZeRO stage drops: once the least memory-hungry choice
@@ -328,11 +329,42 @@ class Search:
                 for rc in reversed(recomputes):      # least memory first
                     if rc in too_big:
                         self.reject("does not fit in GPU memory", len(zeros))
-                    elif not self.fitting_zeros(tp, cp, pp, dp, ep, zeros, rc, mb, ga, sched, v):
+                    elif not any([self.fitting_zeros(tp, cp, pp, dp, ep, zs, rc, mb, ga, sched, v, ds)
+                                  for ds, zs in shards]):
                         too_big.add(rc)
                         too_big.update(recomputes[:recomputes.index(rc)])    # less recompute needs more
 
-    def fitting_zeros(self, tp, cp, pp, dp, ep, zeros, rc, mb, ga, sched, v) -> bool:
+    def dp_shard_choices(self, tp: int, cp: int, pp: int, dp: int, ep: int,
+                         zeros: list[int]) -> list[tuple[int | None, list[int]]]:
+        """(dp_shard, the ZeRO stages it goes with) to price: sharding over all of dp (None, every stage), and
+        hybrid sharding over the shard group the cluster's topology offers inside one node — the largest
+        dp_shard whose dp_shard·cp ranks sit on one node (NVLink), replicated across nodes — for ZeRO 1-3
+        (parallel.dp_shard fixes it). The bandwidth map has no level between a node and the whole cluster
+        (racks, rails), so a rack-sized group is not searched; set parallel.dp_shard for one."""
+        fixed = self.par.dp_shard
+        hybrid = [z for z in zeros if z >= 1]
+        if fixed is not None:
+            if dp % fixed:
+                self.reject("dp_shard does not divide dp")
+                return []
+            if fixed == dp:
+                return [(None, zeros)]
+            why = capabilities.dp_shard_problem(fixed, dp, cp, 1, ep)
+            if why:
+                self.reject(f"dp_shard {why.split(';')[0].split(' (')[0]}")
+                return []
+            return [(fixed, hybrid)] if hybrid else []
+        out: list[tuple[int | None, list[int]]] = [(None, zeros)]
+        if not hybrid or ep > 1 or self.cluster.nodes == 1:
+            return out
+        st = lay_mod.strides({"tp": tp, "cp": cp, "pp": pp, "dp": dp}, self.mesh_order)
+        span = max(st["dp"], st["cp"] * cp if cp > 1 else 1)     # the ranks one dp index covers with its cp
+        node = [d for d in divisors(dp) if d < dp and d * cp > 1 and self.cluster.gpus_per_node % (d * span) == 0]
+        if node:
+            out.append((node[-1], hybrid))
+        return out
+
+    def fitting_zeros(self, tp, cp, pp, dp, ep, zeros, rc, mb, ga, sched, v, dp_shard=None) -> bool:
         """Estimate the lowest fitting stage of each family: replicated (ZeRO 0/1, reduced after
         backward, unhidden) and FSDP (ZeRO 2/3, overlapped), since either can be the faster. Within a
         family time does not fall with the stage (ZeRO 1 adds a gather to 0's all-reduce, ZeRO 3
@@ -347,7 +379,7 @@ class Search:
 
         def lay_of(z: int) -> Layout:
             return Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, zero=z, recompute=rc, micro_batch=mb,
-                          grad_accum=ga, schedule=sched, virtual_stages=v)
+                          grad_accum=ga, schedule=sched, virtual_stages=v, dp_shard=dp_shard)
 
         def fits(z: int) -> bool:
             if z not in ledgers:             # the ledger only where it fits: most layouts here do not
@@ -506,7 +538,7 @@ def why_chosen(best: Candidate, ordered: list[Candidate], band: int, seq_len: in
             line = (f"the fastest estimate, {_describe(fastest.layout)} ({t_fast:.3f} s), is only {faster_by:.1%} "
                     f"faster: " + tie + fixed_note)
     # the fastest strictly simpler layout, outside the band (the band is sorted simplest first)
-    other = next((c for c in ordered[band:] if c.complexity[:5] < best.complexity[:5]), None)
+    other = next((c for c in ordered[band:] if c.complexity[:6] < best.complexity[:6]), None)
     if other is None:
         if out["rule"] != "forced" and (best.complexity[0] or best.layout.zero):
             line += ". No simpler layout fits in GPU memory"
@@ -538,6 +570,7 @@ def _simpler_how(best: Candidate, other: Candidate) -> str:
 
     words = [f"fewer model-parallel dimensions: {dims(la)} against {dims(lb)}", f"less CP: cp={la.cp} against {lb.cp}",
              f"fewer pipeline stages: pp={la.pp} against {lb.pp}", f"a lower ZeRO stage: {la.zero} against {lb.zero}",
+             f"fewer shard-group replicas (hybrid sharding): {la.dp_replicas} against {lb.dp_replicas}",
              f"smaller TP: tp={la.tp} against {lb.tp}",
              f"fewer chunks: v={la.virtual_stages} against {lb.virtual_stages}",
              f"less recompute: {la.recompute} against {lb.recompute}", "more memory headroom"]
@@ -556,12 +589,13 @@ def fixed_fields(spec: JobSpec) -> tuple[str, ...]:
     """The parallel fields the job file fixed (None: searched)."""
     p = spec.parallel
     return tuple(k for k in ("tp", "cp", "pp", "dp", "ep", "zero", "recompute", "micro_batch", "schedule",
-                             "virtual_stages") if getattr(p, k) is not None)
+                             "virtual_stages", "dp_shard") if getattr(p, k) is not None)
 
 
 def _describe(lay: Layout) -> str:
     sched = f" v={lay.virtual_stages}" if lay.virtual_stages > 1 else ""
     return (f"tp={lay.tp} cp={lay.cp} pp={lay.pp}{sched} dp={lay.dp}" + (f" ep={lay.ep}" if lay.ep > 1 else "")
+            + (f" dp_shard={lay.dp_shard_size}" if lay.hybrid else "")
             + f" ZeRO {lay.zero} {lay.recompute}")
 
 
@@ -658,4 +692,4 @@ def budget_of(spec: JobSpec, plans: list[Plan]) -> dict[str, Any]:
 
 def _shape(lay: Layout) -> tuple:
     """Alternatives differ in their degrees, not only in micro-batch or ZeRO details."""
-    return (lay.tp, lay.cp, lay.pp, lay.dp, lay.ep)
+    return (lay.tp, lay.cp, lay.pp, lay.dp, lay.ep, lay.dp_shard_size)
