@@ -204,6 +204,23 @@ EXTRA = [
                                     micro_batch=1)),
     ("geglu-alibi cp2 dp4 z3 selective", case(GEGLU_ALIBI, 1, 8, 512, 16, tp=1, cp=2, pp=1, zero=3,
                                               recompute="selective", micro_batch=1)),
+    # hybrid sharding (parallel.dp_shard, issue 25): FSDP2 on a (replicate, shard) mesh, each node's GPUs a
+    # shard group; the lean ZeRO 1 sharded over dp_shard·cp; with TP and CP; under PP
+    ("tiny dp8 shard4 z3 hsdp", case("tiny", 2, 4, 256, 32, tp=1, cp=1, pp=1, zero=3, recompute="none",
+                                     micro_batch=2, dp_shard=4)),
+    ("dense dp8 shard4 z1 hsdp", case(DENSE, 1, 8, 512, 32, tp=1, cp=1, pp=1, zero=1, recompute="full",
+                                      micro_batch=1, dp_shard=4)),
+    ("llama3-8b/2L tp2 cp2 dp4 shard2 z2 hsdp", case({**presets.MODELS["llama3-8b"], "layers": 2}, 2, 8, 8192, 8,
+                                                     tp=2, cp=2, pp=1, zero=2, recompute="selective", micro_batch=1,
+                                                     dp_shard=2)),
+    # not met, as the plain layout with the same 2-rank shard group (tp2 cp2 dp1 z2: the same 9.627 GB traced): its
+    # peak is the root unit's gather of the 128k-row embedding and head, a moment the ledger does not price
+    ("llama3-8b/2L tp2 cp2 dp4 shard1 z2 hsdp", case({**presets.MODELS["llama3-8b"], "layers": 2}, 2, 8, 8192, 8,
+                                                     tp=2, cp=2, pp=1, zero=2, recompute="selective", micro_batch=1,
+                                                     dp_shard=1)),
+    ("llama3-8b/4L dp16 shard8 pp2 z3 hsdp", case({**presets.MODELS["llama3-8b"], "layers": 4}, 4, 8, 8192, 32,
+                                                  tp=1, cp=1, pp=2, zero=3, recompute="full", micro_batch=1,
+                                                  schedule="1f1b", dp_shard=8)),
 ]
 #: large models at their real depth (verify traces 1-3 layers per stage and extends: minutes each)
 FULL_DEPTH = [

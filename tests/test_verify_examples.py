@@ -24,6 +24,7 @@ pytestmark = pytest.mark.integration
 
 TINY = ["tiny-cpu.yaml", "tiny-k8s.yaml", "tiny-k8s-pytorchjob.yaml", "tiny-slurm.yaml"]
 LARGE = "llama3-8b-8xh100.yaml"
+HSDP = "llama3-1b-hsdp-1024xh100.yaml"
 #: verified by benchmarks/verify_examples.py only, and why not in CI
 BENCHMARK_ONLY = {
     "gpt3-175b-a100.yaml": "a pipeline plan: every pipeline rank of 512 traced, ~25 s CPU (interleaved: ~85 s)",
@@ -104,6 +105,20 @@ def test_large_example_verifies_through_the_cli():
     assert misses(ledger_row(role)) == []
 
 
+def test_hsdp_example_verifies_sharded_inside_each_node():
+    """Llama 3.2 1B over 1,024 H100 as the planner lays it out: ZeRO 2 sharded over each node's 8 GPUs with
+    128 replicas (hybrid sharding), traced at its full world size: the fp32 masters and Adam moments are
+    1/8 of the model per GPU (not 1/1,024), and the ledger within the matrix's bound of the trace."""
+    code, rep = launch_verify(HSDP)
+    check_report(rep, code)
+    assert code == 0 and rep["world_size"] == 1024
+    (role,) = rep["roles"]
+    n = 1_235_814_400                         # llama3-1b's parameters (tied embedding)
+    assert role["state_gb"]["params"] == pytest.approx(4 * n / 8 / 1e9, rel=0.01)
+    assert role["categories_gb"]["optimizer"] == pytest.approx(8 * n / 8 / 1e9, rel=0.01)
+    assert misses(ledger_row(role)) == []
+
+
 def test_every_example_is_verified_somewhere():
     examples = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
-    assert sorted([*TINY, LARGE, *BENCHMARK_ONLY]) == examples
+    assert sorted([*TINY, LARGE, HSDP, *BENCHMARK_ONLY]) == examples
