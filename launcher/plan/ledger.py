@@ -484,9 +484,8 @@ def _rank_dense_layers(layers: int, pp: int, v: int, r: int, first_dense: int) -
 
 
 def optimizer_temp_bytes(train, gpu, local_params: float, largest: float) -> float:
-    """What optimizer.step allocates beyond its state: torch's foreach AdamW on a GPU keeps one fp32
-    sqrt(v) for every local parameter (_multi_tensor_adamw); on a CPU (no foreach) one parameter's
-    worth; 8-bit AdamW dequantises m, v and builds the update per parameter (optim8bit.py). SGD with
+    """What optimizer.step allocates beyond its state: nothing for AdamW (engine.make_optimizer: fused, in
+    place); 8-bit AdamW dequantises m, v and builds the update per parameter (optim8bit.py). SGD with
     weight decay adds it to a copy of the fp32 gradients: all at once under foreach (GPU), one at a
     time on a CPU; without weight decay it updates in place."""
     foreach = getattr(gpu, "name", "") != "cpu"
@@ -494,7 +493,7 @@ def optimizer_temp_bytes(train, gpu, local_params: float, largest: float) -> flo
         return 20 * largest
     if train.optimizer == "sgd":
         return 0.0 if not train.weight_decay else 4 * local_params if foreach else 4 * largest
-    return 4 * local_params if foreach else 8 * largest
+    return 0.0
 
 
 def logits_chunk_bytes(train, model, lay: Layout, num: Numerics) -> float:
@@ -791,8 +790,8 @@ def _step_memory(model, train, gpu, lay: Layout, num: Numerics, rp: RankParams, 
     if not fsdp:
         return _lean_step_memory(model, train, gpu, lay, rp, n, params, grads, step_grads, optimizer, r, layers)
     stepped = dense / n + rp.blocks_expert / n_exp          # what step() updates
-    temp = max(optimizer_temp_bytes(train, gpu, stepped, rp.largest / n),
-               16 * rp.largest / n)  # grad-norm clip: a float64 copy and its square
+    # (the grad-norm clip reduces each tensor in place: loss._norm_sq)
+    temp = optimizer_temp_bytes(train, gpu, stepped, rp.largest / n)
     held_params = params - num.gathered * rp.root
     if lay.zero == 2:
         # ZeRO 2's gathered blocks are resharded by the last backward (FSDP's reshard-after-backward, which
@@ -862,8 +861,7 @@ def _lean_step_memory(model, train, gpu, lay: Layout, rp: RankParams, n: int, pa
                       step_grads: float, optimizer: float, r: int, layers: int) -> RankMemory:
     """ZeRO 0/1 after backward (dist_optim.py), bucket by bucket: the reduce packs a bucket's gradients into
     fp32 (lean_pack_elems) beside every gradient not yet packed, then reduce-scatters it (ZeRO 1) or
-    all-reduces it (ZeRO 0); the step then holds the fp32 shard whole, one bucket's optimizer temporaries and the clip's
-    float64 copies of one tensor's chunk; the gather casts one bucket's master and all-gathers it."""
+    all-reduces it (ZeRO 0); the step then holds the fp32 shard whole and one bucket's optimizer temporaries; the gather casts one bucket's master and all-gathers it."""
     shards = n if lay.zero == 1 else 1
     pack = lean_pack_elems(model, lay.tp, shards, lay.ep, r == 0, r == lay.pp - 1, layers)
     stepped = pack / shards                       # the largest bucket the inner optimizer steps at once
@@ -874,9 +872,14 @@ def _lean_step_memory(model, train, gpu, lay: Layout, rp: RankParams, n: int, pa
     # at a bucket's packing its weights' gradients still exist; its ZeRO 1 shard (4/n B an element) is made
     # once they are released (2 B an element): the pack beside every gradient is the reduce's peak
     reduce = 4 * pack
-    temp = max(optimizer_temp_bytes(train, gpu, stepped, stepped), 16 * rp.largest / shards)
+    temp = optimizer_temp_bytes(train, gpu, stepped, stepped)
     moments = [RankMemory(params, grads, optimizer, 0.0, 0.0, reduce, "gradient reduce"),
                RankMemory(params, step_grads, optimizer, 0.0, temp, 0.0, "optimizer step")]
+    if shards == 1 and rp.total:
+        # ZeRO 0's last bucket: every other bucket's fp32 sum exists whole (the all-reduce's own buffer), beside
+        # the last one's weight gradients and its pack
+        moments.append(RankMemory(params, step_grads - reduce + grads / rp.total * pack, optimizer, 0.0, 0.0,
+                                  reduce, "gradient reduce"))
     return max(moments, key=lambda m: m.total)
 
 

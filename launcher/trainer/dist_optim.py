@@ -266,11 +266,16 @@ class MixedPrecisionOptimizer:
                         dist.all_reduce(shard, group=g.replicas)
                     b.master.grad = shard
                 del pack
+                self.reduced(b.master.grad)
+
+    def reduced(self, grad: torch.Tensor) -> None:
+        """Called with each bucket's fp32 gradient once it is reduced (under ZeRO 0 it is the reduce's own
+        buffer): nothing here; launch verify's tracer files it as a gradient from then on."""
 
     def grad_sq(self, ranks_per_stage: int, exclude=frozenset()) -> torch.Tensor:
         """This rank's share of the global squared gradient norm: each shard element over the number of
         ranks holding an identical copy of it (as loss.clip_grad_norm counts whole gradients)."""
-        from launcher.trainer.loss import _replication
+        from launcher.trainer.loss import _norm_sq, _replication
 
         sq = torch.zeros((), dtype=torch.float64, device=self.masters[0].device if self.masters else "cpu")
         for g in self.groups:
@@ -278,7 +283,7 @@ class MixedPrecisionOptimizer:
                 for s in b.segments:
                     if id(s.param) not in exclude and b.master.grad is not None:
                         copies = _replication(s.param, ranks_per_stage) / g.n
-                        sq += _place(s, b.master.grad, b.lo).double().pow(2).sum() / copies
+                        sq += _norm_sq(_place(s, b.master.grad, b.lo)) / copies
         return sq
 
     def shard_grads(self) -> list[torch.Tensor]:

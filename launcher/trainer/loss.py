@@ -148,13 +148,19 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float, ranks_per_stage:
         device = local.device
         sq = sq.to(device)
         if id(p) not in exclude:
-            sq += local.detach().double().pow(2).sum() / _replication(p, ranks_per_stage)
+            sq += _norm_sq(local) / _replication(p, ranks_per_stage)
         grads.append(local)
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
             else torch.device("cpu")
         sq = sq.to(device)
     return clip_to_global_norm(sq, grads, max_norm)
+
+
+def _norm_sq(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's squared L2 norm as a float64 scalar: reduced in fp32 (no full-size copy of the tensor, as
+    torch's clip_grad_norm_), squared in float64 so the sum over tensors and ranks keeps its digits."""
+    return torch.linalg.vector_norm(t.detach(), dtype=torch.float32).double().square()
 
 
 def clip_to_global_norm(sq: torch.Tensor, grads: list[torch.Tensor], max_norm: float) -> torch.Tensor:

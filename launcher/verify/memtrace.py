@@ -208,15 +208,8 @@ class RankMemTracker(FSDPMemTracker):
         temporaries; grad_dtype fp32's accumulation buffers as gradients."""
         for m in lean.masters:
             self._update_and_maybe_create_winfos(m, _FSDPRefType.OPT)
-        reduce = self._flagged("_filing", lean.reduce_grads, _FSDPRefType.REDUCE_SCATTER, None)
-
-        def reduce_grads():
-            reduce()
-            for m in lean.slices:
-                if m.grad is not None:
-                    self._update_and_maybe_create_winfos(m.grad, _FSDPRefType.SHARDED_GRAD)
-
-        lean.reduce_grads = reduce_grads
+        lean.reduce_grads = self._flagged("_filing", lean.reduce_grads, _FSDPRefType.REDUCE_SCATTER, None)
+        lean.reduced = lambda grad: self._update_and_maybe_create_winfos(grad, _FSDPRefType.SHARDED_GRAD)
         lean.gather_params = self._flagged("_filing", lean.gather_params, _FSDPRefType.ALL_GATHER, None)
         lean.grad_sq = self.clipping(lean.grad_sq)
         lean._accumulate = self._flagged("_filing", lean._accumulate, _FSDPRefType.SHARDED_GRAD, None)
