@@ -31,8 +31,9 @@ Sources (keys as in the CSV; transcriptions of the older rows in ../shared/notes
   the H100 80GB BF16, A100 80GB and A100 40GB tables; the FP8 table left out).
 - dgxc *: NVIDIA/dgxc-benchmarking READMEs (each README its own source): NeMo Llama 3.1 8B/70B/405B
   (24.09), Nemotron-4 15B/340B (24.11), NeMo GPT-3 175B, Grok-1 314B (MoE), MaxText Llama 3 70B,
-  PaxML GPT 5B; BF16 tables only. MaxText's remat policy and PaxML's are not printed (see the rows'
-  notes for what is assumed).
+  PaxML GPT 5B; BF16 tables only. Their remat policies and meshes are read from each recipe's configure.sh
+  (MaxText save_qkv_proj: STACKS["maxtext"]; PaxML SAVE_DOT_ONLY, FSDP inside a node: the rows' notes).
+- MaxText A3: google/maxtext MaxText/configs/a3/llama_2_7b/README.md @efb6d9e4 (Llama 2 7B, one 8-GPU VM).
 Not found as tables or text (so not here): BF16 H200 or B200 training runs with their layouts (the
 Megatron-Bridge tables for B200 are FP8/MXFP8 or MoE shapes this model cannot express), DeepSpeed runs
 after 2021, Megatron's H100 weak-scaling table (an image in its README).
@@ -207,11 +208,12 @@ def per_gpu_rate(case: Case, step: float) -> float:
 
 def sweeps(rows: list[Case] | None = None) -> list[list[Case]]:
     """Rows of one source measuring one model on one GPU type at one sequence length in several layouts:
-    the comparisons a planner must get the order of."""
+    the comparisons a planner must get the order of (rows costed as one layout, e.g. FSDP over a node with
+    its cross-node replicas left out, are one layout: nothing to order)."""
     groups: dict[tuple, list[Case]] = {}
     for c in rows if rows is not None else CASES:
         groups.setdefault((c.source, c.model_name, c.gpu, c.seq), []).append(c)
-    return [g for g in groups.values() if len(g) > 1]
+    return [g for g in groups.values() if len({(c.gbs, layout_of(c)) for c in g}) > 1]
 
 
 def sweep_order(group: list[Case], fitted: dict[str, Stack] | None = None) -> tuple[list[str], list[str]]:

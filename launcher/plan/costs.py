@@ -37,8 +37,9 @@ What the bundled trainer communicates, and where it overlaps (launcher/trainer, 
   themselves with `is_causal` / `causal_lower_right` SDPA, no mask tensor, so on GPUs the kernel
   skips the causal upper triangle and a rank does exactly 1/cp of the causal work
   (cp_attention_factor 1; CPU kernels take a mask, but plans are for GPUs).
-- TP (sequence parallel): per layer 2 all-gathers + 2 reduce-scatters forward, as many backward; selective
-  recompute gathers the norms' outputs again in backward (2 more), full recompute repeats the forward's 4.
+- TP (sequence parallel): per layer 2 all-gathers + 2 reduce-scatters forward, as many backward, and the
+  sequence-parallel linears, which keep only their input's sequence shard, all-gather it again in backward
+  (2 more, Stack.sp_regathers); full recompute repeats the forward's 4: 10 a layer, 14 under full.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 
-from launcher.plan.kernels import kernels
+from launcher.plan.kernels import FLASH_BACKWARD, kernels
 from launcher.plan.layout import stage_layers, strides
 from launcher.plan.ledger import Layout, ParamCounts, param_counts
 
@@ -108,8 +109,9 @@ STACKS: dict[str, Stack] = {
     # hide behind the compute running then (fsdp_overlap 1).
     # DP collectives across nodes run at the node's k NICs (min(intra, k·net)): llm-foundry's FSDP runs of
     # MPT-13B hold 4,767-4,811 tok/s/GPU from 8 to 64 H100s, which one NIC per GPU could not (+150%).
-    # Factor 0.717 and 140 passes: `benchmarks/calibrate_costs.py --fit` on all 156 rows of the family.
-    "bundled": Stack("bundled trainer (eager PyTorch, FSDP2)", efficiency_max=0.717, fsdp_overlap=1.0,
+    # Factor 0.735 and 140 passes: `benchmarks/calibrate_costs.py --fit` on all 156 rows of the family.
+    # The optimizer step (fused AdamW over the rank's fp32 shard, one pass) is not charged.
+    "bundled": Stack("bundled trainer (eager PyTorch, FSDP2)", efficiency_max=0.735, fsdp_overlap=1.0,
                      grad_sync_overlap=0.0, cp_overlap=0.0, cp_attention_factor=1.0,
                      zero2_sync_per_microbatch=True, zero1_allreduce=False, dp_collectives_per_layer=1, alpha_s=8e-6,
                      grad_reduce_bytes=4.0, dp_per_gpu_nic=False, replicated_param_bytes=2.0,
@@ -118,23 +120,25 @@ STACKS: dict[str, Stack] = {
                      # the sequence-parallel linears (trainer/sequence_parallel.py) gather again in backward
                      selective_attention_recompute=0.0, sp_regathers=True, elementwise_passes=140.0),
     # Megatron-LM / NeMo: fused kernels (TE, cuDNN attention), distributed optimizer overlapping grad reduce
-    # and param gather with compute
-    "megatron": Stack("Megatron-LM / NeMo", efficiency_max=0.791, fsdp_overlap=0.8, grad_sync_overlap=0.8,
+    # and param gather with compute; factor 0.781 and no elementwise passes (TE fuses them): --fit on its 54 rows
+    "megatron": Stack("Megatron-LM / NeMo", efficiency_max=0.781, fsdp_overlap=0.8, grad_sync_overlap=0.8,
                       cp_overlap=0.8, cp_attention_factor=1.0, zero2_sync_per_microbatch=False,
                       zero1_allreduce=False, dp_collectives_per_layer=1, alpha_s=8e-6, grad_reduce_bytes=4.0,
-                      elementwise_passes=30.0, fused_attention=True),
+                      elementwise_passes=0.0, fused_attention=True),
     # DeepSpeed ZeRO-3 as measured in 2021 (Narayanan et al. Table 2): per-parameter collectives
     # (its collectives reach one NIC's bandwidth per GPU, and several per layer: the fit's choice)
-    "deepspeed": Stack("DeepSpeed ZeRO-3 (2021)", efficiency_max=0.757, fsdp_overlap=0.5,
+    "deepspeed": Stack("DeepSpeed ZeRO-3 (2021)", efficiency_max=0.759, fsdp_overlap=0.5,
                        grad_sync_overlap=0.5, cp_overlap=0.0, cp_attention_factor=1.0,
                        zero2_sync_per_microbatch=True, zero1_allreduce=False, dp_collectives_per_layer=4,
                        alpha_s=8e-6, grad_reduce_bytes=2.0, dp_per_gpu_nic=True, elementwise_passes=0.0),
     # JAX/XLA FSDP (MaxText, PaxML): the compiler fuses the elementwise work and schedules the FSDP
-    # all-gathers and reduce-scatters asynchronously behind the layers' compute
-    "jax": Stack("JAX / XLA (MaxText, PaxML)", efficiency_max=0.852, fsdp_overlap=1.0, grad_sync_overlap=0.8,
+    # all-gathers and reduce-scatters asynchronously behind the layers' compute. Factor 0.801 and 200 passes
+    # (--fit on its 10 rows, the passes at the grid's edge): its sources disagree by ~30% at the kernel level
+    # (PaxML 5B and MaxText 7B of 2024 against MaxText 70B of 2025), which no term here names; --cv shows it
+    "jax": Stack("JAX / XLA (MaxText, PaxML)", efficiency_max=0.801, fsdp_overlap=1.0, grad_sync_overlap=0.8,
                  cp_overlap=0.0, cp_attention_factor=1.0, zero2_sync_per_microbatch=True, zero1_allreduce=False,
                  dp_collectives_per_layer=1, alpha_s=8e-6, grad_reduce_bytes=4.0, dp_per_gpu_nic=True,
-                 elementwise_passes=80.0, fused_attention=True),
+                 elementwise_passes=200.0, fused_attention=True),
 }
 # Meta's Llama 3 stack (arXiv 2407.21783 §3.3.2) runs like Megatron but for its CP: K and V all-gathered
 # with the latency "exposed in the critical path"; FSDP keeps parameters gathered from forward to backward
@@ -145,8 +149,15 @@ BUNDLED = STACKS["bundled"]
 # (notes/trainers.md §1.4), where ours keeps them all
 STACKS["torchtitan"] = replace(BUNDLED, name="torchtitan (eager, op-level selective AC)",
                                selective_matmul_recompute=0.5)
-# llm-foundry / Composer: FSDP1 FULL_SHARD with backward prefetch and its own flash attention (Triton)
+# llm-foundry / Composer: FSDP1 FULL_SHARD with backward prefetch and its own flash attention (Triton: the
+# benchmark tables ran submit_benchmarks.py's default attn_impl 'triton'; charged at SDPA's FlashAttention-2
+# rate, for want of a published figure for that kernel)
 STACKS["llmfoundry"] = replace(BUNDLED, name="llm-foundry (Composer FSDP1)")
+# MaxText's remat_policy save_qkv_proj (dgxc-benchmarking maxtext/configure.sh; MaxText layers/models.py
+# save_only_these_names query/key/value_proj): backward repeats the attention core and every matmul but
+# q, k and v, which hold 83.9M of Llama 3 70B's 855.6M matmul parameters a layer (0.902 repeated)
+STACKS["maxtext"] = replace(STACKS["jax"], name="MaxText (remat save_qkv_proj)", selective_matmul_recompute=0.902,
+                            selective_attention_recompute=1.0)
 
 
 @dataclass(frozen=True)
@@ -348,7 +359,7 @@ def compute_seconds(model, lay: Layout, seq_len: int, gpu, stack: Stack = BUNDLE
     """(seconds, hardware FLOPs) of one micro-batch's forward + backward (+ recompute) on one rank for
     `layers` blocks (and the logits when `logits`): every GEMM at the GPU's maximum achievable matmul
     rate plus a fixed time per call (kernels.py, from public GEMM benchmarks), attention at the
-    flash-attention rate on the causal half, elementwise work at HBM speed (the stack's passes over
+    flash-attention rate on the causal half (its backward FLASH_BACKWARD forwards, as FlashAttention counts it), elementwise work at HBM speed (the stack's passes over
     the activations), all divided by the stack's fitted factor (or `factor`: cluster.compute_efficiency /
     `launch calibrate`'s, which scales this kernel-level time)."""
     k = kernels(gpu)
@@ -365,10 +376,12 @@ def compute_seconds(model, lay: Layout, seq_len: int, gpu, stack: Stack = BUNDLE
     attn = fwd["attention"] / model.layers * (3 + rc_attn) * share * layers
     if lay.cp > 1:
         attn *= stack.cp_attention_factor
+    # the kernel's work: FlashAttention's backward recomputes the scores, FLASH_BACKWARD forwards (FLOPs stay 3x)
+    attn_work = attn * (1 + FLASH_BACKWARD + rc_attn) / (3 + rc_attn)
     attn_rate = k.attention_fused if stack.fused_attention else k.attention
     tokens = lay.micro_batch * seq_len / lay.cp
     elem_bytes = stack.elementwise_passes * 2 * tokens * model.hidden / lay.tp * layers * (3 + rc_mm) / 3
-    seconds = (k.gemm_seconds(mm, calls, peak) + attn * CAUSAL_WORK / (peak * attn_rate)
+    seconds = (k.gemm_seconds(mm, calls, peak) + attn_work * CAUSAL_WORK / (peak * attn_rate)
                + elem_bytes / (k.hbm_tbs * 1e12))
     return seconds / (factor or stack.ceiling(gpu)), mm + attn
 

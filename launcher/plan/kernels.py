@@ -18,6 +18,12 @@ Sources (each figure in KERNELS names its own):
   FlashAttention-2 "achieving only 35% utilization on the H100", FlashAttention-3 "up to 740 TFLOPs/s
   (75% utilization)" in BF16 forward. Stacks on torch SDPA run the FlashAttention-2 kernels
   (`attention`); Megatron/TE's cuDNN fused attention is FA3-class on Hopper (`attention_fused`).
+- Attention's backward: FlashAttention recomputes the scores and probabilities from Q and K in its
+  backward, so its own benchmarks count a backward as 2.5 forwards and fwd + bwd as 3.5
+  (Dao-AILab/flash-attention benchmarks/benchmark_flash_attention.py, `flops(..., mode)`), and llm-foundry's
+  benchmark README says the same ("our models use Flash Attention, which requires including an extra
+  recompute factor for its recomputation in the forward pass"). The rates above are in that count, so
+  the time model charges attention's backward FLASH_BACKWARD forwards at them (FLOPs and MFU keep 3x).
 - HBM bandwidth: vendor datasheets (notes/planner.md §6 for A100/H100/H200).
 GPUs without a published figure say so (`assumed`); the kernels of an unknown preset are H100's ratios.
 """
@@ -28,6 +34,8 @@ from dataclasses import dataclass
 
 #: Fixed seconds per GEMM call beyond its FLOPs at the MAMF rate (see the module docstring).
 GEMM_FIXED_S = 6.2e-6
+#: Forwards' worth of attention work in its backward (FlashAttention's recompute; see the module docstring).
+FLASH_BACKWARD = 2.5
 
 
 @dataclass(frozen=True)

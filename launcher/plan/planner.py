@@ -35,10 +35,10 @@ from launcher.plan.spec import JobSpec
 
 RECOMPUTE_ORDER = ("none", "selective", "full")
 #: Plans whose estimated step time is within this fraction of the fastest count as equal, and the
-#: simplest of them wins: the time model's own error (benchmarks/calibrate_costs.py, held-out median
-#: step-time error: Megatron-class 4.8%, rounded up; torchtitan-class 9.0%, so
-#: for the bundled trainer plans a little outside the band are not told apart either: `launch plan
-#: --benchmark` measures them).
+#: simplest of them wins. It is below the time model's own error: leave-one-source-out median |step-time
+#: error| 7.3% Megatron-class, 12.9% eager PyTorch FSDP, the bundled trainer's class (benchmarks/
+#: calibrate_costs.py --cv), so plans outside the band are not told apart either: launch plan's
+#: uncertainty line (explain.CV_ERROR) names those within the error and `launch plan --benchmark` measures them.
 TIE_BAND = 0.05
 #: Below this sequence length context parallelism must beat the best plan without it by one more band:
 #: no published run below 32k tokens used CP (Llama 3 used it at 128k, torchtitan's sweep starts at
