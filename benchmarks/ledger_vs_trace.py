@@ -204,6 +204,22 @@ EXTRA = [
                                     micro_batch=1)),
     ("geglu-alibi cp2 dp4 z3 selective", case(GEGLU_ALIBI, 1, 8, 512, 16, tp=1, cp=2, pp=1, zero=3,
                                               recompute="selective", micro_batch=1)),
+    # all-to-all CP (DeepSpeed-Ulysses, parallel.cp_attention): MHA, GQA under TP, kv heads repeated up to cp
+    # (tiny: 1 kv head per TP rank, cp 2), ALiBi's bias per head group, Llama 3 8B's widths at 8k tokens
+    ("mha-gelu cp4 a2a dp2 z1 none", case(MHA, 1, 8, 512, 8, tp=1, cp=4, pp=1, zero=1, recompute="none",
+                                          micro_batch=2, cp_attention="all-to-all")),
+    ("dense tp2 cp2 a2a dp2 z3 selective", case(DENSE, 1, 8, 1024, 4, tp=2, cp=2, pp=1, zero=3,
+                                                recompute="selective", micro_batch=1, cp_attention="all-to-all")),
+    ("tiny tp2 cp2 a2a dp2 z2 full", case("tiny", 1, 8, 256, 8, tp=2, cp=2, pp=1, zero=2, recompute="full",
+                                          micro_batch=2, cp_attention="all-to-all")),
+    ("geglu-alibi cp2 a2a dp4 z0 none", case(GEGLU_ALIBI, 1, 8, 512, 16, tp=1, cp=2, pp=1, zero=0,
+                                             recompute="none", micro_batch=1, cp_attention="all-to-all")),
+    ("llama3-8b/2L tp2 cp4 a2a z1 none", case({**presets.MODELS["llama3-8b"], "layers": 2}, 1, 8, 8192, 2, tp=2,
+                                              cp=4, pp=1, zero=1, recompute="none", micro_batch=1,
+                                              cp_attention="all-to-all")),
+    ("llama3-8b/4L tp1 cp2 a2a pp2 1f1b z2 selective",
+     case({**presets.MODELS["llama3-8b"], "layers": 4}, 1, 8, 8192, 4, tp=1, cp=2, pp=2, zero=2,
+          recompute="selective", micro_batch=1, schedule="1f1b", cp_attention="all-to-all")),
     # hybrid sharding (parallel.dp_shard, issue 25): FSDP2 on a (replicate, shard) mesh, each node's GPUs a
     # shard group; the lean ZeRO 1 sharded over dp_shard·cp; with TP and CP; under PP
     ("tiny dp8 shard4 z3 hsdp", case("tiny", 2, 4, 256, 32, tp=1, cp=1, pp=1, zero=3, recompute="none",

@@ -40,6 +40,12 @@ def render_plan(p: Plan, title: str = "best") -> str:
         f"EP {e['ep_comm_s']:.3f} s, bubble {e['bubble_s']:.3f} s ({e['bubble_fraction']:.1%}), "
         f"DP exposed {e['dp_exposed_s']:.3f} of {e['dp_comm_s']:.3f} s, efficiency {e['efficiency']:.0%}",
     ]
+    if p.cp > 1:
+        lines.insert(1, "  context parallelism: " + ("all-to-all (DeepSpeed-Ulysses: q, k, v and the output exchanged "
+                                                    f"for {p.model.heads // (p.tp * p.cp)} heads of the whole sequence "
+                                                    "per GPU)" if p.cp_attention == "all-to-all" else
+                                                    "all-gather (keys and values of the whole sequence, head/tail "
+                                                    "chunks)"))
     if p.hosts:
         lines.append(f"  hosts: {', '.join(p.hosts[:8])}{' ...' if len(p.hosts) > 8 else ''}")
     for w in p.warnings:

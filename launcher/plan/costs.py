@@ -37,6 +37,9 @@ What the bundled trainer communicates, and where it overlaps (launcher/trainer, 
   themselves with `is_causal` / `causal_lower_right` SDPA, no mask tensor, so on GPUs the kernel
   skips the causal upper triangle and a rank does exactly 1/cp of the causal work
   (cp_attention_factor 1; CPU kernels take a mask, but plans are for GPUs).
+  All-to-all CP (parallel.cp_attention, DeepSpeed-Ulysses): per layer 4 all-to-alls forward (q, k, v, the
+  output), as many backward, again under recompute, at the all-to-all bandwidth; square causal SDPA on a
+  head group of the whole sequence, 1/cp of the causal work.
 - TP (sequence parallel): per layer 2 all-gathers + 2 reduce-scatters forward, as many backward, and the
   sequence-parallel linears, which keep only their input's sequence shard, all-gather it again in backward
   (2 more, Stack.sp_regathers); full recompute repeats the forward's 4: 10 a layer, 14 under full.
@@ -50,7 +53,7 @@ from functools import lru_cache
 
 from launcher.plan.kernels import FLASH_BACKWARD, kernels
 from launcher.plan.layout import stage_layers, strides
-from launcher.plan.ledger import Layout, ParamCounts, param_counts
+from launcher.plan.ledger import Layout, ParamCounts, param_counts, ulysses_kv_width
 
 # --- calibration constants (fitted in benchmarks/calibrate_costs.py; errors printed there) -------
 #: Fraction of the advertised per-direction NVLink bandwidth an all-reduce reaches (nccl-tests: ~370-480
@@ -205,13 +208,14 @@ def group_busbw(bw: Bandwidth, size: int, stride: int, gpus_per_node: int, per_g
     return min(bw.intra_gbs, per_node * bw.net_per_gpu_gbs)
 
 
-def alltoall_busbw(bw: Bandwidth, size: int, stride: int, gpus_per_node: int) -> float:
+def alltoall_busbw(bw: Bandwidth, size: int, stride: int, gpus_per_node: int, per_gpu_nic: bool = False) -> float:
     """All-to-all bus bandwidth (GB/s) of a group: the measured all_to_all_perf figure for a group in one
     node or across nodes when preflight measured it, else half the all-reduce figure (all-to-all
-    reaches about half the busbw of a ring collective)."""
+    reaches about half the busbw of a ring collective; `per_gpu_nic` as group_busbw's: a per-layer
+    activation exchange, all-to-all CP's, through each rank's own NIC)."""
     per_node = max(1, min(size, gpus_per_node // stride)) if stride < gpus_per_node else 1
     measured = bw.alltoall_intra_gbs if -(-size // per_node) == 1 else bw.alltoall_inter_gbs
-    return measured or group_busbw(bw, size, stride, gpus_per_node) * 0.5
+    return measured or group_busbw(bw, size, stride, gpus_per_node, per_gpu_nic) * 0.5
 
 
 def ring(nbytes: float, g: int, busbw_gbs: float, alpha_s: float, allreduce: bool = False) -> float:
@@ -276,7 +280,11 @@ def collectives(model, train, lay: Layout, bw: Bandwidth, gpus_per_node: int,
     if lay.tp > 1:
         out["tp"] = Collective("tp", "all_gather", s_local * b * h * dtype, lay.tp, st["tp"],
                                group_busbw(bw, lay.tp, st["tp"], gpus_per_node, per_gpu_nic=True), alpha)
-    if lay.cp > 1:
+    if lay.cp > 1 and lay.cp_attention == "all-to-all":
+        # one call's message: this rank's q [s/cp, heads/tp, d], the larger of what each layer exchanges (q, k, v, out)
+        out["cp"] = Collective("cp", "all_to_all", s_local * b * model.q_width / lay.tp * dtype, lay.cp, st["cp"],
+                               alltoall_busbw(bw, lay.cp, st["cp"], gpus_per_node, per_gpu_nic=True), alpha)
+    elif lay.cp > 1:
         kv_heads_local = max(1, model.kv_heads // lay.tp)
         out["cp"] = Collective("cp", "all_gather", train.seq_len * b * kv_heads_local * model.head_dim * dtype,
                                lay.cp, st["cp"], group_busbw(bw, lay.cp, st["cp"], gpus_per_node, per_gpu_nic=True),
@@ -541,6 +549,18 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
     cp_raw = 2 * cp_passes * ring(k_bytes, lay.cp, cp_bw, stack.alpha_s) * layers_stage
     attn_compute = attn_layer * layers_stage * b / (lay.tp * lay.cp) / (peak * eff)
     cp_mb = max(cp_raw * (1 - stack.cp_overlap), cp_raw - attn_compute * stack.cp_overlap)
+    if lay.cp > 1 and lay.cp_attention == "all-to-all":
+        # all-to-all CP (DeepSpeed-Ulysses: Jacobs et al. 2023, arXiv 2309.14509 §3.2, 4·N·h/P per GPU per layer):
+        # q, k and v exchanged before attention and the output after, 4 all-to-alls of this rank's s/cp tokens per
+        # layer forward (k, v: kv heads repeated up to cp, ledger.ulysses_kv_width), as many backward, again in the
+        # recompute (selective too: an exchange is no kept op). At cp_bw, the all-to-all figure (collectives():
+        # measured all_to_all_perf where the bandwidth map has it), N(g-1)/g / busbw as nccl-tests count it, plus
+        # one latency a call (NCCL sends to every peer at once, not a ring's g-1 steps). Synchronous: attention
+        # needs all of it first, so nothing hides it.
+        q_bytes = s_local * b * model.q_width / lay.tp * dtype
+        kv_bytes = s_local * b * ulysses_kv_width(model, lay.tp, lay.cp) * dtype
+        moved = (2 * q_bytes + 2 * kv_bytes) * (lay.cp - 1) / lay.cp
+        cp_mb = cp_passes * (4 * stack.alpha_s + moved / (cp_bw * 1e9)) * layers_stage
     # EP: all-to-all dispatch + combine, forward and backward, of each token's top-k hidden states.
     ep_mb = 0.0
     if model.experts > 1 and lay.ep > 1:

@@ -296,13 +296,14 @@ def trainer_numerics(train, gpu, lay: Layout) -> Numerics:
 
 @lru_cache(maxsize=4096)  # the same (model, shape, degrees) recurs across ZeRO stages and pp
 def trainer_layer_activation_bytes(model, s: int, b: int, mode: str, num: Numerics, *, tp: int = 1,
-                                   cp: int = 1, ep: int = 1) -> float:
+                                   cp: int = 1, ep: int = 1, cp_attention: str = "all-gather") -> float:
     """Bytes one rank keeps for backward for one transformer layer and one micro-batch, as the
     trainer's Block saves them (model.py; SDPA never materialises the s×s scores). A MoE model with dense
     first layers: the busier of its two kinds of layer."""
     if model.experts > 1 and model.first_dense_layers:
-        return max(trainer_layer_activation_bytes(dense_view(model), s, b, mode, num, tp=tp, cp=cp, ep=ep),
-                   trainer_layer_activation_bytes(moe_view(model), s, b, mode, num, tp=tp, cp=cp, ep=ep))
+        kw = dict(tp=tp, cp=cp, ep=ep, cp_attention=cp_attention)
+        return max(trainer_layer_activation_bytes(dense_view(model), s, b, mode, num, **kw),
+                   trainer_layer_activation_bytes(moe_view(model), s, b, mode, num, **kw))
     h, a = model.hidden, model.heads
     hq, hkv = model.q_width, model.kv_width
     tokens = s / cp * b                    # this CP rank's tokens; TP all-gathers them before the matmuls
@@ -325,11 +326,22 @@ def trainer_layer_activation_bytes(model, s: int, b: int, mode: str, num: Numeri
     if mode != "none":
         raise ValueError(f"recompute mode {mode!r}")
     attn = (2 * hq + 2 * hkv) / tp * e * tokens + a / tp * 4 * tokens
-    if cp > 1:
+    if cp > 1 and cp_attention == "all-to-all":
+        # all-to-all (context_parallel.UlyssesAttention): SDPA keeps the exchanged q, k, v and its output, [heads/cp,
+        # s] as many bytes as the rank's own [heads, s/cp] (k and v: kv heads repeated up to cp where fewer), and
+        # the output exchanged back is one more copy, which wo keeps
+        attn += 2 * (ulysses_kv_width(model, tp, cp) - hkv / tp) * e * tokens + hq / tp * e * tokens
+    elif cp > 1:
         # K and V all-gathered over CP (context_parallel.py), kept by SDPA; its two query chunks' outputs
         # are kept by SDPA and joined into one more copy that wo keeps
         attn += 2 * hkv / tp * e * s * b + hq / tp * e * tokens
     return norms + linear_in + attn + mlp_activation_bytes(model, mt, mtp, e, ep=ep)
+
+
+def ulysses_kv_width(model, tp: int, cp: int) -> float:
+    """Width of one rank's keys (or values) as all-to-all CP exchanges them: its kv heads after TP, repeated up
+    to cp where fewer (context_parallel.kv_repeats)."""
+    return max(model.kv_heads // tp, cp) * model.head_dim
 
 
 def moe_tokens(model, tokens: float, tp: int) -> tuple[float, int]:
@@ -512,7 +524,8 @@ def mlp_backward_bytes(model, tokens: float, tp: int, e: int) -> float:
     return (3 if model.mlp != "gelu" else 2) * tokens * model.expert_ffn / tp * e
 
 
-def selective_recomputed_bytes(model, tokens: float, seq_tokens: float, tp: int, num: Numerics) -> float:
+def selective_recomputed_bytes(model, tokens: float, seq_tokens: float, tp: int, num: Numerics,
+                               kv_exchanged: float = 0.0) -> float:
     """What op-level selective recompute (recompute.py) makes again in a dense block's backward and holds
     while the MLP's backward runs (torch's checkpoint replays the whole block at its first unpack): the
     norms' fp32 input and normalised output, the matmuls' inputs (the normed input, all-gathered under TP),
@@ -526,7 +539,11 @@ def selective_recomputed_bytes(model, tokens: float, seq_tokens: float, tp: int,
     # outputs are kept, so the replay never gathers)
     out += 2 * e * h * tokens / tp
     out += (hq + hkv) / tp * e * tokens                      # apply_rope's q and k
-    if seq_tokens > tokens:
+    if kv_exchanged:
+        # all-to-all CP: its exchange is not a kept op: the exchanged q, k and v (k and v `kv_exchanged` wide,
+        # ulysses_kv_width) are made again and held for SDPA's backward (traced)
+        out += (hq / tp + 2 * kv_exchanged) * e * tokens
+    elif seq_tokens > tokens:
         # CP: _GatherKV's all_gather is not a kept op: the gathered keys and values are made again
         out += 2 * hkv / tp * e * seq_tokens
     if model.mlp != "gelu":
@@ -575,10 +592,12 @@ def rope_buffer_bytes(model, train, lay: Layout, num: Numerics) -> float:
 def alibi_bias_bytes(model, train, lay: Layout, num: Numerics) -> float:
     """ALiBi's cached bias (model.AlibiBias), made by each model part's first forward and kept: [heads/tp, s, s]
     in the compute dtype, under CP one per query chunk against its prefix of keys (c × (r+1)c and c × (2cp−r)c,
-    c = s/2cp)."""
+    c = s/2cp); under all-to-all CP one [heads/tp/cp, s, s] for the rank's head group."""
     if model.position != "alibi":
         return 0.0
     s, c = train.seq_len, train.seq_len / (2 * lay.cp)
+    if lay.cp > 1 and lay.cp_attention == "all-to-all":
+        return model.heads / lay.tp / lay.cp * s * s * num.act * max(1, lay.virtual_stages)
     keys = s * s if lay.cp == 1 else c * c * (2 * lay.cp + 1)
     return model.heads / lay.tp * keys * num.act * max(1, lay.virtual_stages)
 
@@ -654,7 +673,8 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
         return None
     # --- activations: per micro-batch × the schedule's in-flight micro-batches
     s, b = train.seq_len, lay.micro_batch
-    per_layer = trainer_layer_activation_bytes(model, s, b, lay.recompute, num, tp=lay.tp, cp=lay.cp, ep=lay.ep)
+    per_layer = trainer_layer_activation_bytes(model, s, b, lay.recompute, num, tp=lay.tp, cp=lay.cp, ep=lay.ep,
+                                               cp_attention=lay.cp_attention)
     tokens = s / lay.cp * b
     layers = rank_layers(model, lay, role)
     held = in_flight_microbatches(lay.schedule, lay.pp, lay.grad_accum, lay.virtual_stages,
@@ -668,7 +688,7 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
         a += alibi_bias_bytes(model, train, lay, num)
         if lay.pp > 1:
             a += pipeline_buffer_bytes(model, lay, num, tokens, in_flight, r)
-        if lay.cp > 1 and getattr(gpu, "name", "") == "cpu":
+        if lay.cp > 1 and lay.cp_attention == "all-gather" and getattr(gpu, "name", "") == "cpu":
             # CPU kernels have no bottom-right causal variant: context_parallel.py's two cached boolean masks
             # (c×(r+1)c and c×(2cp−r)c, c = s/2cp; the largest pair, r > 0). GPUs take none.
             c = s / (2 * lay.cp)
@@ -680,11 +700,14 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
     if lay.recompute == "full" or (lay.recompute == "selective" and model.experts > 1):
         # backward recomputes one block at a time: that block's whole activations exist meanwhile
         # (selective: less the outputs it kept, which the recompute reuses)
-        recomputed = trainer_layer_activation_bytes(model, s, b, "none", num, tp=lay.tp, cp=lay.cp, ep=lay.ep)
+        recomputed = trainer_layer_activation_bytes(model, s, b, "none", num, tp=lay.tp, cp=lay.cp, ep=lay.ep,
+                                                    cp_attention=lay.cp_attention)
         if lay.recompute == "selective":
             recomputed = max(0.0, recomputed - per_layer)
     elif lay.recompute == "selective":
-        recomputed = selective_recomputed_bytes(model, s / lay.cp * b, s * b, lay.tp, num)
+        recomputed = selective_recomputed_bytes(model, s / lay.cp * b, s * b, lay.tp, num,
+                                                ulysses_kv_width(model, lay.tp, lay.cp)
+                                                if lay.cp > 1 and lay.cp_attention == "all-to-all" else 0.0)
     step = _step_memory(model, train, gpu, lay, num, rp, fsdp, n, n_exp, dense, params + buffers, grads,
                         step_grads, optimizer, r, layers)
     if lay.pp > 1 and lay.virtual_stages > 1:

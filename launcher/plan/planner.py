@@ -217,6 +217,7 @@ class Search:
         self.unfit: list[Candidate] = []
         self.mesh_order = tuple(self.par.mesh_order)
         self.fully_fixed = self.par.fully_fixed
+        self.attention = capabilities.CP_ATTENTION     # how the layouts being priced cross the cp group
 
     def reject(self, reason: str, n: int = 1) -> None:
         if n > 0:
@@ -281,7 +282,38 @@ class Search:
                         self.reject("global_batch not divisible by dp")
                         continue
                     for ep in self.ep_choices(dp, cp):
-                        self.layouts(tp, cp, pp, dp, ep)
+                        start = len(self.candidates)
+                        for att in self.attention_choices(tp, cp):
+                            self.attention = att
+                            self.layouts(tp, cp, pp, dp, ep)
+                        self.keep_faster_attention(start)
+
+    def attention_choices(self, tp: int, cp: int) -> list[str]:
+        """How attention crosses the cp group: parallel.cp_attention, else both all-gather and all-to-all where the
+        heads split over cp (capabilities.cp_attention_problem); at cp 1 nothing crosses (the default)."""
+        if cp == 1:
+            return [capabilities.CP_ATTENTION]
+        out = []
+        for att in [self.par.cp_attention] if self.par.cp_attention else capabilities.CP_ATTENTIONS:
+            if capabilities.cp_attention_problem(self.model, cp, tp, att):
+                self.reject("all-to-all CP: heads or kv heads per TP rank do not split over cp")
+            else:
+                out.append(att)
+        return out
+
+    def keep_faster_attention(self, start: int) -> None:
+        """Of the candidates from `start` on, of two that differ only in cp_attention the faster estimate: their
+        compute and memory plan are the same but for the CP term, so the time model's own error (TIE_BAND), which
+        lets the simpler of two layouts win, does not decide between them; the slower counts as dominated."""
+        kept: dict[Layout, Candidate] = {}
+        for c in self.candidates[start:]:
+            key = dataclasses.replace(c.layout, cp_attention=capabilities.CP_ATTENTION)
+            if key not in kept or c.estimate.step_time_s < kept[key].estimate.step_time_s:
+                kept[key] = c
+        dropped = len(self.candidates) - start - len(kept)
+        if dropped:
+            self.candidates[start:] = list(kept.values())
+            self.rejected["slower than the same layout with the other cp_attention"] += dropped
 
     def ep_choices(self, dp: int, cp: int) -> list[int]:
         if self.par.ep is not None:
@@ -379,7 +411,8 @@ class Search:
 
         def lay_of(z: int) -> Layout:
             return Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, zero=z, recompute=rc, micro_batch=mb,
-                          grad_accum=ga, schedule=sched, virtual_stages=v, dp_shard=dp_shard)
+                          grad_accum=ga, schedule=sched, virtual_stages=v, dp_shard=dp_shard,
+                          cp_attention=self.attention)
 
         def fits(z: int) -> bool:
             if z not in ledgers:             # the ledger only where it fits: most layouts here do not
@@ -589,12 +622,13 @@ def fixed_fields(spec: JobSpec) -> tuple[str, ...]:
     """The parallel fields the job file fixed (None: searched)."""
     p = spec.parallel
     return tuple(k for k in ("tp", "cp", "pp", "dp", "ep", "zero", "recompute", "micro_batch", "schedule",
-                             "virtual_stages", "dp_shard") if getattr(p, k) is not None)
+                             "virtual_stages", "dp_shard", "cp_attention") if getattr(p, k) is not None)
 
 
 def _describe(lay: Layout) -> str:
     sched = f" v={lay.virtual_stages}" if lay.virtual_stages > 1 else ""
-    return (f"tp={lay.tp} cp={lay.cp} pp={lay.pp}{sched} dp={lay.dp}" + (f" ep={lay.ep}" if lay.ep > 1 else "")
+    att = " (all-to-all)" if lay.cp > 1 and lay.cp_attention == "all-to-all" else ""
+    return (f"tp={lay.tp} cp={lay.cp}{att} pp={lay.pp}{sched} dp={lay.dp}" + (f" ep={lay.ep}" if lay.ep > 1 else "")
             + (f" dp_shard={lay.dp_shard_size}" if lay.hybrid else "")
             + f" ZeRO {lay.zero} {lay.recompute}")
 

@@ -16,6 +16,7 @@ from typing import Any
 from launcher.errors import SpecError, UserError
 from launcher.plan import capabilities, presets
 from launcher.plan.capabilities import (
+    CpAttention,
     GradDtype,
     Mlp,
     Optimizer,
@@ -178,6 +179,10 @@ class ParallelSpec:
 
     tp: int | None = bounded(None, 1, 1 << 20, doc="tensor-parallel degree")
     cp: int | None = bounded(None, 1, 1 << 20, doc="context-parallel degree")
+    cp_attention: CpAttention | None = bounded(None, doc="how attention crosses the cp group: all-gather (keys and "
+                                                         "values, Llama 3's) or all-to-all (DeepSpeed-Ulysses: "
+                                                         "heads/tp and kv_heads/tp divisible by cp, or kv heads "
+                                                         "dividing cp); searched when not given, all-gather at cp 1")
     pp: int | None = bounded(None, 1, 1 << 20, doc="pipeline stages")
     dp: int | None = bounded(None, 1, 1 << 20, doc="data-parallel degree")
     ep: int | None = bounded(None, 1, 1 << 20, doc="expert-parallel degree (splits dp·cp)")
@@ -299,6 +304,10 @@ def _check_parallel(p: ParallelSpec, m: ModelSpec, t: TrainSpec, c: ClusterSpec)
         why = capabilities.cp_problem(t.seq_len, p.cp, p.tp or 1)
         if why:
             raise SpecError("parallel.cp", f"{p.cp} {why}")
+    if p.cp_attention is not None and p.cp is not None and p.tp is not None:
+        why = capabilities.cp_attention_problem(m, p.cp, p.tp, p.cp_attention)
+        if why:
+            raise SpecError("parallel.cp_attention", f"{p.cp_attention} with cp={p.cp}: {why}")
     if p.ep is not None and p.ep > 1:
         why = capabilities.ep_problem(m, p.ep, 1, p.ep)      # dp·cp is searched: only the model's side here
         if why:
