@@ -179,3 +179,20 @@ def test_plan_json_keeps_the_choice_and_older_plans_read_as_all_gather():
     bad["layout"]["cp_attention"] = "ring"
     with pytest.raises(SpecError, match=r"plan.layout.cp_attention"):
         Plan.from_dict(bad)
+
+
+def test_the_plan_preflight_measures_the_cp_groups_all_to_all():
+    """`launch preflight --plan` probes each group with the time model's collective: for all-to-all CP an
+    all_to_all of one q over each cp group, and what it measures replaces the CP bandwidth in the step time."""
+    from launcher.plan.commgroups import plan_bandwidth, plan_collectives
+
+    plan = plan_job(spec_from_dict(job(model="llama2-7b", nodes=2, seq=131072, gb=16,
+                                       cp_attention="all-to-all")), top=0).best
+    assert plan.cp == 8 and plan.cp_attention == "all-to-all"
+    cp = plan_collectives(plan)["cp"]
+    assert (cp.op, cp.size) == ("all_to_all", 8)
+    assert cp.nbytes == 131072 / 8 * plan.model.q_width * 2
+    bw = plan_bandwidth(plan)
+    t = [estimate(plan.model, plan.train, plan.gpu, plan.layout, bw, 8, busbw={"cp": x}).cp_comm_s
+         for x in (cp.busbw_gbs, cp.busbw_gbs / 2)]
+    assert t[0] == pytest.approx(plan.estimate["cp_comm_s"], rel=1e-4) and t[1] > 1.9 * t[0]
