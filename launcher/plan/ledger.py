@@ -839,21 +839,28 @@ def lean_expert_pack_elems(model, ep: int, n: int, layers: int) -> float:
 
 def _largest_pack(tensors: list[tuple[tuple[int, ...], int]], n: int) -> float:
     """dist_optim's bucketing over (local shape, split dim) in order: the largest pack's elements."""
+    return _packs(tuple(tensors), n)[0]
+
+
+def _packs(tensors: tuple[tuple[tuple[int, ...], int], ...], n: int) -> tuple[float, float]:
+    """dist_optim's bucketing over (local shape, split dim) in order: (the largest pack's, the last pack's)
+    elements."""
     largest, row = 0.0, 0
     for shape, dim in tensors:
         c = _chunk(shape, dim, n)
         if row and (row + c) * n > ALLREDUCE_BUCKET_ELEMS:
             largest, row = max(largest, row * n), 0
         row += c
-    return max(largest, row * n)
+    return max(largest, row * n), float(row * n)
 
 
 @lru_cache(maxsize=4096)
-def lean_pack_elems(model, tp: int, n: int, ep: int, first: bool, last: bool, layers: int) -> float:
-    """The largest fp32 pack (all n ranks' chunks of one bucket) dist_optim.MixedPrecisionOptimizer forms
-    for this rank's dense weights: its bucketing run over the rank's local tensors in module order (each
-    split along a dimension TP does not split, chunks padded), a bucket closed before it would pass
-    BUCKET_ELEMS; one tensor larger than that alone."""
+def lean_pack_elems(model, tp: int, n: int, ep: int, first: bool, last: bool, layers: int,
+                    which: int = 0) -> float:
+    """The largest (`which` 1: the last) fp32 pack (all n ranks' chunks of one bucket)
+    dist_optim.MixedPrecisionOptimizer forms for this rank's dense weights: its bucketing run over the
+    rank's local tensors in module order (each split along a dimension TP does not split, chunks padded), a
+    bucket closed before it would pass BUCKET_ELEMS; one tensor larger than that alone."""
     h, f, t = model.hidden, model.ffn_hidden, tp
     col = 1 if t > 1 else 0                      # a column-parallel weight [out/t, in] is chunked along `in`
     vocab = (model.vocab // t, h), col
@@ -877,7 +884,7 @@ def lean_pack_elems(model, tp: int, n: int, ep: int, first: bool, last: bool, la
     tensors = ([vocab] if first else []) + (attn + mlp) * dense_layers + layer * (layers - dense_layers)
     if last:
         tensors += [((h,), 0)] + ([vocab] if not model.tied_embeddings or not first else [])
-    return _largest_pack(tensors, n)
+    return _packs(tuple(tensors), n)[which]
 
 
 def _lean_step_memory(model, train, gpu, lay: Layout, rp: RankParams, n: int, params: float, grads: float,
@@ -898,11 +905,12 @@ def _lean_step_memory(model, train, gpu, lay: Layout, rp: RankParams, n: int, pa
     temp = optimizer_temp_bytes(train, gpu, stepped, stepped)
     moments = [RankMemory(params, grads, optimizer, 0.0, 0.0, reduce, "gradient reduce"),
                RankMemory(params, step_grads, optimizer, 0.0, temp, 0.0, "optimizer step")]
-    if shards == 1 and rp.total:
+    if shards == 1 and rp.total and not (model.experts > 1 and lay.ep > 1):
         # ZeRO 0's last bucket: every other bucket's fp32 sum exists whole (the all-reduce's own buffer), beside
         # the last one's weight gradients and its pack
-        moments.append(RankMemory(params, step_grads - reduce + grads / rp.total * pack, optimizer, 0.0, 0.0,
-                                  reduce, "gradient reduce"))
+        last = lean_pack_elems(model, lay.tp, shards, lay.ep, r == 0, r == lay.pp - 1, layers, 1)
+        moments.append(RankMemory(params, step_grads - 4 * last + grads / rp.total * last, optimizer, 0.0, 0.0,
+                                  4 * last, "gradient reduce"))
     return max(moments, key=lambda m: m.total)
 
 
