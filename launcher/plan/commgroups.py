@@ -43,7 +43,16 @@ def kind_groups(plan: Plan, kind: str) -> list[tuple[list[int], int]]:
     if kind in ("tp", "cp"):
         return [(g, 0) for g in layout.groups(deg, order, kind)]
     if kind == "dp":
-        return [(g, 0) for g in layout.groups_over(deg, order, ("dp", "cp"))]
+        # the ZeRO shard groups: dp·cp, or under hybrid sharding each replica's dp_shard·cp (mesh.py splits dp
+        # into replicate-outer, shard-inner coordinates)
+        shard = plan.layout.dp_shard_size
+        out = []
+        for g in layout.groups_over(deg, order, ("dp", "cp")):
+            by_replica: dict[int, list[int]] = {}
+            for r in g:
+                by_replica.setdefault(plan.ranks[r].coords["dp"] // shard, []).append(r)
+            out += [(ranks, 0) for _, ranks in sorted(by_replica.items())]
+        return out
     if kind == "ep":
         return [(g, 0) for g in layout.ep_groups(deg, order, plan.ep)]
     if kind == "pp":
