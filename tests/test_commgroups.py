@@ -109,7 +109,7 @@ def test_measured_figures_move_the_step_time_and_busbw_for_inverts_seconds():
 
 
 def test_a_slow_group_is_named_and_its_host_blamed():
-    plan = make_plan(tp=2, cp=1, pp=1, zero=3)
+    plan = make_plan(tp=2, cp=1, pp=1, zero=3, dp_shard=8)     # one ZeRO group over both nodes
     assert plan.dp == 8
     spec = probe_spec(plan, hosts=["n1", "n2"])
     groups = [replace(g, measured_s=g.assumed_s * (5 if g.kind == "tp" and g.index == 5 else 0.9))
