@@ -361,14 +361,18 @@ def test_site_options_are_judged_by_the_real_sbatch(slurm_cluster, tmp_path):  #
                                                           for p in (tmp_path / "runs").iterdir())
 
 
-def test_status_wait_and_logs_follow_ride_out_a_controller_restart(slurm_cluster, tmp_path):  # noqa: F811
+def test_status_wait_and_logs_follow_ride_out_a_controller_restart(slurm_cluster, tmp_path, monkeypatch):  # noqa: F811
     """slurmctld stops for a while mid-wait: `status --wait` and `logs -f` back off, say so, and
     finish when it is back (state kept in StateSaveLocation), instead of failing on the first error.
-    Accounting is absent here: status says squeue/scontrol are its only sources when it has to."""
+    Accounting is absent here: status says squeue/scontrol are its only sources when it has to.
+    The commands under test read a client slurm.conf whose MessageTimeout is 5 s, so each Slurm call
+    into the outage fails after 4 s, not 19 (the daemons keep theirs)."""
     job = write_job(tmp_path, "e2e-outage", steps=6)
     sub = submit(job)
     jid, run_dir = sub["id"], sub["run_dir"]
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "SLURM_CONF": str(slurm_cluster.conf)}
+    client_conf = str(slurm_cluster.impatient_client_conf())
+    monkeypatch.setenv("SLURM_CONF", client_conf)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "SLURM_CONF": client_conf}
     cmd = [sys.executable, "-c", "from launcher.cli import main; main()"]
     waiter = subprocess.Popen(cmd + ["status", jid, "--wait", "--interval", "1", "--max-interval", "4",
                                      "--retry-budget", "600", "--json"], env=env, stdout=subprocess.PIPE,
