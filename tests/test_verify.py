@@ -12,6 +12,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -75,22 +76,27 @@ def test_shortcuts_equal_the_exact_trace():
     """Layers extended linearly (ZeRO 3 over tp x dp; ZeRO 3 with full recompute, whose buffers first
     peak at 3 layers), and a 5-stage 1F1B pipeline traced at f + 2 micro-batches with the other
     micro-batches' step-long buffers added and a middle rank extended in flight from two others: per
-    role and category, what tracing every rank with all its layers and micro-batches gives."""
+    role and category, what tracing every rank with all its layers and micro-batches gives.
+    The six traces run two at a time (the one-role layouts keep one CPU busy each)."""
     from launcher.verify import trace_plan
 
     cases = [({"layers": 8}, dict(tp=2, dp=2, zero=3, global_batch=8)),
              ({"layers": 8}, dict(dp=4, zero=3, recompute="full", global_batch=8)),
-             # ZeRO 2 extends from 3 and 4 layers a stage, as ZeRO 3 (roles.layer_variants): 6 a stage here
-             ({"layers": 30}, dict(pp=5, dp=2, zero=2, schedule="1f1b", global_batch=24))]
-    for over, kw in cases:
-        model = {"hidden": 64, "heads": 4, "kv_heads": 2, "ffn_hidden": 128, "vocab": 256, **over}
-        plan = make_plan(**kw, seq_len=64, model_over=model)
-        fast = trace_plan(plan, build_last_rank=False)
-        exact = trace_plan(plan, build_last_rank=False, exact=True)
+             # ZeRO 2 extends from 3 and 4 layers a stage, as ZeRO 3 (roles.layer_variants): 6 a stage here;
+             # 8 micro-batches: the first rank (5 in flight) traces 7 and adds the 8th's buffers
+             ({"layers": 30}, dict(pp=5, dp=2, zero=2, schedule="1f1b", global_batch=16))]
+    plans = [make_plan(**kw, seq_len=64, model_over={"hidden": 64, "heads": 4, "kv_heads": 2, "ffn_hidden": 128,
+                                                     "vocab": 256, **over}) for over, kw in cases]
+    with ThreadPoolExecutor(2) as pool:
+        traces = [(pool.submit(trace_plan, p, build_last_rank=False),
+                   pool.submit(trace_plan, p, build_last_rank=False, exact=True)) for p in plans]
+    for (_, kw), plan, (fast_f, exact_f) in zip(cases, plans, traces):
+        fast, exact = fast_f.result(), exact_f.result()
         assert any("layers extended" in r.sources["activations"] for r in fast.roles)
         if plan.pp > 1:
             assert [r.trace_of for r in fast.roles] == [[], [2, 3], [], [], []]
-            assert fast.roles[2].micro_batches_traced == [5] and exact.roles[2].micro_batches_traced == [12]
+            assert fast.roles[0].micro_batches_traced == [7] and exact.roles[0].micro_batches_traced == [8]
+            assert fast.roles[2].micro_batches_traced == [5] and exact.roles[2].micro_batches_traced == [8]
         for a, b in zip(fast.roles, exact.roles):
             assert b.status == "traced" and not b.trace_of
             for c, v in b.categories_gb.items():
@@ -115,8 +121,10 @@ def test_interleaved_replay_equals_the_exact_trace(v, stage_layers):
     plan = make_plan(pp=4, dp=2, zero=2, virtual_stages=v, schedule="interleaved-1f1b", global_batch=16,
                      seq_len=64, model_over=model, stage_layers=stage_layers)
     assert replays(plan) and not replays(dataclasses.replace(plan, layout=dataclasses.replace(plan.layout, zero=3)))
-    fast = trace_plan(plan, build_last_rank=False)
-    exact = trace_plan(plan, build_last_rank=False, exact=True)
+    with ThreadPoolExecutor(2) as pool:        # both at once: the fast one's 3 roles leave a CPU idle
+        fast_f = pool.submit(trace_plan, plan, build_last_rank=False)
+        exact_f = pool.submit(trace_plan, plan, build_last_rank=False, exact=True)
+    fast, exact = fast_f.result(), exact_f.result()
     assert [r.trace_of for r in fast.roles] == [[], [], [1], []]
     assert [r.micro_batches_traced for r in fast.roles] == [[REPLAY_MICRO_BATCHES]] * 2 + [[], [REPLAY_MICRO_BATCHES]]
     assert all("replaying this rank's interleaved 1F1B order at 8" in r.sources["activations"] for r in fast.roles)
