@@ -10,7 +10,7 @@
     judges.py     pass / warn / fail against per-GPU-model thresholds and the cluster's median:
                   hardware (gpu_count ... ib), intra-node and pair bandwidth; health_judges.py and
                   levels.py the deeper levels' tools
-    assemble.py   results -> BandwidthMap (bwmap.py)
+    assemble.py   results -> BandwidthMap (launcher/formats/bwmap.py)
     folder.py     the folder layout of gathered outputs (load_dir / save_dir, `launch preflight import`)
     report.py     the human report
     __main__.py   `python -m checks DIR -o bwmap.json` (the last step of the Slurm preflight job)

@@ -12,11 +12,11 @@ from __future__ import annotations
 import statistics
 from datetime import datetime, timezone
 
-from checks.bwmap import BandwidthMap, CheckResult, NodeReport
 from checks.judges import JudgeConfig, at_least, hardware_checks, intra_checks, pair_checks, worst
 from checks.levels import deep_checks, record_figures
 from checks.parsing import NodeData, node_data, parse_nccl_run
 from checks.results import PreflightResults
+from launcher.formats.bwmap import BandwidthMap, CheckResult, NodeReport
 
 CLUSTER = "*"
 

@@ -16,11 +16,10 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from checks.bwmap import BandwidthMap, CheckResult
+from launcher.formats.bwmap import BandwidthMap, CheckResult
+from launcher.formats.health import HEALTH_KEY, REASON_KEY
 from launcher.formats.shell import quote
 
-HEALTH_KEY = "launch4d.io/health"
-REASON_KEY = "launch4d.io/reason"
 REASON_MAX = 200  # sinfo -R shows the reason in a column; a long one helps nobody
 SCHEDULERS = ("slurm", "k8s")
 _KEY = re.compile(r"[A-Za-z][A-Za-z0-9./_-]*=")

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from checks.bwmap import CheckResult, PairReport
 from checks.health_judges import judge_xid
 from checks.parsers.gpu_query import GpuQuery
 from checks.parsers.ibstat import IbStatus
 from checks.parsing import NodeData, parse_nccl_run
 from checks.results import PreflightResults
+from launcher.formats.bwmap import CheckResult, PairReport
 
 STATUS_ORDER = {"pass": 0, "warn": 1, "fail": 2}
 # Clock event reasons that are normal: none, GPU idle, software power cap (Azure logs the rest).

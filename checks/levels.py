@@ -25,7 +25,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from checks.bwmap import BandwidthMap, CheckResult
 from checks.health_judges import (
     Finding,
     judge_dcgm_diag,
@@ -41,6 +40,7 @@ from checks.parsers.nvlink_errors import parse_nvlink_errors
 from checks.parsers.perftest import parse_perftest
 from checks.probe import META_FILE, RUN_FILES, TIMEOUTS_KEY
 from checks.results import CommandResult, NcclRun, PreflightResults
+from launcher.formats.bwmap import BandwidthMap, CheckResult
 
 LEVELS = ("quick", "standard", "long")
 NOT_FOUND_RC = 127  # what a shell returns for a command it cannot find

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks.bwmap import CheckResult
 from checks.parsers import ParseError
 from checks.parsers.gpu_query import GpuQuery, parse_gpu_query
 from checks.parsers.ibstat import IbStatus, parse_ibstat
@@ -24,6 +23,7 @@ from checks.parsers.topo import Topology, parse_topo
 from checks.parsers.xid import XidLog, parse_xid
 from checks.probe import PROBES
 from checks.results import CommandResult
+from launcher.formats.bwmap import CheckResult
 
 
 class _Memo:

@@ -5,7 +5,7 @@ Plain text (no colour codes) so it reads the same in a terminal, a CI log and an
 
 from __future__ import annotations
 
-from checks.bwmap import BandwidthMap
+from launcher.formats.bwmap import BandwidthMap
 
 CHECK_ORDER = ["reachable", "gpu_count", "gpu_model", "driver", "topology", "nvlink", "ecc", "xid", "pcie",
                "clocks", "ib", "nccl_node", "nccl_inter"]

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from checks.bwmap import BandwidthMap, NodeReport
+from launcher.formats.bwmap import BandwidthMap, NodeReport
 from launcher.plan.costs import advertised_bandwidth, estimate
 from launcher.plan.ledger import Layout
 from launcher.plan.planner import cluster_from

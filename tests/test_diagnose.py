@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from checks.bwmap import BandwidthMap, NodeReport
 from launcher.diagnose import diagnose
 from launcher.diagnose.collect import build_report, read_sources
+from launcher.formats.bwmap import BandwidthMap, NodeReport
 from launcher.plan.model import Plan
 from tests.conftest import shared_file
 from tests.trainer_helpers import make_plan as trainer_plan

@@ -180,7 +180,7 @@ def test_formats_doc_is_current():
     """docs/formats.md: plan.json's table is the model's, and every BandwidthMap field is described."""
     import dataclasses
 
-    from checks.bwmap import BandwidthMap, CheckResult, NodeReport, PairReport
+    from launcher.formats.bwmap import BandwidthMap, CheckResult, NodeReport, PairReport
     from launcher.plan.model import plan_schema
     from launcher.plan.schema_doc import table
 

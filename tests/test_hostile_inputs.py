@@ -516,7 +516,7 @@ def test_local_backend_opens_its_log_without_following_a_link(tmp_path, monkeypa
 
 # --- bandwidth maps with wrong values (issue 23) ----------------------------------------------------
 def _bwmap_dict() -> dict:
-    from checks.bwmap import BandwidthMap, NodeReport
+    from launcher.formats.bwmap import BandwidthMap, NodeReport
 
     nodes = {h: NodeReport(h, 2, intra_busbw_gbs=100.0) for h in ("n1", "n2")}
     return BandwidthMap(nodes=nodes, intra_node_busbw_gbs=100.0, inter_node_busbw_gbs=20.0).to_dict()

@@ -289,7 +289,7 @@ def test_same_input_same_bytes():
 def test_preflight_bandwidth_map_keeps_failed_nodes_out(tmp_path, monkeypatch):
     """`launch submit --preflight BWMAP` (dry run: nothing reaches an API): the map's failed nodes
     are a nodeAffinity NotIn on the TrainJob's pods."""
-    from checks.bwmap import BandwidthMap, NodeReport
+    from launcher.formats.bwmap import BandwidthMap, NodeReport
 
     monkeypatch.setenv("LAUNCH4D_STATE", str(tmp_path / "state"))
     bw = BandwidthMap(nodes={h: NodeReport(host=h, gpus=2) for h in ("gpu-a1", "gpu-a2", "gpu-a3")},

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from checks.bwmap import BandwidthMap, NodeReport
 from launcher.cli import cli
+from launcher.formats.bwmap import BandwidthMap, NodeReport
 from launcher.plan.layout import groups, groups_node_local
 from launcher.plan.ledger import Layout, fitting_ledger, memory_ledger
 from launcher.plan.model import Plan

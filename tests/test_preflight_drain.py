@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from checks.bwmap import BandwidthMap, CheckResult, NodeReport
 from checks.drain import REASON_MAX, plan_drain
+from launcher.formats.bwmap import BandwidthMap, CheckResult, NodeReport
 from tests.conftest import EXAMPLES, REPO, shared_file
 from tests.services.slurm import slurm_cluster  # noqa: F401  (session fixture)
 

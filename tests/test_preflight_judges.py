@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from checks.assemble import assemble
-from checks.bwmap import BandwidthMap
 from checks.folder import load_dir
 from checks.judges import JudgeConfig, JudgeConfigError, at_least, outliers
+from launcher.formats.bwmap import BandwidthMap
 from tests.conftest import REPO, shared_file
 from tests.replay.constructed import dmesg_xids, gpu_query_csv, ibstat_text, nvlink_status
 

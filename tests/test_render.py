@@ -449,7 +449,7 @@ def test_interface_hints_measured_or_given(tmp_path):
 
 
 def test_preflight_exclude_list_reaches_sbatch(tmp_path):
-    from checks.bwmap import BandwidthMap, NodeReport
+    from launcher.formats.bwmap import BandwidthMap, NodeReport
 
     bw = BandwidthMap(nodes={h: NodeReport(host=h, gpus=2) for h in ("a1", "a2", "a3")}, exclude=["a2"])
     (tmp_path / "bw.json").write_text(json.dumps(bw.to_dict()))

@@ -161,7 +161,7 @@ def test_submit_runs_to_completion_with_the_plans_rank_placement(slurm_cluster, 
 def test_the_plans_host_order_beats_slurms(slurm_cluster, tmp_path):  # noqa: F811
     """A bandwidth map listing n2 before n1 makes n2 node 0 of the plan: it gets ranks 0-1 and hosts
     the rendezvous, although Slurm numbers n1 first (SLURM_NODEID 0)."""
-    from checks.bwmap import BandwidthMap, NodeReport
+    from launcher.formats.bwmap import BandwidthMap, NodeReport
 
     bw = BandwidthMap(nodes={h: NodeReport(host=h, gpus=2) for h in ("n2", "n1")})
     (tmp_path / "bw.json").write_text(json.dumps(bw.to_dict()))

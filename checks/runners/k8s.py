@@ -18,7 +18,7 @@ from typing import Any
 
 from checks.results import CommandResult
 from checks.runners import Runner
-from launcher.render import RFC1123_SUBDOMAIN
+from launcher.formats.k8snames import RFC1123_SUBDOMAIN
 
 TEMPLATE = "k8s/preflight-pod.yaml.j2"  # rendered by launcher.render's one environment
 

@@ -547,7 +547,7 @@ def import_cmd(directory: str, thresholds: str | None, expected_gpus: int | None
 @json_option
 def drain_cmd(bwmap: str, scheduler: str, do_apply: bool, as_json: bool) -> int:
     """Take the nodes a bandwidth map excludes out of service (Slurm drain, Kubernetes label+taint)."""
-    from checks.bwmap import BandwidthMap, BandwidthMapError
+    from launcher.formats.bwmap import BandwidthMap, BandwidthMapError
 
     try:
         bw = BandwidthMap.load(bwmap)

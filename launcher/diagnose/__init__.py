@@ -19,7 +19,7 @@ __all__ = ["Finding", "Report", "diagnose"]
 def diagnose(target: str | Path, plan_path: str | Path | None = None,
              bwmap_path: str | Path | None = None) -> Report:
     """Read a log dir or file (plus an optional plan.json and bandwidth map) and explain it."""
-    from checks.bwmap import BandwidthMap, BandwidthMapError
+    from launcher.formats.bwmap import BandwidthMap, BandwidthMapError
     from launcher.plan.model import Plan
 
     plan = Plan.load(plan_path) if plan_path else None

@@ -16,8 +16,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks.bwmap import BandwidthMap, BandwidthMapError
 from launcher.errors import UserError
+from launcher.formats.bwmap import BandwidthMap, BandwidthMapError
 from launcher.plan import capabilities
 from launcher.plan import layout as lay_mod
 from launcher.plan.costs import Bandwidth, Estimate, advertised_bandwidth, estimate, train_budget

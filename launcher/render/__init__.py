@@ -24,11 +24,10 @@ from typing import Any
 
 from launcher.errors import UserError
 from launcher.formats.files import read_text
+from launcher.formats.k8snames import RFC1123_LABEL
 from launcher.formats.shell import quote as shell_quote
 from launcher.formats.shell import sbatch_arg, sbatch_value
 
-RFC1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-RFC1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 TEMPLATE_LIMIT = 1 << 20
 TEMPLATE_PACKAGE = "templates"
 

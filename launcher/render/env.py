@@ -4,11 +4,11 @@ hints (the job file's, else preflight's), then the user's backend.env."""
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING
 
 from launcher.errors import UserError
 from launcher.formats import rundir
+from launcher.formats.secrets import looks_secret
 from launcher.formats.shell import quote as shell_quote
 from launcher.plan.spec_backend import ENV_TRAINER_ONLY, env_problem, split_env
 
@@ -16,10 +16,6 @@ if TYPE_CHECKING:
     from launcher.plan.entrypoint import EntrypointSpec
     from launcher.plan.model import Plan
     from launcher.plan.spec import JobSpec
-
-# Names that look like credentials are refused in backend.env: reference a Secret instead.
-SECRET_WORDS = re.compile(r"(SECRET|PASSWORD|PASSWD|TOKEN|API_?KEY|CREDENTIAL|PRIVATE_KEY)", re.I)
-
 
 def measured_nccl_env(plan: Plan) -> dict[str, str]:
     """From preflight, through the plan: NCCL_IB_HCA restricted (exact match) to the NICs nearest
@@ -104,7 +100,7 @@ def user_env(spec: JobSpec) -> list[tuple[str, str]]:
         why = env_problem(key)
         if why:
             raise UserError(f"backend.env.{key}: {why}")
-        if SECRET_WORDS.search(key):
+        if looks_secret(key):  # refused: reference a Secret instead
             raise UserError(f"backend.env.{key}: looks like a secret and would be written into the rendered "
                             "file; pass it from the submitting shell (Slurm exports it) or name a Kubernetes "
                             "Secret in backend.k8s.env_from_secrets")

@@ -10,10 +10,11 @@ from typing import Any
 
 from launcher.errors import UserError
 from launcher.formats import rundir
+from launcher.formats.k8snames import RFC1123_SUBDOMAIN
 from launcher.formats.shell import quote as shell_quote
 from launcher.plan.model import Plan
 from launcher.plan.spec import JobSpec
-from launcher.render import RFC1123_SUBDOMAIN, bash_syntax_check, check_k8s_name, render_template
+from launcher.render import bash_syntax_check, check_k8s_name, render_template
 from launcher.render.env import (
     diagnostics_env,
     entry_command,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from checks.drain import HEALTH_KEY
+from launcher.formats.health import HEALTH_KEY
 
 GROUP, VERSION = "trainer.kubeflow.org", "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from launcher.errors import UserError
+from launcher.formats.secrets import looks_secret
 from launcher.plan import layout
 from launcher.trainer.config import TrainerConfig
 from launcher.trainer.moe import EPGroups
@@ -28,7 +29,6 @@ log = logging.getLogger("launcher.trainer")
 ENV_PREFIXES = ("MASTER_", "RANK", "WORLD_SIZE", "LOCAL_", "GROUP_", "ROLE_", "NODE_RANK", "TORCHELASTIC_",
                 "NCCL_", "TORCH_NCCL_", "TORCH_DIST", "GLOO_", "CUDA_VISIBLE_DEVICES", "SLURM_JOB_ID",
                 "SLURM_NODEID", "SLURM_PROCID", "LAUNCH4D_")
-SECRET_HINTS = ("TOKEN", "SECRET", "PASSWORD", "KEY")
 
 
 @dataclass
@@ -223,6 +223,6 @@ def log_startup(cfg: TrainerConfig, mesh: MeshInfo, hosts: list[str], backend: s
     log.info("rank map (plan):\n%s", table)
     log.info("hosts by rank: %s", ", ".join(f"{r}:{h}" for r, h in enumerate(hosts)))
     env = {k: v for k, v in sorted(os.environ.items())
-           if k.startswith(ENV_PREFIXES) and not any(s in k for s in SECRET_HINTS)}
+           if k.startswith(ENV_PREFIXES) and not looks_secret(k)}
     log.info("distributed env: %s", " ".join(f"{k}={v}" for k, v in env.items()))
 
