@@ -31,7 +31,7 @@ from checks.parsers.topo import parse_topo
 from checks.parsing import parse_nccl_run
 from checks.probe import PROBES, Probe, nccl_command
 from checks.results import CommandResult, NcclRun, PreflightResults
-from checks.runners import Runner
+from checks.runners.base import Runner
 
 # NCCL_DEBUG=INFO: the log then says which transport each channel used (NET/IB vs a NET/Socket fallback)
 MPI_TEMPLATE = "mpirun --allow-run-as-root -np {np} -H {hosts_slots} --bind-to none -x NCCL_DEBUG=INFO {cmd}"

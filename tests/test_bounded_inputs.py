@@ -249,7 +249,7 @@ def test_ctrl_c_during_preflight_does_not_wait_for_a_host_that_never_answers():
 
     from checks.orchestrate import PreflightOptions, run_preflight
     from checks.results import CommandResult
-    from checks.runners import Runner
+    from checks.runners.base import Runner
 
     class Hung(Runner):
         launcher = None

@@ -24,6 +24,7 @@ from checks.folder import load_dir, save_dir
 from checks.orchestrate import PreflightOptions, run_preflight
 from checks.runners.k8s import K8sRunner
 from launcher.backends.kubernetes import KubernetesBackend
+from launcher.render import render_template
 from tests.conftest import REPO, fixtures_dir, shared_file
 from tests.replay import install, install_dispatch
 from tests.replay.constructed import gpu_query_csv, ibstat_text, nvlink_status
@@ -145,7 +146,7 @@ K8S_NODES = ["gpu-a", "gpu-b", "gpu-c"]
 
 def k8s_preflight(tmp_path: Path, level: str, bad: str, **settings: str | Path | None):
     api = NodeKubelet(replay_cluster(tmp_path / "nodes", K8S_NODES, bad, **settings))
-    res = run_preflight(K8sRunner(KubernetesBackend(core_api=api), poll_s=0), K8S_NODES,
+    res = run_preflight(K8sRunner(KubernetesBackend(core_api=api), poll_s=0, render=render_template), K8S_NODES,
                         PreflightOptions(probe_timeout=10, nccl_timeout=20, level=level))
     bw = assemble(res)
     return res, bw, api
@@ -198,7 +199,7 @@ def batch_preflight(cluster, tmp_path: Path, level: str, bad: str, tool_timeouts
     out = tmp_path / "out"
     script = render(nodes, SlurmJobOptions(out_dir=str(out), python=sys.executable, mpi="none", gpus_per_node=2,
                                            nccl_timeout=60, time="00:05:00", partition=cluster.partition,
-                                           level=level, tool_timeouts=list(tool_timeouts)))
+                                           level=level, tool_timeouts=list(tool_timeouts)), render_template)
     state = _final_state(cluster, submit_preflight_job(script, out, bin_dir, len(nodes)), timeout=180)
     log = next(out.glob("slurm-*.out"), None)
     assert state == end, log.read_text() if log else state

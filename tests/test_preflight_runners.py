@@ -21,12 +21,13 @@ from checks.hosts import HostsError, expand, from_allocation, from_file
 from checks.orchestrate import PreflightOptions, multi_command, run_preflight
 from checks.pairing import NcclOptions, first_round, ring_rounds, second_round
 from checks.results import CommandResult
-from checks.runners import probe_script, split_probe_output
+from checks.runners.base import probe_script, split_probe_output
 from checks.runners.k8s import K8sRunner, render_pod
 from checks.runners.local import LocalRunner
 from checks.runners.slurm_job import SlurmJobError, SlurmJobOptions, render
 from checks.runners.srun import SrunRunner
 from launcher.backends.kubernetes import KubernetesBackend
+from launcher.render import render_template
 from tests.conftest import REPO, fixtures_dir, shared_file
 from tests.replay import install
 from tests.replay.constructed import gpu_query_csv, ibstat_text, nvlink_status
@@ -187,15 +188,17 @@ def test_srun_step_command_and_refused_step(tmp_path):
 # ---- Slurm batch job ---------------------------------------------------------------------------
 def test_slurm_job_script_renders_and_is_valid_bash(tmp_path):
     s = render(["n1", "n2", "n3", "n4"], SlurmJobOptions(out_dir=str(tmp_path / "o"), partition="gpu",
-                                                          gpus_per_node=8, nccl=NcclOptions(sizes=("1G", "2G"))))
+                                                          gpus_per_node=8, nccl=NcclOptions(sizes=("1G", "2G"))),
+               render_template)
     assert "#SBATCH --nodelist=n[1-4]" in s and "#SBATCH --partition=gpu" in s and "G=8" in s
     assert s.count("--mpi=pmix --export=ALL,NCCL_DEBUG=INFO -N 2") == 4 and s.count("wait") == 2  # 2 rounds of 2 disjoint pairs
     assert '"$OUT/pairs/"n1+n2.txt' in s and "-N 4" in s
     assert s.rstrip().endswith('-m checks "$OUT" -o "$OUT/bwmap.json"')
     subprocess.run(["bash", "-n"], input=s, text=True, check=True)
     with pytest.raises(SlurmJobError, match="cannot go on an #SBATCH line"):
-        render(["n1"], SlurmJobOptions(out_dir="/tmp/a b"))
-    evil = render(["n1", "n2"], SlurmJobOptions(out_dir="/tmp/o", nccl=NcclOptions(binary="x; rm -rf /")))
+        render(["n1"], SlurmJobOptions(out_dir="/tmp/a b"), render_template)
+    evil = render(["n1", "n2"], SlurmJobOptions(out_dir="/tmp/o", nccl=NcclOptions(binary="x; rm -rf /")),
+                  render_template)
     assert "'x; rm -rf /'" in evil
 
 
@@ -205,7 +208,8 @@ def test_slurm_backend_runs_the_job_on_real_slurm(slurm_cluster, tmp_path):  # n
     out = tmp_path / "out"
     nodes = list(slurm_cluster.nodes)
     script = render(nodes, SlurmJobOptions(out_dir=str(out), python=sys.executable, mpi="none", gpus_per_node=2,
-                                           nccl_timeout=60, time="00:05:00", partition=slurm_cluster.partition))
+                                           nccl_timeout=60, time="00:05:00", partition=slurm_cluster.partition),
+                    render_template)
     job = submit_preflight_job(script, out, bin_dir, len(nodes))
     state = _final_state(slurm_cluster, job, timeout=120)
     log = next(out.glob("slurm-*.out"), None)
@@ -274,19 +278,19 @@ class LocalKubelet:
 
 
 def test_k8s_pod_manifest():
-    pod = render_pod(name="launch4d-preflight-x-1-gpu01", namespace="ml", node="gpu01", image="img:1",
+    pod = render_pod(render_template, name="launch4d-preflight-x-1-gpu01", namespace="ml", node="gpu01", image="img:1",
                      command="nvidia-smi topo -m", run_id="x", gpus=8)
     assert pod["kind"] == "Pod" and pod["spec"]["nodeName"] == "gpu01" and pod["spec"]["restartPolicy"] == "Never"
     assert pod["spec"]["containers"][0]["command"] == ["bash", "-c", "nvidia-smi topo -m"]
     assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 8
     with pytest.raises(ValueError, match="not a valid Kubernetes name"):
-        render_pod(name="x", namespace="ml", node="Bad_Node", image="i", command="c", run_id="x")
+        render_pod(render_template, name="x", namespace="ml", node="Bad_Node", image="i", command="c", run_id="x")
 
 
 def test_k8s_runner_splits_stderr_and_runs_probes(tmp_path):
     api = LocalKubelet()
     be, submitted = KubernetesBackend(core_api=api), []
-    r = K8sRunner(be, namespace="ml", poll_s=0, on_submit=submitted.append).run(
+    r = K8sRunner(be, namespace="ml", poll_s=0, on_submit=submitted.append, render=render_template).run(
         "gpu01", "echo out; echo err >&2; exit 4", 10)
     assert (r.stdout, r.stderr, r.rc) == ("out\n", "err", 4)
     assert api.deleted == [api.created[0]["metadata"]["name"]]
@@ -301,7 +305,8 @@ def test_k8s_runner_splits_stderr_and_runs_probes(tmp_path):
     api = LocalKubelet(env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
     from checks.assemble import assemble
 
-    res = run_preflight(K8sRunner(KubernetesBackend(core_api=api), poll_s=0), ["gpu01"], PreflightOptions())
+    res = run_preflight(K8sRunner(KubernetesBackend(core_api=api), poll_s=0, render=render_template), ["gpu01"],
+                        PreflightOptions())
     bw = assemble(res)
     assert {c.check for c in bw.checks if c.status == "fail"} == set()
     assert bw.nodes["gpu01"].intra_busbw_gbs == 482.27 and bw.nodes["gpu01"].gpus == 8

@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from checks.groupprobe.worker import RESULT_MARKER
-from checks.runners import Runner
+from checks.runners.base import Runner
 from launcher.formats.groupprobe import GroupProbe
 
 #: The spec travels inside the command over SSH (no file copy); beyond this it would not fit one argument.

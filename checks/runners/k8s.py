@@ -1,11 +1,11 @@
 """Kubernetes: each command runs in a pod pinned to the node (`nodeName`), read back from its log.
 
-The pod manifest comes from templates/k8s/preflight-pod.yaml.j2; each pod is submitted through
-launcher's KubernetesBackend, handed in by the command layer (checks may not import backends). Pod
-logs merge stdout and stderr, so the command is wrapped to print stderr after a marker line and the
-two are split again. Multi-node nccl-tests need
-an MPI job (MPIJob/PyTorchJob), which this runner does not start: `launcher` is None and the
-orchestrator skips the pair and all-node phases, saying so.
+The pod manifest comes from templates/k8s/preflight-pod.yaml.j2, rendered by launcher.render's one
+environment; each pod is submitted through launcher's KubernetesBackend. Both are handed in by the
+command layer (checks imports neither render nor the backends). Pod logs merge stdout and stderr,
+so the command is wrapped to print stderr after a marker line and the two are split again.
+Multi-node nccl-tests need an MPI job (MPIJob/PyTorchJob), which this runner does not start:
+`launcher` is None and the orchestrator skips the pair and all-node phases, saying so.
 """
 
 from __future__ import annotations
@@ -17,40 +17,41 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from checks.results import CommandResult
-from checks.runners import Runner
+from checks.runners.base import Renderer, Runner
 from launcher.formats.k8snames import RFC1123_SUBDOMAIN
 
 TEMPLATE = "k8s/preflight-pod.yaml.j2"  # rendered by launcher.render's one environment
 
 
-def render_pod(*, name: str, namespace: str, node: str, image: str, command: str, run_id: str,
+def render_pod(render: Renderer, *, name: str, namespace: str, node: str, image: str, command: str, run_id: str,
                gpus: int | None = None, deadline: int = 900, service_account: str | None = None) -> dict[str, Any]:
+    """The pod manifest, through `render` (launcher.render.render_template), as a dict."""
     import yaml
-
-    from launcher.render import render_template
 
     for what, v in (("pod name", name), ("namespace", namespace), ("node name", node)):
         if not RFC1123_SUBDOMAIN.fullmatch(v) or len(v) > 253:
             raise ValueError(f"{what} {v!r} is not a valid Kubernetes name (lowercase letters, digits, '-', '.')")
-    text = render_template(TEMPLATE, dict(name=name, namespace=namespace, node=node, image=image, command=command,
-                                          run_id=run_id, gpus=gpus, deadline=deadline,
-                                          service_account=service_account))
+    text = render(TEMPLATE, dict(name=name, namespace=namespace, node=node, image=image, command=command,
+                                 run_id=run_id, gpus=gpus, deadline=deadline, service_account=service_account))
     return yaml.safe_load(text)
 
 
 class K8sRunner(Runner):
-    """Each command is a pod submitted through `kube`, launcher's KubernetesBackend (passed in by
-    the command layer, which checks may not import): pod_request -> submit, describe until it ends,
-    log_iter, then cancel (the pod is deleted). `on_submit(handle)` is told of each pod (the CLI
-    records it, so `launch status|logs|cancel <pod>` follow it while it runs)."""
+    """Each command is a pod rendered through `render` (launcher.render.render_template) and submitted
+    through `kube`, launcher's KubernetesBackend (both passed in by the command layer, which checks may
+    not import): pod_request -> submit, describe until it ends, log_iter, then cancel (the pod is
+    deleted). `on_submit(handle)` is told of each pod (the CLI records it, so `launch
+    status|logs|cancel <pod>` follow it while it runs)."""
 
     name = "k8s"
     launcher = None  # pods have no multi-host launcher
 
-    def __init__(self, kube: Any, *, namespace: str = "default", image: str = "nvcr.io/nvidia/pytorch:24.05-py3",
+    def __init__(self, kube: Any, *, render: Renderer, namespace: str = "default",
+                 image: str = "nvcr.io/nvidia/pytorch:24.05-py3",
                  gpus: int | None = None, poll_s: float = 1.0, service_account: str | None = None,
                  on_submit: Callable[[Any], None] | None = None):
         self.kube = kube
+        self.render = render
         self.namespace = namespace
         self.image = image
         self.gpus = gpus
@@ -69,8 +70,8 @@ class K8sRunner(Runner):
         safe = re.sub(r"[^a-z0-9-]", "-", host.lower()).strip("-")[:40]
         name = f"launch4d-preflight-{self.run_id}-{self._n}-{safe}"
         try:
-            pod = render_pod(name=name, namespace=self.namespace, node=host, image=self.image, command=wrapped,
-                             run_id=self.run_id, gpus=self.gpus, deadline=int(timeout) + 60,
+            pod = render_pod(self.render, name=name, namespace=self.namespace, node=host, image=self.image,
+                             command=wrapped, run_id=self.run_id, gpus=self.gpus, deadline=int(timeout) + 60,
                              service_account=self.service_account)
             handle = self.kube.submit(self.kube.pod_request(pod))
         except Exception as exc:  # noqa: BLE001 - API errors become the host's reason

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from checks.probe import run_local
 from checks.results import CommandResult
-from checks.runners import Runner
+from checks.runners.base import Runner
 
 
 def local_names() -> set[str]:

@@ -5,8 +5,8 @@ level's single-node tools) on every node with srun, the pair rounds and the all-
 `srun --mpi`, at level long the pair tests (`python -m checks.slurm_pairs`: all_to_all_perf
 and per-NIC ib_write_bw as srun steps), writes everything in the `import` layout under OUT, and
 ends with `python -m checks OUT` (the BandwidthMap in OUT/bwmap.json). Rendered by
-launcher.render's one environment (torch- and plan-free), whose `q` filter every user string goes
-through and whose `sbatch` filter every #SBATCH value does.
+launcher.render's one environment (handed in by the command layer: checks does not import render),
+whose `q` filter every user string goes through and whose `sbatch` filter every #SBATCH value does.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from checks.hosts import compress
 from checks.pairing import NcclOptions, ring_rounds
+from checks.runners.base import Renderer
 from launcher.errors import UserError
 
 TEMPLATE = "slurm/preflight.sbatch.j2"  # rendered by launcher.render's one environment
@@ -41,10 +42,9 @@ class SlurmJobOptions:
     tool_timeouts: list[str] = field(default_factory=list)  # TOOL=SECONDS, as --tool-timeout takes them
 
 
-def render(hosts: list[str], opts: SlurmJobOptions) -> str:
-    """The batch script, through launcher.render's one environment (its `q` and `sbatch` filters)."""
-    from launcher.render import render_template
-
+def render(hosts: list[str], opts: SlurmJobOptions, render_template: Renderer) -> str:
+    """The batch script, through `render_template`: launcher.render's one environment (its `q` and
+    `sbatch` filters)."""
     try:
         return render_template(TEMPLATE, dict(hosts=hosts, nodelist=compress(hosts), o=opts, nccl=opts.nccl,
                                               rounds=ring_rounds(hosts) if opts.nccl.pairs else [],

@@ -7,7 +7,7 @@ host is kept and reused across phases; a host that cannot be reached becomes tha
 from __future__ import annotations
 
 from checks.results import OUTPUT_LIMIT, CommandResult, over_limit
-from checks.runners import Runner
+from checks.runners.base import Runner
 from launcher.transport import ConnectError
 
 

@@ -276,8 +276,10 @@ def preflight(ctx: click.Context, hosts_expr: str | None, hostfile: str | None, 
                                       accept_new_hosts=accept_new_hosts, jump=jump, ssh_config=ssh_config,
                                       connect_timeout=connect_timeout)
     elif backend == "k8s":
-        kwargs = dict(kube=_k8s_backend(kube_context), namespace=namespace, image=image, gpus=gpus_per_node,
-                      on_submit=_record_pod)
+        from launcher.render import render_template
+
+        kwargs = dict(kube=_k8s_backend(kube_context), render=render_template, namespace=namespace, image=image,
+                      gpus=gpus_per_node, on_submit=_record_pod)
     else:
         kwargs = {}
     try:
@@ -354,7 +356,7 @@ def _dry_run(backend: str, hosts: list[str], probe_timeout: float, level: str, n
     import shlex
 
     from checks.probe import PROBES
-    from checks.runners import probe_script
+    from checks.runners.base import probe_script
 
     script, _ = probe_script(PROBES, probe_timeout)
     steps: list[dict[str, Any]] = []
@@ -368,11 +370,13 @@ def _dry_run(backend: str, hosts: list[str], probe_timeout: float, level: str, n
             step["via"] = f"srun --nodes=1 --ntasks=1 --nodelist={shlex.quote(host)} --overlap bash -c SCRIPT"
         elif backend == "k8s":
             from checks.runners.k8s import render_pod
+            from launcher.render import render_template
 
             try:
-                step["pod"] = render_pod(name=f"launch4d-preflight-dryrun-{i}", namespace=how["namespace"],
-                                         node=host, image=how["image"], command=script, run_id="dryrun",
-                                         gpus=how["gpus"], deadline=int(probe_timeout) * len(PROBES) + 70)
+                step["pod"] = render_pod(render_template, name=f"launch4d-preflight-dryrun-{i}",
+                                         namespace=how["namespace"], node=host, image=how["image"], command=script,
+                                         run_id="dryrun", gpus=how["gpus"],
+                                         deadline=int(probe_timeout) * len(PROBES) + 70)
             except ValueError as exc:
                 raise UserError(f"--hosts: {exc}") from None
             step["via"] = (f"a pod on node {host} in namespace {how['namespace']}"
@@ -407,6 +411,7 @@ def _slurm_job(hosts: list[str], nccl: Any, out_dir: str | None, partition: str 
     from checks.runners.slurm_job import SlurmJobError, SlurmJobOptions, render
     from launcher.backends.jobstate import check_state, record_handle
     from launcher.backends.slurm import SlurmBackend
+    from launcher.render import render_template
 
     out = Path(out_dir or f"preflight-{datetime.now():%Y%m%d-%H%M%S}").resolve()
     opts = SlurmJobOptions(out_dir=str(out), partition=partition, account=account, time=time_limit,
@@ -414,7 +419,7 @@ def _slurm_job(hosts: list[str], nccl: Any, out_dir: str | None, partition: str 
                            probe_timeout=int(probe_timeout),
                            nccl_timeout=int(nccl_timeout), nccl=nccl, level=level, tool_timeouts=tool_timeouts)
     try:
-        script = render(hosts, opts)
+        script = render(hosts, opts, render_template)
     except SlurmJobError as exc:
         raise UserError(f"--backend slurm: {exc}") from None
     # The job goes through the Slurm backend like a training job: recorded, so `launch status|logs|cancel
