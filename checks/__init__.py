@@ -6,15 +6,18 @@
     runners/      how commands reach hosts: local, ssh (launcher.transport), srun, slurm_job (sbatch), k8s
     pairing.py    nccl-tests options and the schedules of node pairs (plain data; runners use it too)
     orchestrate   phases: every node alone, node pairs in rounds, all healthy nodes
-    parsing.py    which parser reads which output, each output parsed once
+    levels.py     what each level (quick, standard, long) runs beyond the probes, and its timeouts
+    parsed.py     which parser reads which output, each output parsed once (NodeData)
     judges.py     pass / warn / fail against per-GPU-model thresholds and the cluster's median:
-                  hardware (gpu_count ... ib), intra-node and pair bandwidth; health_judges.py and
-                  levels.py the deeper levels' tools
+                  hardware (gpu_count ... ib), intra-node and pair bandwidth; health_judges.py the
+                  deeper levels' tools, level_checks.py their CheckResults
     assemble.py   results -> BandwidthMap (launcher/formats/bwmap.py)
-    folder.py     the folder layout of gathered outputs (load_dir / save_dir, `launch preflight import`)
+    folder.py     the folder layout of gathered outputs (load_dir / save_dir, `launch preflight import`);
+                  level_runs.py the deeper levels' part of it
     report.py     the human report
     __main__.py   `python -m checks DIR -o bwmap.json` (the last step of the Slurm preflight job)
 
-Never imports `launcher` (dependencies run launcher -> checks); paramiko, kubernetes and jinja2
-are imported only where a backend needs them.
+Imports only launcher.formats, launcher.transport and launcher.errors of launch4d (what it shares with
+the planner, diagnose and render lives in formats; the command layer hands in the Kubernetes backend and
+the template renderer); paramiko and kubernetes are imported only where a runner needs them.
 """

@@ -4,7 +4,7 @@ Input is a PreflightResults (from orchestrate, or from checks.folder.load_dir fo
 other means); output is the BandwidthMap the planner reads, with one CheckResult per node and check,
 the pair bandwidths and the nodes to exclude. Checks (names are stable, tests and users rely on
 them): reachable, gpu_count, gpu_model, driver, topology, nvlink, ecc, xid, pcie, clocks, ib,
-nccl_node, nccl_inter, nccl_all (node "*"). Parsing is checks.parsing's, judging checks.judges'.
+nccl_node, nccl_inter, nccl_all (node "*"). Parsing is checks.parsed's, judging checks.judges'.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import statistics
 from datetime import datetime, timezone
 
 from checks.judges import JudgeConfig, at_least, hardware_checks, intra_checks, pair_checks, worst
-from checks.levels import deep_checks, record_figures
-from checks.parsing import NodeData, node_data, parse_nccl_run
+from checks.level_checks import deep_checks, record_figures
+from checks.parsed import NodeData, node_data, parse_nccl_run
 from checks.results import PreflightResults
 from launcher.formats.bwmap import BandwidthMap, CheckResult, NodeReport
 

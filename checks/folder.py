@@ -5,7 +5,7 @@
     DIR/pairs/<a>+<b>.txt          nccl-tests over a node pair (<a>+<b>~<i>.txt: the same pair again)
     DIR/all/all.txt                nccl-tests over every node
     DIR/unreachable.json           hosts that could not be reached, and why
-    plus the deeper levels' outputs (checks/levels.py: load_runs / save_runs)
+    plus the deeper levels' outputs (checks/level_runs.py: load_runs / save_runs)
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from checks.levels import load_runs, save_runs
-from checks.parsing import hosts_in
+from checks.level_runs import load_runs, save_runs
+from checks.parsed import hosts_in
 from checks.probe import EXTRA_FILES, META_FILE, NCCL_NODE_FILE, PROBES, Probe
 from checks.results import CommandResult, NcclRun, PreflightResults
 

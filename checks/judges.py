@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from checks.health_judges import judge_xid
+from checks.parsed import NodeData, parse_nccl_run
 from checks.parsers.gpu_query import GpuQuery
 from checks.parsers.ibstat import IbStatus
-from checks.parsing import NodeData, parse_nccl_run
 from checks.results import PreflightResults
 from launcher.formats.bwmap import CheckResult, PairReport
 

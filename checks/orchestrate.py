@@ -24,11 +24,12 @@ from typing import Any
 from checks import levels
 from checks.hosts import compress
 from checks.judges import JudgeConfig
+from checks.level_checks import rdma_checks
 from checks.pairing import NcclOptions, first_round, second_round
-from checks.parsers import ParseError
+from checks.parsed import parse_nccl_run
+from checks.parsers.base import ParseError
 from checks.parsers.gpu_query import parse_gpu_query
 from checks.parsers.topo import parse_topo
-from checks.parsing import parse_nccl_run
 from checks.probe import PROBES, Probe, nccl_command
 from checks.results import CommandResult, NcclRun, PreflightResults
 from checks.runners.base import Runner
@@ -113,7 +114,7 @@ def run_preflight(runner: Runner, hosts: Sequence[str], options: PreflightOption
                            tool_timeouts=levels.effective_timeouts(opts.level, opts.nccl_timeout, opts.tool_timeouts))
     node_runs: dict[str, NcclRun] = {}
     a2a_runs: dict[str, NcclRun] = {}
-    deep = levels.rank(opts.level)
+    deep = levels.depth(opts.level)
     multi = opts.nccl.enabled and opts.nccl.pairs and runner.launcher is not None
     # Round 1 is pipelined: a pair starts as soon as both of its nodes passed their own run (the pair
     # touches only those two nodes, so it cannot disturb nodes still measuring themselves).
@@ -322,7 +323,7 @@ def long_pairs(runner: Runner, res: PreflightResults, hosts: Sequence[str], opts
         bad = set()
         for ab, rs in runs.items():
             res.rdma.extend(rs)
-            judged = levels.rdma_checks(rs, res.tool_timeouts)
+            judged = rdma_checks(rs, res.tool_timeouts)
             if any(c.status != "pass" for c in judged):
                 bad.add(ab)
         return bad

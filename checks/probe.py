@@ -120,13 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     results = {p.name: run_local(p.command, args.timeout, host) for p in PROBES}
     gpus = args.gpus
     if gpus is None:
-        from checks.parsers import ParseError
+        from checks.parsers.base import ParseError
         from checks.parsers.gpu_query import parse_gpu_query
         try:
             gpus = parse_gpu_query(results["gpu-query"].stdout).count
         except ParseError:
             gpus = 0
-    deep = levels.rank(args.level)
+    deep = levels.depth(args.level)
 
     def step(s: levels.Step) -> None:
         results[s.name] = run_local(s.command, s.within(timeouts), host)

@@ -15,9 +15,10 @@ from pathlib import Path
 
 from checks import levels
 from checks.folder import load_dir
+from checks.level_runs import save_runs
 from checks.orchestrate import PreflightOptions, gpu_count, long_pairs
 from checks.pairing import NcclOptions
-from checks.parsing import parse_nccl_run
+from checks.parsed import parse_nccl_run
 from checks.runners.srun import SrunRunner
 
 LAUNCHER = "srun --mpi={mpi} --export=ALL,NCCL_DEBUG=INFO -N {{nnodes}} -w {{hostlist}} --ntasks-per-node={{gpus}} {{cmd}}"
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"[rdma] skipped: {len(hosts)} node(s) passed their own NCCL test")
         return 0
     long_pairs(SrunRunner(), res, hosts, opts, say)
-    levels.save_runs(res, Path(args.out))
+    save_runs(res, Path(args.out))
     return 0
 
 

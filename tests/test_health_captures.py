@@ -26,7 +26,7 @@ from checks.health_judges import (
     judge_xid,
     worst,
 )
-from checks.parsers import ParseError
+from checks.parsers.base import ParseError
 from checks.parsers.dcgm_diag import parse_dcgm_diag
 from checks.parsers.gpu_q import parse_gpu_q
 from checks.parsers.gpu_query import parse_gpu_query
@@ -505,7 +505,8 @@ def test_nvbandwidth_cut_anywhere_reads_only_what_is_whole(name):
 def test_a_pasted_capture_with_an_elided_line_is_judged_on_the_rest(kind, folder, name, mark):
     """A person's "...." in a pasted capture is not the tool's: the rest reads the same as the whole
     capture (it refused the whole capture, issue 23), and parsers that note an elision note it."""
-    from checks.parsers import NOTES_ELISIONS, parser_for, to_jsonable
+    from checks.parsers import NOTES_ELISIONS, parser_for
+    from checks.parsers.base import to_jsonable
 
     text = read(folder, name)
     lines = text.splitlines()
@@ -538,7 +539,8 @@ def _figures(obj, out: set) -> set:
 def test_captures_cut_at_every_hundredth_invent_no_figure(kind):
     """Every real capture of a kind, cut at every 1 % of its bytes: the parse holds only figures the whole
     capture holds, or is a ParseError (a last line cut mid-number was a measurement, issue 23)."""
-    from checks.parsers import parser_for, to_jsonable
+    from checks.parsers import parser_for
+    from checks.parsers.base import to_jsonable
 
     names = sorted(p.name for p in shared_file(CAPTURE_KINDS[kind]).iterdir())
     parse = parser_for(kind)
@@ -611,7 +613,8 @@ def test_mutated_captures_at_every_tenth_give_a_verdict_or_a_parse_error(kind):
     """Every real capture of a kind, mutated (MUTATIONS) at every 10 % of its length: the parser returns a
     parse the judges give pass / warn / fail on, or a ParseError; never another exception (issue 23)."""
     from checks.health_judges import judge_parsed
-    from checks.parsers import JUDGED_KINDS, parser_for, to_jsonable
+    from checks.parsers import JUDGED_KINDS, parser_for
+    from checks.parsers.base import to_jsonable
 
     parse = parser_for(kind)
     names = sorted(p.name for p in shared_file(MUTATED_KINDS[kind]).iterdir())

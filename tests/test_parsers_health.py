@@ -12,7 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from checks.parsers import ParseError, parser_for
+from checks.parsers import parser_for
+from checks.parsers.base import ParseError
 from checks.parsers.gpu_query import parse_gpu_query
 from checks.parsers.ibstat import parse_ibstat
 from checks.parsers.nvlink import parse_nvlink_status

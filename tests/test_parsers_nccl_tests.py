@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from checks.parsers import ParseError
+from checks.parsers.base import ParseError
 from checks.parsers.nccl_tests import parse_nccl_tests, parse_nccl_tests_all
 from tests.conftest import REPO, absent, shared_file, shared_texts
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from checks.parsers import ParseError
+from checks.parsers.base import ParseError
 from checks.parsers.topo import parse_topo
 from tests.conftest import REPO, absent, shared_file, shared_texts
 

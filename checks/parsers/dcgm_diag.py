@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks.parsers import ParseError, strip_ansi
+from checks.parsers.base import ParseError, strip_ansi
 
 KIND = "dcgm-diag"
 STATUSES = {"pass": "pass", "fail": "fail", "skip": "skip", "warn": "warn", "warning": "warn"}

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks.parsers import ParseError, strip_ansi
+from checks.parsers.base import ParseError, strip_ansi
 
 KIND = "gpu-q"
 GPU_RE = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*$")

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks.parsers import ParseError, strip_ansi
+from checks.parsers.base import ParseError, strip_ansi
 
 KIND = "gpu-query"
 QUERY_FIELDS = [

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks.parsers import ParseError, strip_ansi
+from checks.parsers.base import ParseError, strip_ansi
 
 KIND = "ibstat"
 KV_RE = re.compile(r"^([A-Za-z][A-Za-z _-]*?)\s*:\s*(.*)$")

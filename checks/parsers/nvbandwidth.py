@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks.parsers import ParseError, strip_ansi
+from checks.parsers.base import ParseError, strip_ansi
 
 KIND = "nvbandwidth"
 TITLE_RE = re.compile(r"^memcpy .*bandwidth \((GB/s|MB/s)\)\s*$")

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks.parsers import ParseError, strip_ansi
+from checks.parsers.base import ParseError, strip_ansi
 
 KIND = "nvlink-errors"
 GPU_RE = re.compile(r"^GPU\s+(\d+):\s*(.*?)\s*(?:\(UUID:\s*([^)]*)\))?\s*$")

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks.parsers import ParseError, strip_ansi
+from checks.parsers.base import ParseError, strip_ansi
 
 KIND = "topo"
 AFFINITY_COLUMNS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")

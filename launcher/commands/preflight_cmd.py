@@ -495,7 +495,8 @@ def parse_cmd(kind: str, file: str, node: str, against: str | None, link_rate: f
               as_json: bool) -> int:
     """Show what the parser for KIND makes of one captured output FILE (and, for the deep-health kinds
     dcgm-diag, nvbandwidth, perftest, nvlink-errors, gpu-q, xid, what the judges conclude: exit 1 on a fail)."""
-    from checks.parsers import JUDGED_KINDS, ParseError, parser_for, to_jsonable
+    from checks.parsers import JUDGED_KINDS, parser_for
+    from checks.parsers.base import ParseError, to_jsonable
     from launcher.formats.files import read_text
 
     def load(path: str, what: str) -> Any:

@@ -1,4 +1,4 @@
-"""Choosing parsers: which parser reads which probe's output, each output parsed once.
+"""Parsed probe outputs: which parser reads which probe's output, each output parsed once.
 
 A preflight judges the same outputs several times (orchestrate between its phases, the deeper levels,
 then assemble), so a parse is remembered per CommandResult (by identity, forgotten with the result),
@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from checks.parsers import ParseError
+from checks.parsers.base import ParseError
 from checks.parsers.gpu_query import GpuQuery, parse_gpu_query
 from checks.parsers.ibstat import IbStatus, parse_ibstat
 from checks.parsers.nccl_tests import NcclTestResult, parse_nccl_tests, parse_nccl_tests_all
