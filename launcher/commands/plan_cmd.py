@@ -228,7 +228,7 @@ def plan(job: str | None, hf: str | None, bwmap: str | None, top: int, output: s
             raise UserError("--benchmark: measures the bundled trainer's steps, but train.entrypoint runs your own "
                             "code, which launch4d cannot time; leave --benchmark out (or benchmark the layouts "
                             "without train.entrypoint)")
-        from launcher.commands.run_cmd import load_job
+        from launcher.commands.sources import load_job
 
         spec, text = load_job(job, None)
     else:

@@ -25,36 +25,6 @@ from launcher.plan.entrypoint import NOT_VERIFIED
 LOG_LEVEL_LINE = re.compile(r"^[EW]\d{4} ")
 
 
-def load_job(job: str, nproc: int | None):
-    """The validated spec (with --nproc applied, a relative train.data made absolute) and the text."""
-    from launcher.plan.spec import load_spec_text, parse_yaml, spec_from_dict
-
-    spec, text = load_spec_text(job)  # read once; validates the file as written, with its own messages
-    data = parse_yaml(text, job)  # the same YAML 1.2 reading as the validation's
-    changed = []
-    if nproc is not None:
-        if nproc < 1:
-            raise UserError(f"--nproc: {nproc} must be at least 1")
-        cluster = data.setdefault("cluster", {}) or {}
-        data["cluster"] = {**cluster, "gpus_per_node": nproc}
-        changed.append(f"cluster.gpus_per_node={nproc}")
-    train = data.get("train") or {}
-    path = train.get("data")
-    if isinstance(path, str) and path != "synthetic" and not Path(path).is_absolute():
-        train = data["train"] = {**train, "data": str(Path(path).resolve())}
-        changed.append(f"train.data={train['data']}")
-    entry = train.get("entrypoint")
-    script = entry.get("script") if isinstance(entry, dict) else None
-    if isinstance(entry, dict) and isinstance(script, str) and script and not script.startswith("-") \
-            and not Path(script).is_absolute():
-        data["train"] = {**train, "entrypoint": {**entry, "script": str(Path(script).resolve())}}
-        changed.append(f"train.entrypoint.script={data['train']['entrypoint']['script']}")
-    if changed:
-        spec = spec_from_dict(data, source=job)
-        text = f"# launch run overrides: {', '.join(changed)}\n" + text
-    return spec, text
-
-
 def checkpoint_source(path: str) -> Path:
     """--resume PATH: a run dir, its checkpoints/ dir, or one complete step-N dir (what the trainer takes)."""
     from launcher.formats.rundir import latest_checkpoint, resume_target

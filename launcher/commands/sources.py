@@ -31,6 +31,37 @@ class Launch:
     node_order: list[str] | None = None
 
 
+def load_job(job: str, nproc: int | None) -> tuple[JobSpec, str]:
+    """A job file as `launch run` (and `plan --benchmark`) runs it on this machine: the validated spec
+    (with --nproc applied, a relative train.data and entrypoint script made absolute) and the text."""
+    from launcher.plan.spec import load_spec_text, parse_yaml, spec_from_dict
+
+    spec, text = load_spec_text(job)  # read once; validates the file as written, with its own messages
+    data = parse_yaml(text, job)  # the same YAML 1.2 reading as the validation's
+    changed = []
+    if nproc is not None:
+        if nproc < 1:
+            raise UserError(f"--nproc: {nproc} must be at least 1")
+        cluster = data.setdefault("cluster", {}) or {}
+        data["cluster"] = {**cluster, "gpus_per_node": nproc}
+        changed.append(f"cluster.gpus_per_node={nproc}")
+    train = data.get("train") or {}
+    path = train.get("data")
+    if isinstance(path, str) and path != "synthetic" and not Path(path).is_absolute():
+        train = data["train"] = {**train, "data": str(Path(path).resolve())}
+        changed.append(f"train.data={train['data']}")
+    entry = train.get("entrypoint")
+    script = entry.get("script") if isinstance(entry, dict) else None
+    if isinstance(entry, dict) and isinstance(script, str) and script and not script.startswith("-") \
+            and not Path(script).is_absolute():
+        data["train"] = {**train, "entrypoint": {**entry, "script": str(Path(script).resolve())}}
+        changed.append(f"train.entrypoint.script={data['train']['entrypoint']['script']}")
+    if changed:
+        spec = spec_from_dict(data, source=job)
+        text = f"# launch run overrides: {', '.join(changed)}\n" + text
+    return spec, text
+
+
 def is_plan_file(path: str | Path) -> bool:
     """A plan.json as `launch plan -o` writes it (a JSON object with world_size and layout)."""
     p = Path(path)
@@ -171,8 +202,6 @@ def load_launch(path: str, plan_path: str | None = None, bwmap: str | None = Non
         text = job_text_of(spec, f"from {given_plan}: the plan's layout, fixed (launch4d)")
         return Launch(spec, plan, text, given_plan, *_placement(plan))
     if local:
-        from launcher.commands.run_cmd import load_job
-
         spec, text = load_job(path, nproc)
     else:
         from launcher.plan.spec import load_spec_text
