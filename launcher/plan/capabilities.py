@@ -38,8 +38,18 @@ GRAD_DTYPES = ("bf16", "fp32")
 PRECISION_REFUSED = {"fp16": "is not run by the bundled trainer (no loss scaling); choose bf16 or fp32"}
 OPTIMIZERS = ("adam", "sgd", "adam8bit")
 RECOMPUTE = ("none", "selective", "full")
-#: Pipeline schedules (pipeline.py, torch.distributed.pipelining); "none" when pp = 1.
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+#: Pipeline schedules (pipeline.py, torch.distributed.pipelining); "none" when pp = 1. The last three are torch
+#: 2.13's ScheduleInterleavedZeroBubble (ZB1P: Qi et al. 2023, arXiv 2401.10241), ScheduleZBVZeroBubble (the ZB
+#: paper's ZB-V, §6) and ScheduleDualPipeV (DeepSeek-V3's DualPipe folded into a V, arXiv 2412.19437 §3.2.1).
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zero-bubble", "zero-bubble-v", "dualpipe-v")
+#: schedules whose backward is split into the input gradient (torch's BACKWARD_INPUT, the ZB paper's B) and the
+#: weight gradient (BACKWARD_WEIGHT, W), W run later to fill the bubble (pipelining/_backward.py)
+SPLIT_BACKWARD = ("interleaved-zero-bubble", "zero-bubble-v", "dualpipe-v")
+#: V-shaped stage layouts: exactly 2 stages per rank, rank r holding stages r and 2·pp-1-r (torch's
+#: generate_rank_to_stage_mapping style "v"), so rank 0 holds the embedding and the head
+V_SCHEDULES = ("zero-bubble-v", "dualpipe-v")
+#: schedules that run several stages (virtual_stages) per rank
+MULTI_STAGE = ("interleaved-1f1b", "interleaved-zero-bubble", *V_SCHEDULES)
 MLPS = ("swiglu", "geglu", "gelu")
 #: Position encodings (model.py): rotary embeddings, or ALiBi's per-head linear biases on the attention
 #: scores (an explicit bias beside causal SDPA: no flash kernel, and any head_dim).
@@ -76,7 +86,8 @@ CpAttention = Literal[CP_ATTENTIONS]        # type: ignore[valid-type]
 def table() -> dict:
     """The table as data (for `launch schema`, docs and --json)."""
     return {"zero_stages": list(ZERO_STAGES), "precisions": list(PRECISIONS), "optimizers": list(OPTIMIZERS),
-            "recompute": list(RECOMPUTE), "schedules": list(SCHEDULES), "mlp": list(MLPS),
+            "recompute": list(RECOMPUTE), "schedules": list(SCHEDULES),
+            "split_backward_schedules": list(SPLIT_BACKWARD), "v_schedules": list(V_SCHEDULES), "mlp": list(MLPS),
             "positions": list(POSITIONS),
             "moe_with_tp": MOE_WITH_TP, "cp_attention": list(CP_ATTENTIONS), "hybrid_sharding": HYBRID_SHARDING}
 
@@ -216,14 +227,16 @@ def schedule_problem(schedule: str, n_micro: int, pp: int) -> str | None:
     if pp == 1:
         return None
     if schedule == "none":
-        return f"is 'none' but pp={pp}; choose gpipe, 1f1b or interleaved-1f1b"
+        return f"is 'none' but pp={pp}; choose one of {', '.join(SCHEDULES)}"
     if schedule in ("1f1b", "interleaved-1f1b") and n_micro < pp:
         return (f"{schedule} needs at least pp={pp} micro-batches (gradient-accumulation steps), "
                 f"got {n_micro}; raise grad_accum to >= {pp}" + (" or use gpipe" if schedule == "1f1b" else ""))
-    if schedule == "interleaved-1f1b":
+    if schedule in ("interleaved-1f1b", "interleaved-zero-bubble"):
+        # torch's rounds: max(1, m // pp) of m // rounds micro-batches each (ScheduleInterleaved1F1B and
+        # ScheduleInterleavedZeroBubble, whose ZB1P order also runs fewer micro-batches than pp)
         rounds = max(1, n_micro // pp)
         if n_micro % rounds:
-            return (f"interleaved-1f1b needs a multiple of {rounds} micro-batches with pp={pp}, got {n_micro}; "
+            return (f"{schedule} needs a multiple of {rounds} micro-batches with pp={pp}, got {n_micro}; "
                     f"use {rounds * pp} or {(rounds + 1) * pp}")
     return None
 
@@ -261,6 +274,73 @@ def check_plan(plan: Plan) -> None:
     why = cp_problem(t.seq_len, lay.cp, lay.tp)
     need(why is None, f"plan.layout.cp={lay.cp} {why}")
     need(lay.cp_attention in CP_ATTENTIONS, f"plan.layout.cp_attention={lay.cp_attention!r} is not one of "
+    if schedule == "dualpipe-v" and n_micro < 2 * pp:
+        # ScheduleDualPipeV: at least as many micro-batches as stages (2·pp)
+        return (f"dualpipe-v needs at least 2·pp={2 * pp} micro-batches (its stages), got {n_micro}; raise "
+                f"grad_accum to >= {2 * pp} or use zero-bubble-v")
+    return None
+
+
+def rank_stages(schedule: str, pp_rank: int, pp: int, v: int) -> tuple[int, ...]:
+    """The global stage ids pipeline rank `pp_rank` holds, in local order: r, r + pp, r + 2·pp, ... (the loop
+    layout of torch's Interleaved1F1B / InterleavedZeroBubble), or under the V schedules r and 2·pp-1-r."""
+    if schedule in V_SCHEDULES:
+        return (pp_rank, 2 * pp - 1 - pp_rank)
+    return tuple(pp_rank + k * pp for k in range(v))
+
+
+def virtual_stages_problem(schedule: str, pp: int, v: int) -> str | None:
+    """Why `schedule` cannot run `v` stages per rank."""
+    if pp == 1:
+        return "> 1 needs pp > 1" if v > 1 else None
+    if schedule in V_SCHEDULES and v != 2:
+        return f"must be 2 with schedule {schedule} (a V: rank r holds stages r and 2·pp-1-r), not {v}"
+    if v > 1 and schedule not in MULTI_STAGE:
+        return f"needs a schedule that runs several stages per rank ({', '.join(MULTI_STAGE)}), not {schedule}"
+    return None
+
+
+def compile_schedule_problem(schedule: str, compiled: bool) -> str | None:
+    """Compiled stages (train.compile) under a split-backward schedule: torch's zero-bubble and DualPipe-V
+    schedules refuse stage modules that went through torch.compile (schedules.py:
+    _check_torch_compile_compatibility: the input/weight backward split does not run on compiled graphs).
+    For the train.compile field's checks (job file, planner, trainer) to call."""
+    if compiled and schedule in SPLIT_BACKWARD:
+        return (f"compiled blocks (train.compile) cannot run under schedule {schedule}: torch splits its backward "
+                "into input and weight gradients, which compiled stages do not support; use 1f1b or "
+                "interleaved-1f1b, or train.compile: false")
+    return None
+
+
+def split_backward_problem(schedule: str, zero: int, recompute: str, dp_cp: int) -> tuple[str, str] | None:
+    """(field, reason) where the trainer cannot run a split-backward schedule (tests/test_trainer_schedules.py
+    runs the rest against the single process): torch finds a stage's weights through module.parameters() when
+    its input-gradient step starts (pipelining/_backward.py stage_backward_input), and FSDP's ZeRO 3 has
+    resharded every block after its forward, so those blocks' weight gradients would never be computed; torch's
+    selective activation checkpointing replays a region's saved ops once (utils/checkpoint.py), and the split
+    backward runs two passes through it (input, then weight gradients)."""
+    if schedule not in SPLIT_BACKWARD:
+        return None
+    if zero == 3 and dp_cp > 1:
+        return "zero", (f"3 cannot run under schedule {schedule}: FSDP reshards each block after its forward, and "
+                        "torch's split backward takes the weights it differentiates from the stage's parameters "
+                        "at the input-gradient step (sharded ones: their gradients are lost); use zero 2 (FSDP, "
+                        "blocks kept gathered, torchtitan's choice under PP) or 0/1")
+    if recompute == "selective":
+        return "recompute", (f"selective cannot run under schedule {schedule}: torch's selective activation "
+                             "checkpointing replays a region once, and the split backward passes through it twice "
+                             "(input, then weight gradients); use recompute full or none")
+    return None
+
+
+def v_tied_problem(schedule: str, tied: bool) -> str | None:
+    """Tied embeddings under a V: stage 0's embedding and stage 2·pp-1's head copy both land on pp rank 0,
+    and the trainer's checkpoints hold a tied pair as one key that the two ends' ranks each read
+    (checkpoint._tied_aliases), not two copies on one rank."""
+    if tied and schedule in V_SCHEDULES:
+        return (f"cannot be tied under schedule {schedule}: its V puts the embedding and the tied head copy on the "
+                "same pipeline rank, which the trainer's checkpoints do not hold; set model.tied_embeddings: false "
+                "or use interleaved-zero-bubble")
                                             f"{', '.join(CP_ATTENTIONS)}")
     why = cp_attention_problem(m, lay.cp, lay.tp, lay.cp_attention)
     need(why is None, f"plan.layout.cp_attention={lay.cp_attention} with cp={lay.cp}: {why}")
@@ -277,10 +357,14 @@ def check_plan(plan: Plan) -> None:
     need(sum(plan.stage_layers) == m.layers,
          f"plan.stage_layers sums to {sum(plan.stage_layers)}, but model.layers is {m.layers}")
     need(all(x >= 0 for x in plan.stage_layers), "plan.stage_layers entries must be >= 0")
-    if lay.pp == 1:
-        need(lay.virtual_stages == 1, "plan.layout.virtual_stages > 1 needs pp > 1")
-    elif lay.virtual_stages > 1:
-        need(lay.schedule == "interleaved-1f1b",
-             f"plan.layout.virtual_stages={lay.virtual_stages} needs schedule interleaved-1f1b, not {lay.schedule}")
+    why = virtual_stages_problem(lay.schedule, lay.pp, lay.virtual_stages)
+    need(why is None, f"plan.layout.virtual_stages={lay.virtual_stages} {why}")
+    # plan.layout.compile (train.compile's compiled blocks), read so while that field is being added
+    why = compile_schedule_problem(lay.schedule, bool(getattr(lay, "compile", False)))
+    need(why is None, f"plan.layout.compile: {why}")
     why = schedule_problem(lay.schedule, lay.grad_accum, lay.pp)
     need(why is None, f"plan.layout.grad_accum={lay.grad_accum}: schedule {why}")
+    why = v_tied_problem(lay.schedule, m.tied_embeddings) if lay.pp > 1 else None
+    need(why is None, f"plan.model.tied_embeddings: {why}")
+    bad = split_backward_problem(lay.schedule, lay.zero, lay.recompute, lay.dp * lay.cp) if lay.pp > 1 else None
+    need(bad is None, f"plan.layout.{bad[0]}={bad[1]}" if bad else "")

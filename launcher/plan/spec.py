@@ -192,8 +192,11 @@ class ParallelSpec:
                                                          "shards over all; searched when not given")
     recompute: Recompute | None = bounded(None, doc="activation recomputation")
     micro_batch: int | None = bounded(None, 1, 1 << 30, doc="sequences per micro-batch")
-    schedule: Schedule | None = bounded(None, doc="pipeline schedule")
-    virtual_stages: int | None = bounded(None, 1, 1024, doc="model chunks per pipeline rank (interleaved)")
+    schedule: Schedule | None = bounded(None, doc="pipeline schedule (the zero-bubble and DualPipe-V ones split the "
+                                                  "backward: zero 0-2, recompute none or full; dualpipe-v needs "
+                                                  "grad_accum >= 2·pp)")
+    virtual_stages: int | None = bounded(None, 1, 1024, doc="model chunks per pipeline rank (interleaved; exactly 2 "
+                                                            "under zero-bubble-v and dualpipe-v)")
     mesh_order: list[str] = dataclasses.field(default_factory=lambda: list(MESH_DIMS),
                                               metadata={"doc": "rank order outer→inner"})
     allow_cross_node_tp: bool = bounded(False, doc="let a TP group span nodes")
@@ -325,20 +328,40 @@ def _check_parallel(p: ParallelSpec, m: ModelSpec, t: TrainSpec, c: ClusterSpec)
         raise SpecError("parallel", f"tp·cp·pp·dp = {fixed[0] * fixed[1] * fixed[2] * fixed[3]} "
                                     f"but the cluster has {world} GPUs")
     if p.virtual_stages is not None and p.virtual_stages > 1:
-        if p.schedule not in (None, "interleaved-1f1b"):
-            raise SpecError("parallel.virtual_stages", "virtual_stages > 1 needs schedule: interleaved-1f1b")
+        if p.pp == 1:
+            raise SpecError("parallel.virtual_stages", f"{p.virtual_stages} > 1 needs pp > 1")
         why = capabilities.interleave_problem(m.layers, p.pp, p.virtual_stages) if p.pp is not None else None
         if why:
             raise SpecError("parallel.virtual_stages", why)
     if p.micro_batch is not None and t.global_batch % p.micro_batch:
         raise SpecError("parallel.micro_batch", f"{p.micro_batch} does not divide train.global_batch={t.global_batch}")
     _check_degrees(p, t, c)
+    if p.virtual_stages is not None and p.schedule is not None and p.pp != 1:
+        why = capabilities.virtual_stages_problem(p.schedule, p.pp or 2, p.virtual_stages)
+        if why:
+            raise SpecError("parallel.virtual_stages", f"{p.virtual_stages} {why}")
 
 
 def _check_degrees(p: ParallelSpec, t: TrainSpec, c: ClusterSpec) -> None:
     """The degrees given must multiply to a divisor of the GPU count, and where they fix dp the global
     batch must split over dp × micro_batch: a field and the numbers, not an empty search."""
     world = c.world_size
+    if p.schedule in capabilities.V_SCHEDULES and p.pp is not None:
+        why = capabilities.interleave_problem(m.layers, p.pp, 2)
+        if why:
+            raise SpecError("parallel.schedule", f"{p.schedule}: {why}")
+    if p.schedule is not None and p.pp != 1:
+        bad = capabilities.split_backward_problem(p.schedule, 2 if p.zero is None else p.zero,
+                                                  p.recompute or "none", (p.dp or 2) * (p.cp or 1))
+        if bad:
+            raise SpecError(f"parallel.{bad[0]}", bad[1])
+        why = capabilities.v_tied_problem(p.schedule, m.tied_embeddings)
+        if why:
+            raise SpecError("model.tied_embeddings", why)
+    if p.schedule is not None:
+        why = capabilities.compile_schedule_problem(p.schedule, bool(getattr(t, "compile", False)))  # train.compile
+        if why:
+            raise SpecError("parallel.schedule", why)
     where = f"{c.nodes} node{'s' if c.nodes > 1 else ''} × {c.gpus_per_node} GPUs"
     given: list[str] = []
     product = 1

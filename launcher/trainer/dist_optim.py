@@ -198,12 +198,14 @@ class MixedPrecisionOptimizer:
         self.slices = [b.master for g in self.groups for b in g.buckets]
         self.inner: torch.optim.Optimizer = make_inner(self.slices)
         self.main_grads: dict[int, torch.Tensor] = {}
+        self.hooked: set[int] = set()
         if grad_dtype == "fp32":
             for g in self.groups:
                 for s in g.segments:
                     if _local(s.param).dtype != torch.float32:
                         # looked up at call time, so launch verify's tracker can file what it makes
                         s.param.register_post_accumulate_grad_hook(lambda p: self._accumulate(p))
+                        self.hooked.add(id(s.param))
 
     # --- gradients ---------------------------------------------------------------------------------
 
@@ -217,6 +219,15 @@ class MixedPrecisionOptimizer:
         else:
             buf.add_(g)
         p.grad = None
+
+    def take_grads(self, module: nn.Module) -> None:
+        """What the post-accumulate-grad hook does, for gradients written without AccumulateGrad: a split
+        backward's weight step (pipeline.Stage.after_weight) sets .grad itself."""
+        if not self.hooked:
+            return
+        for p in module.parameters():
+            if id(p) in self.hooked and p.grad is not None:
+                self._accumulate(p)
 
     def grads_of(self, params: list[nn.Parameter]) -> list[torch.Tensor]:
         """The tensors holding these parameters' gradients so far (the fp32 buffer, or the local .grad)."""

@@ -63,7 +63,7 @@ def build_parts(cfg: TrainerConfig, mesh: MeshInfo, bf16: bool) -> tuple[list[Tr
     without FSDP: the weights themselves in bf16, their fp32 masters in the optimizer (dist_optim)."""
     p = cfg.parallel
     n_stages = p.pp * p.virtual_stages
-    stage_ids = local_stage_ids(mesh.coords["pp"], p.pp, p.virtual_stages)
+    stage_ids = local_stage_ids(mesh.coords["pp"], p.pp, p.virtual_stages, p.schedule)
     seq_local = cfg.train.seq_len // p.cp
     dp_mode = fsdp.mode(p.zero_stage, mesh.dp_cp_size)
     parts = []
@@ -167,7 +167,7 @@ class Engine:
         self.schedule = None
         if p.pp > 1:
             self.schedule = build_schedule(p, self.parts, self.stage_ids, mesh.device, mesh.group("pp"),  # type: ignore[arg-type]
-                                           self.loss_fn)
+                                           self.loss_fn, self.lean.take_grads if self.lean is not None else None)
         self.ranks_per_stage = dist.get_world_size() // p.pp
         self.fwd_collective, self.bwd_collective = phase_collectives(p, self.dp_mode)
 
