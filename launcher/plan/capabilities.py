@@ -238,42 +238,6 @@ def schedule_problem(schedule: str, n_micro: int, pp: int) -> str | None:
         if n_micro % rounds:
             return (f"{schedule} needs a multiple of {rounds} micro-batches with pp={pp}, got {n_micro}; "
                     f"use {rounds * pp} or {(rounds + 1) * pp}")
-    return None
-
-
-def check_microbatches(schedule: str, n_micro: int, pp: int) -> None:
-    """The trainer's last word before it builds a pipeline schedule."""
-    why = schedule_problem(schedule, n_micro, pp)
-    if why:
-        raise UserError(f"plan.layout.grad_accum={n_micro}: schedule {why}")
-
-
-def check_plan(plan: Plan) -> None:
-    """Every check the trainer needs before a process group exists: one UserError naming the plan
-    field, so 8 ranks do not each print a traceback. (plan.json's typed loader enforces the value
-    sets too; a Plan built in memory, e.g. by a test or `launch verify`, meets them here.)"""
-    m, t, lay = plan.model, plan.train, plan.layout
-
-    def need(cond: bool, msg: str) -> None:
-        if not cond:
-            raise UserError(msg)
-
-    need(lay.zero in ZERO_STAGES, f"plan.layout.zero={lay.zero} {ZERO_REFUSED.get(lay.zero, 'is not a ZeRO stage')}")
-    need(t.precision in PRECISIONS, f"plan.train.precision={t.precision!r} "
-                                    f"{PRECISION_REFUSED.get(t.precision, 'is not a precision')}")
-    bad = model_problem(m)
-    need(bad is None, f"plan.model.{bad[0]}: {bad[1]}" if bad else "")
-    need(sorted(plan.mesh_order) == sorted(("pp", "dp", "cp", "tp")),
-         f"plan.mesh_order={list(plan.mesh_order)} must order exactly pp, dp, cp, tp")
-    need(lay.world == plan.world_size,
-         f"plan.layout: tp·cp·pp·dp = {lay.world} but plan.world_size is {plan.world_size}")
-    why = tp_problem(m, lay.tp)
-    need(why is None, f"plan.layout.tp={lay.tp} {why}")
-    why = moe_tp_zero_problem(m, lay.tp, lay.zero, lay.dp * lay.cp)
-    need(why is None, f"plan.layout.zero={lay.zero} {why}")
-    why = cp_problem(t.seq_len, lay.cp, lay.tp)
-    need(why is None, f"plan.layout.cp={lay.cp} {why}")
-    need(lay.cp_attention in CP_ATTENTIONS, f"plan.layout.cp_attention={lay.cp_attention!r} is not one of "
     if schedule == "dualpipe-v" and n_micro < 2 * pp:
         # ScheduleDualPipeV: at least as many micro-batches as stages (2·pp)
         return (f"dualpipe-v needs at least 2·pp={2 * pp} micro-batches (its stages), got {n_micro}; raise "
@@ -341,6 +305,42 @@ def v_tied_problem(schedule: str, tied: bool) -> str | None:
         return (f"cannot be tied under schedule {schedule}: its V puts the embedding and the tied head copy on the "
                 "same pipeline rank, which the trainer's checkpoints do not hold; set model.tied_embeddings: false "
                 "or use interleaved-zero-bubble")
+    return None
+
+
+def check_microbatches(schedule: str, n_micro: int, pp: int) -> None:
+    """The trainer's last word before it builds a pipeline schedule."""
+    why = schedule_problem(schedule, n_micro, pp)
+    if why:
+        raise UserError(f"plan.layout.grad_accum={n_micro}: schedule {why}")
+
+
+def check_plan(plan: Plan) -> None:
+    """Every check the trainer needs before a process group exists: one UserError naming the plan
+    field, so 8 ranks do not each print a traceback. (plan.json's typed loader enforces the value
+    sets too; a Plan built in memory, e.g. by a test or `launch verify`, meets them here.)"""
+    m, t, lay = plan.model, plan.train, plan.layout
+
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            raise UserError(msg)
+
+    need(lay.zero in ZERO_STAGES, f"plan.layout.zero={lay.zero} {ZERO_REFUSED.get(lay.zero, 'is not a ZeRO stage')}")
+    need(t.precision in PRECISIONS, f"plan.train.precision={t.precision!r} "
+                                    f"{PRECISION_REFUSED.get(t.precision, 'is not a precision')}")
+    bad = model_problem(m)
+    need(bad is None, f"plan.model.{bad[0]}: {bad[1]}" if bad else "")
+    need(sorted(plan.mesh_order) == sorted(("pp", "dp", "cp", "tp")),
+         f"plan.mesh_order={list(plan.mesh_order)} must order exactly pp, dp, cp, tp")
+    need(lay.world == plan.world_size,
+         f"plan.layout: tp·cp·pp·dp = {lay.world} but plan.world_size is {plan.world_size}")
+    why = tp_problem(m, lay.tp)
+    need(why is None, f"plan.layout.tp={lay.tp} {why}")
+    why = moe_tp_zero_problem(m, lay.tp, lay.zero, lay.dp * lay.cp)
+    need(why is None, f"plan.layout.zero={lay.zero} {why}")
+    why = cp_problem(t.seq_len, lay.cp, lay.tp)
+    need(why is None, f"plan.layout.cp={lay.cp} {why}")
+    need(lay.cp_attention in CP_ATTENTIONS, f"plan.layout.cp_attention={lay.cp_attention!r} is not one of "
                                             f"{', '.join(CP_ATTENTIONS)}")
     why = cp_attention_problem(m, lay.cp, lay.tp, lay.cp_attention)
     need(why is None, f"plan.layout.cp_attention={lay.cp_attention} with cp={lay.cp}: {why}")

@@ -327,25 +327,16 @@ def _check_parallel(p: ParallelSpec, m: ModelSpec, t: TrainSpec, c: ClusterSpec)
     if None not in fixed and fixed[0] * fixed[1] * fixed[2] * fixed[3] != world:
         raise SpecError("parallel", f"tp·cp·pp·dp = {fixed[0] * fixed[1] * fixed[2] * fixed[3]} "
                                     f"but the cluster has {world} GPUs")
+    if p.virtual_stages is not None and p.schedule is not None and p.pp != 1:
+        why = capabilities.virtual_stages_problem(p.schedule, p.pp or 2, p.virtual_stages)
+        if why:
+            raise SpecError("parallel.virtual_stages", f"{p.virtual_stages} {why}")
     if p.virtual_stages is not None and p.virtual_stages > 1:
         if p.pp == 1:
             raise SpecError("parallel.virtual_stages", f"{p.virtual_stages} > 1 needs pp > 1")
         why = capabilities.interleave_problem(m.layers, p.pp, p.virtual_stages) if p.pp is not None else None
         if why:
             raise SpecError("parallel.virtual_stages", why)
-    if p.micro_batch is not None and t.global_batch % p.micro_batch:
-        raise SpecError("parallel.micro_batch", f"{p.micro_batch} does not divide train.global_batch={t.global_batch}")
-    _check_degrees(p, t, c)
-    if p.virtual_stages is not None and p.schedule is not None and p.pp != 1:
-        why = capabilities.virtual_stages_problem(p.schedule, p.pp or 2, p.virtual_stages)
-        if why:
-            raise SpecError("parallel.virtual_stages", f"{p.virtual_stages} {why}")
-
-
-def _check_degrees(p: ParallelSpec, t: TrainSpec, c: ClusterSpec) -> None:
-    """The degrees given must multiply to a divisor of the GPU count, and where they fix dp the global
-    batch must split over dp × micro_batch: a field and the numbers, not an empty search."""
-    world = c.world_size
     if p.schedule in capabilities.V_SCHEDULES and p.pp is not None:
         why = capabilities.interleave_problem(m.layers, p.pp, 2)
         if why:
@@ -362,6 +353,15 @@ def _check_degrees(p: ParallelSpec, t: TrainSpec, c: ClusterSpec) -> None:
         why = capabilities.compile_schedule_problem(p.schedule, bool(getattr(t, "compile", False)))  # train.compile
         if why:
             raise SpecError("parallel.schedule", why)
+    if p.micro_batch is not None and t.global_batch % p.micro_batch:
+        raise SpecError("parallel.micro_batch", f"{p.micro_batch} does not divide train.global_batch={t.global_batch}")
+    _check_degrees(p, t, c)
+
+
+def _check_degrees(p: ParallelSpec, t: TrainSpec, c: ClusterSpec) -> None:
+    """The degrees given must multiply to a divisor of the GPU count, and where they fix dp the global
+    batch must split over dp × micro_batch: a field and the numbers, not an empty search."""
+    world = c.world_size
     where = f"{c.nodes} node{'s' if c.nodes > 1 else ''} × {c.gpus_per_node} GPUs"
     given: list[str] = []
     product = 1
