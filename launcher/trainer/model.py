@@ -184,7 +184,7 @@ class Block(nn.Module):
         if a.is_moe_layer(index):
             from launcher.trainer.moe import MoE
 
-            self.feed_forward: nn.Module = MoE(a)
+            self.feed_forward: nn.Module = MoE(a, FeedForward)
         else:
             self.feed_forward = FeedForward(a)
         self.recompute = "none"         # recompute.MODES: full keeps only the block input

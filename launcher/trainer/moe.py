@@ -78,24 +78,24 @@ def balanced_counts(pairs: int, experts: int) -> list[int]:
 
 
 class MoE(nn.Module):
-    """Drop-in replacement for FeedForward: x [b, s, h] -> [b, s, h]."""
+    """Drop-in replacement for FeedForward: x [b, s, h] -> [b, s, h]. Each expert (and the shared
+    experts' MLP) is `mlp(a, width)`: model.FeedForward, handed in by the block that builds this (so
+    moe.py does not import model.py back)."""
 
     #: None in a real run. `launch verify` (FakeTensorMode: shapes, no values) sets a function
     #: (pairs, experts) -> rows per expert, the routing assumed from shapes (e.g. balanced_counts);
     #: every source rank of an EP group is then assumed to route the same way.
     assumed_counts: Callable[[int, int], list[int]] | None = None
 
-    def __init__(self, a):
+    def __init__(self, a, mlp: Callable[..., nn.Module]):
         super().__init__()
-        from launcher.trainer.model import FeedForward
-
         self.num_experts = a.experts
         self.top_k = a.experts_per_token
         self.router = nn.Linear(a.hidden, a.experts, bias=False)
-        self.experts = nn.ModuleDict({str(e): FeedForward(a, a.expert_ffn) for e in range(a.experts)})
+        self.experts = nn.ModuleDict({str(e): mlp(a, a.expert_ffn) for e in range(a.experts)})
         # DeepSeek's shared experts: one MLP shared_experts × moe_ffn_hidden wide that every token passes
         # through, replicated like the router (not expert-parallel), its output added to the routed ones'
-        self.shared = FeedForward(a, a.shared_ffn) if a.shared_experts else None
+        self.shared = mlp(a, a.shared_ffn) if a.shared_experts else None
         self.ep = EPGroups(ep=1, ep_rank=0, ep_group=None, replica_group=None, replica_size=1)
 
     def keep_experts(self, ep: EPGroups) -> None:
@@ -164,7 +164,7 @@ class MoE(nn.Module):
 
 def expert_params(model: nn.Module) -> list[nn.Parameter]:
     """Parameters of EP-sharded experts (routers and everything else are dense)."""
-    out = []
+    out: list[nn.Parameter] = []
     for m in model.modules():
         if isinstance(m, MoE) and m.ep.ep > 1:
             out.extend(m.experts.parameters())

@@ -18,16 +18,14 @@ different mode. Applied after TP and before FSDP (torchtitan's order).
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
+from torch import nn
 from torch.utils.checkpoint import SAC_IGNORED_OPS as _SAC_IGNORED_OPS
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from launcher.trainer.sequence_parallel import OPS as SP_OPS
-
-if TYPE_CHECKING:
-    from launcher.trainer.model import Transformer
 
 MODES = ("none", "selective", "full")
 
@@ -63,7 +61,13 @@ def _policy(ctx, func, *args, **kwargs) -> CheckpointPolicy:
 selective_contexts = partial(create_selective_checkpoint_contexts, _policy)
 
 
-def apply_recompute(model: Transformer, mode: str) -> None:
+class Blocks(Protocol):
+    """What apply_recompute reads of a model (model.Transformer): its blocks."""
+
+    layers: nn.ModuleDict
+
+
+def apply_recompute(model: Blocks, mode: str) -> None:
     if mode not in MODES:
         raise ValueError(f"recompute mode {mode!r} is not one of {MODES}")
     for block in model.layers.values():
