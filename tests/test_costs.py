@@ -1,6 +1,6 @@
 """The time model and the planner's choice, judged by published sweeps: where one paper measured
-several layouts of one model on one cluster, the planner's ranking (launcher.plan.planner.rank, the
-tie-break included) must put the measured fastest first, each layout costed with the profile of
+several layouts of one model on one cluster, the planner's order (launcher.plan.planner.order_candidates,
+the tie-break included) must put the measured fastest first, each layout costed with the profile of
 the stack that ran it (launcher.plan.costs.STACKS). Sources: ../shared/notes/planner.md and
 benchmarks/calibrate_costs.py (which cites each row); no figure here is fitted to these tests.
 """
@@ -12,7 +12,7 @@ import pytest
 from launcher.plan.costs import STACKS, advertised_bandwidth, estimate, rank_stage_layers
 from launcher.plan.layout import stage_layers
 from launcher.plan.ledger import Layout, memory_ledger
-from launcher.plan.planner import CP_SHORT_SEQ, TIE_BAND, Candidate, plan_job, rank
+from launcher.plan.planner import CP_SHORT_SEQ, TIE_BAND, Candidate, order_candidates, plan_job
 from launcher.plan.spec import ModelSpec, TrainSpec, resolve_gpu, resolve_model, spec_from_dict
 
 pytestmark = pytest.mark.unit
@@ -42,7 +42,7 @@ def first_choice(model, gpu, seq, gbs, layouts: dict[str, Layout], stacks: dict[
                  stack: str = "bundled") -> str:
     stacks = stacks or {}
     cands = {name: candidate(model, gpu, seq, gbs, lay_, stacks.get(name, stack)) for name, lay_ in layouts.items()}
-    ordered, _ = rank(list(cands.values()), seq)
+    ordered, _ = order_candidates(list(cands.values()), seq)
     return next(name for name, c in cands.items() if c is ordered[0])
 
 

@@ -356,9 +356,9 @@ def _cand(t: float, tp=1, cp=1, pp=1, dp=64, zero=3, recompute="full"):
 
 
 def _why(cands, seq, fixed=()):
-    from launcher.plan.planner import rank, why_chosen
+    from launcher.plan.planner import order_candidates, why_chosen
 
-    ordered, band = rank(cands, seq)
+    ordered, band = order_candidates(cands, seq)
     return ordered[0], why_chosen(ordered[0], ordered, band, seq, fixed)
 
 

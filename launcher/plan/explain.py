@@ -6,14 +6,22 @@ the first rank over the limit, so it does not know by how much it missed); the s
 is found by searching the same job on more nodes of the same size (doubling, then bisecting: the fit
 is close to monotone in the node count, not exactly, since the global batch must split over dp and the
 layers over pp: below the first fit every node count is tried where that is at most SCAN_NODES of them).
+The planner hands in how to search (its Search class), so this module does not import it back.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from launcher.plan.spec import JobSpec
+
+if TYPE_CHECKING:
+    from launcher.plan.model import Layout
+
+#: A new search of a job on a cluster (planner.Search): `.run()`, then `.candidates` and `.rejected`.
+NewSearch = Callable[[JobSpec, Any], Any]
 
 #: The world sizes tried for "fits from N GPUs" stop here.
 MAX_WORLD = 1 << 17
@@ -30,29 +38,34 @@ def _frugal(spec: JobSpec) -> JobSpec:
     return dataclasses.replace(spec, parallel=parallel, gpu=gpu)
 
 
-def closest(spec: JobSpec, cluster: Any) -> dict[str, Any] | None:
-    """The layout nearest to fitting: its need per GPU against the job's limit."""
-    from launcher.plan.planner import Search, _describe
+def describe_layout(lay: Layout) -> str:
+    """A layout in one line: `tp=8 cp=1 pp=4 v=2 dp=16 ZeRO 1 selective`."""
+    sched = f" v={lay.virtual_stages}" if lay.virtual_stages > 1 else ""
+    att = " (all-to-all)" if lay.cp > 1 and lay.cp_attention == "all-to-all" else ""
+    return (f"tp={lay.tp} cp={lay.cp}{att} pp={lay.pp}{sched} dp={lay.dp}" + (f" ep={lay.ep}" if lay.ep > 1 else "")
+            + (f" dp_shard={lay.dp_shard_size}" if lay.hybrid else "")
+            + f" ZeRO {lay.zero} {lay.recompute}")
 
-    search = Search(_frugal(spec), cluster)
+
+def closest(spec: JobSpec, cluster: Any, new_search: NewSearch) -> dict[str, Any] | None:
+    """The layout nearest to fitting: its need per GPU against the job's limit."""
+    search = new_search(_frugal(spec), cluster)
     search.run()
     if not search.candidates:
         return None
     best = min(search.candidates, key=lambda c: c.ledger.per_gpu_gb)
     limit = spec.gpu.memory_gb * (1 - spec.cluster.memory_headroom)
     led = best.ledger
-    return {"layout": _describe(best.layout), "per_gpu_gb": round(led.per_gpu_gb, 2), "limit_gb": round(limit, 2),
+    return {"layout": describe_layout(best.layout), "per_gpu_gb": round(led.per_gpu_gb, 2), "limit_gb": round(limit, 2),
             "over_by": round(led.per_gpu_gb / limit - 1, 4),
             "categories_gb": {k: round(getattr(led, f"{k}_gb"), 2) for k in
                               ("params", "grads", "optimizer", "activations") if hasattr(led, f"{k}_gb")}}
 
 
-def _fits_on(spec: JobSpec, cluster: Any, nodes: int) -> bool:
-    from launcher.plan.planner import Search
-
+def _fits_on(spec: JobSpec, cluster: Any, nodes: int, new_search: NewSearch) -> bool:
     par = dataclasses.replace(spec.parallel, dp=None)          # dp follows the world size
     s = dataclasses.replace(spec, parallel=par, cluster=dataclasses.replace(spec.cluster, nodes=nodes))
-    search = Search(s, dataclasses.replace(cluster, nodes=nodes))
+    search = new_search(s, dataclasses.replace(cluster, nodes=nodes))
     search.run()
     return bool(search.candidates)
 
@@ -62,13 +75,13 @@ def _fits_on(spec: JobSpec, cluster: Any, nodes: int) -> bool:
 SCAN_NODES = 64
 
 
-def smallest_world(spec: JobSpec, cluster: Any) -> dict[str, Any] | None:
+def smallest_world(spec: JobSpec, cluster: Any, new_search: NewSearch) -> dict[str, Any] | None:
     """The fewest nodes (of the job's gpus_per_node) on which some layout fits, or None up to MAX_WORLD."""
     g = spec.cluster.gpus_per_node
     lo, hi = spec.cluster.nodes, None           # lo: known not to fit
     n = lo * 2
     while n * g <= MAX_WORLD:
-        if _fits_on(spec, cluster, n):
+        if _fits_on(spec, cluster, n, new_search):
             hi = n
             break
         lo, n = n, n * 2
@@ -76,27 +89,29 @@ def smallest_world(spec: JobSpec, cluster: Any) -> dict[str, Any] | None:
         return None
     exact = hi - spec.cluster.nodes <= SCAN_NODES
     if exact:                                   # every node count below the first fit: the fewest
-        hi = next(k for k in range(spec.cluster.nodes + 1, hi + 1) if k == hi or _fits_on(spec, cluster, k))
+        hi = next(k for k in range(spec.cluster.nodes + 1, hi + 1)
+                  if k == hi or _fits_on(spec, cluster, k, new_search))
     else:
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if _fits_on(spec, cluster, mid):
+            if _fits_on(spec, cluster, mid, new_search):
                 hi = mid
             else:
                 lo = mid
     return {"nodes": hi, "gpus_per_node": g, "world_size": hi * g, "fewest": exact}
 
 
-def nothing_fits(spec: JobSpec, cluster: Any, search: Any) -> dict[str, Any]:
+def nothing_fits(spec: JobSpec, cluster: Any, search: Any, new_search: NewSearch) -> dict[str, Any]:
     """What PlanResult.nothing_fits holds: the reasons every layout was rejected, and where memory was
-    the reason, the closest candidate and the smallest world size that fits."""
+    the reason, the closest candidate and the smallest world size that fits (searched with
+    `new_search`, the planner's Search)."""
     rejected = sorted(search.rejected.items(), key=lambda kv: -kv[1])
     out: dict[str, Any] = {"rejected": [{"reason": r, "layouts": n} for r, n in rejected[:3]]}
     if search.rejected.get(MEMORY):
-        near = closest(spec, cluster)
+        near = closest(spec, cluster, new_search)
         if near is not None:
             out["closest"] = near
-        out["smallest_world"] = smallest_world(spec, cluster)
+        out["smallest_world"] = smallest_world(spec, cluster, new_search)
         out["max_world_tried"] = MAX_WORLD
     return out
 

@@ -21,6 +21,7 @@ from launcher.formats.bwmap import BandwidthMap, BandwidthMapError
 from launcher.plan import capabilities
 from launcher.plan import layout as lay_mod
 from launcher.plan.costs import Bandwidth, Estimate, advertised_bandwidth, estimate, train_budget
+from launcher.plan.explain import describe_layout, nothing_fits
 from launcher.plan.layout import stage_layers
 from launcher.plan.ledger import (
     Layout,
@@ -513,7 +514,7 @@ def to_plan(spec: JobSpec, cand: Candidate, cluster: Cluster, with_ranks: bool =
     )
 
 
-def rank(candidates: list[Candidate], seq_len: int) -> tuple[list[Candidate], int]:
+def order_candidates(candidates: list[Candidate], seq_len: int) -> tuple[list[Candidate], int]:
     """Candidates in the order the planner prefers them, and how many lead as equals: those within
     TIE_BAND of the fastest, simplest first; then the rest by step time."""
     ordered = sorted(candidates, key=lambda c: (c.ranked_time(seq_len),) + c.sort_key())
@@ -554,7 +555,7 @@ def why_chosen(best: Candidate, ordered: list[Candidate], band: int, seq_len: in
         how = _simpler_how(best, fastest)
         anchor = min(ordered[:band], key=lambda c: c.ranked_time(seq_len))
         limit = anchor.ranked_time(seq_len) * (1 + TIE_BAND)
-        out.update(fastest=_describe(fastest.layout), fastest_faster_by=round(faster_by, 4),
+        out.update(fastest=describe_layout(fastest.layout), fastest_faster_by=round(faster_by, 4),
                    band_limit_s=round(limit, 6))
         tie = (f"plans within {TIE_BAND:.0%} of the fastest (the time model's error)"
                + f", up to {limit:.3f} s, count as equal, and this "
@@ -562,13 +563,13 @@ def why_chosen(best: Candidate, ordered: list[Candidate], band: int, seq_len: in
         if fastest.layout.cp > 1 and seq_len < CP_SHORT_SEQ and t_best > t_fast * (1 + TIE_BAND):
             counted = fastest.ranked_time(seq_len)
             out.update(rule="cp_short_seq", penalty=TIE_BAND, counted_step_s=round(counted, 6))
-            line = (f"the fastest estimate, {_describe(fastest.layout)} ({t_fast:.3f} s), is {faster_by:.1%} faster, "
+            line = (f"the fastest estimate, {describe_layout(fastest.layout)} ({t_fast:.3f} s), is {faster_by:.1%} faster, "
                     f"but it uses context parallelism below {CP_SHORT_SEQ // 1024}k tokens (seq_len {seq_len}), "
                     f"which must win by a further {TIE_BAND:.0%} (counted as {counted:.3f} s); then " + tie
                     + fixed_note)
         else:
             out.update(rule="tie_band")
-            line = (f"the fastest estimate, {_describe(fastest.layout)} ({t_fast:.3f} s), is only {faster_by:.1%} "
+            line = (f"the fastest estimate, {describe_layout(fastest.layout)} ({t_fast:.3f} s), is only {faster_by:.1%} "
                     f"faster: " + tie + fixed_note)
     # the fastest strictly simpler layout, outside the band (the band is sorted simplest first)
     other = next((c for c in ordered[band:] if c.complexity[:6] < best.complexity[:6]), None)
@@ -582,9 +583,9 @@ def why_chosen(best: Candidate, ordered: list[Candidate], band: int, seq_len: in
     diffs = sorted(((k, theirs[k] - mine[k]) for k in mine), key=lambda kv: -abs(kv[1]))
     slower = other.estimate.step_time_s / t_best - 1
     terms = ", ".join(f"{k} {d:+.3g} s" for k, d in diffs[:3] if abs(d) > 1e-9)
-    out["simpler"] = _describe(other.layout)
+    out["simpler"] = describe_layout(other.layout)
     out["simpler_slower_by"] = round(slower, 4)
-    line += (f". It beats the simpler {_describe(other.layout)} ({other.estimate.step_time_s:.3f} s, outside the "
+    line += (f". It beats the simpler {describe_layout(other.layout)} ({other.estimate.step_time_s:.3f} s, outside the "
              f"band) by "
              f"{slower:.1%} ({terms} there)")
     out["reason"] = line
@@ -625,14 +626,6 @@ def fixed_fields(spec: JobSpec) -> tuple[str, ...]:
                              "virtual_stages", "dp_shard", "cp_attention") if getattr(p, k) is not None)
 
 
-def _describe(lay: Layout) -> str:
-    sched = f" v={lay.virtual_stages}" if lay.virtual_stages > 1 else ""
-    att = " (all-to-all)" if lay.cp > 1 and lay.cp_attention == "all-to-all" else ""
-    return (f"tp={lay.tp} cp={lay.cp}{att} pp={lay.pp}{sched} dp={lay.dp}" + (f" ep={lay.ep}" if lay.ep > 1 else "")
-            + (f" dp_shard={lay.dp_shard_size}" if lay.hybrid else "")
-            + f" ZeRO {lay.zero} {lay.recompute}")
-
-
 def plan_job(spec: JobSpec, bwmap: BandwidthMap | None = None, top: int = 5,
              bwmap_name: str | None = None, ranks_for: int = 1) -> PlanResult:
     """_plan_job's result with the model's summary (model_summary)."""
@@ -665,7 +658,7 @@ def _plan_job(spec: JobSpec, bwmap: BandwidthMap | None, top: int, bwmap_name: s
     calibration = apply_profile(spec, cluster, notes)
     search = Search(spec, cluster)
     search.run()
-    ranked, band = rank(search.candidates, spec.train.seq_len)
+    ranked, band = order_candidates(search.candidates, spec.train.seq_len)
     if not ranked:
         if search.unfit:
             forced = min(search.unfit, key=lambda c: c.ledger.per_gpu_gb)
@@ -673,10 +666,8 @@ def _plan_job(spec: JobSpec, bwmap: BandwidthMap | None, top: int, bwmap_name: s
             return PlanResult(to_plan(spec, forced, cluster), [], search.searched, dict(search.rejected),
                               cluster.bandwidth, notes, forced_choice(fixed_fields(spec), forced.ledger),
                               calibration=calibration)
-        from launcher.plan.explain import nothing_fits
-
         return PlanResult(None, [], search.searched, dict(search.rejected), cluster.bandwidth, notes,
-                          calibration=calibration, nothing_fits=nothing_fits(spec, cluster, search))
+                          calibration=calibration, nothing_fits=nothing_fits(spec, cluster, search, Search))
     best = ranked[0]
     choice = why_chosen(best, ranked, band, spec.train.seq_len, fixed_fields(spec))
     notes.append(f"why: {choice['line']}")
