@@ -27,9 +27,9 @@ if TYPE_CHECKING:
 ZERO_STAGES = (0, 1, 2, 3)
 ZERO_REFUSED: dict[int, str] = {}
 #: Compute precisions (engine.py: bf16 weights and activations with fp32 masters — FSDP's mixed
-#: precision under ZeRO 2/3, dist_optim.py under 0/1 — or fp32). fp16 would need loss scaling,
-#: which the trainer does not do.
-PRECISIONS = ("bf16", "fp32")
+#: precision under ZeRO 2/3, dist_optim.py under 0/1 — or fp32; fp8: bf16 with the linears' GEMMs in fp8,
+#: FP8_LINEARS). fp16 would need loss scaling, which the trainer does not do.
+PRECISIONS = ("bf16", "fp32", "fp8")
 #: Where gradients accumulate over micro-batches without FSDP: in the weights' dtype (the seed's
 #: 2 B/param, the default), or an fp32 buffer per weight (Megatron's main_grad, 4 B/param). FSDP (ZeRO
 #: 2/3) reduces in fp32 either way. Measured (benchmarks/bf16_grads.py, 200 steps x 16 micro-batches):
@@ -70,6 +70,17 @@ CP_ATTENTION = CP_ATTENTIONS[0]            # the default
 #: ZeRO 2/3 (fsdp.py), the lean optimizer's shards all-reduced across the replicas under ZeRO 1
 #: (dist_optim.py); the mesh splits dp into (dp_replicate, dp_shard), outer to inner (mesh.py).
 HYBRID_SHARDING = True
+#: FP8 (train.precision fp8, trainer/float8.py): torchtitan's float8 recipe, torchao's Float8Linear with dynamic
+#: rowwise scaling (recipe "rowwise": input, weight and output gradient cast to e4m3, one power-of-two scale per
+#: row of each GEMM operand along the GEMM's inner dimension, so no amax history is kept) inside a bf16 trainer:
+#: bf16 weights and activations, fp32 masters, every collective in bf16 ("for float8 with rowwise scaling, all
+#: distributed communication is done in high precision", torchtitan's float8.md). Which linears convert
+#: (train.fp8_linears, fp8_converts): auto, torchtitan's auto_filter_small_kn (torchao's _auto_filter_for_rowwise,
+#: from H100 microbenchmarks: too small a GEMM loses more to the casts than fp8 gains), or all with both dims
+#: divisible by 16 (torchtitan's module_filter_fn). The output head (torchtitan filters lm_head), the embedding,
+#: a MoE's router (router.gate) and its routed experts (torchtitan converts those only through its grouped-GEMM
+#: path) stay bf16. Under TP the sequence-parallel linears run the same recipe (sequence_parallel.py).
+FP8_LINEARS = ("auto", "all")
 
 ZeroStage = Literal[ZERO_STAGES]            # type: ignore[valid-type]
 Precision = Literal[PRECISIONS]             # type: ignore[valid-type]
@@ -81,6 +92,7 @@ PlanSchedule = Literal[("none", *SCHEDULES)]  # type: ignore[valid-type]
 Mlp = Literal[MLPS]                         # type: ignore[valid-type]
 Position = Literal[POSITIONS]               # type: ignore[valid-type]
 CpAttention = Literal[CP_ATTENTIONS]        # type: ignore[valid-type]
+Fp8Linears = Literal[FP8_LINEARS]           # type: ignore[valid-type]
 
 
 def table() -> dict:
@@ -89,7 +101,8 @@ def table() -> dict:
             "recompute": list(RECOMPUTE), "schedules": list(SCHEDULES),
             "split_backward_schedules": list(SPLIT_BACKWARD), "v_schedules": list(V_SCHEDULES), "mlp": list(MLPS),
             "positions": list(POSITIONS),
-            "moe_with_tp": MOE_WITH_TP, "cp_attention": list(CP_ATTENTIONS), "hybrid_sharding": HYBRID_SHARDING}
+            "moe_with_tp": MOE_WITH_TP, "cp_attention": list(CP_ATTENTIONS), "hybrid_sharding": HYBRID_SHARDING,
+            "fp8_linears": list(FP8_LINEARS)}
 
 
 # --- checks shared by the job file, the planner and the trainer --------------------------------
@@ -212,6 +225,29 @@ def cp_attention_problem(m: ModelSpec, cp: int, tp: int, kind: str) -> str | Non
     return None
 
 
+def fp8_converts(out_features: int, in_features: int, rule: str) -> bool:
+    """Whether the trainer runs a linear with weight [out_features, in_features] (the whole model's shape: torchtitan
+    converts before it parallelizes) in fp8. Both dims divisible by 16 (the fp8 tensor cores' alignment, torchtitan's
+    module_filter_fn); under `auto` also large enough (torchao's _auto_filter_for_rowwise: N <= 2048, K <= 1024, or
+    N <= 4096 with K <= 2048 stay bf16)."""
+    n, k = out_features, in_features
+    if n % 16 or k % 16:
+        return False
+    return rule == "all" or not (n <= 2048 or k <= 1024 or (n <= 4096 and k <= 2048))
+
+
+def fp8_problem(gpu) -> str | None:
+    """Why train.precision fp8 cannot run on `gpu` (a GpuSpec): it needs FP8 tensor cores, which a preset states as
+    fp8_tflops (Hopper, Ada, Blackwell, MI300-class; the CPU's torch._scaled_mm runs too)."""
+    if getattr(gpu, "fp8_tflops", None):
+        return None
+    name = getattr(gpu, "name", "custom")
+    if name == "custom":
+        return "needs the GPU's dense FP8 peak: set cluster.gpu.fp8_tflops (a GPU with FP8 tensor cores), or use bf16"
+    return (f"needs FP8 tensor cores, which GPU {name} lacks (fp8 runs on Hopper, Ada, Blackwell and MI300-class "
+            "GPUs); use bf16")
+
+
 def interleave_problem(layers: int, pp: int, v: int) -> str | None:
     """Layers split over pp·v model chunks evenly, or with the first and last chunk (which also hold the
     embedding and the head) one layer short, down to none (Llama 3's 126 layers on pp 16 × v 8:
@@ -328,6 +364,8 @@ def check_plan(plan: Plan) -> None:
     need(lay.zero in ZERO_STAGES, f"plan.layout.zero={lay.zero} {ZERO_REFUSED.get(lay.zero, 'is not a ZeRO stage')}")
     need(t.precision in PRECISIONS, f"plan.train.precision={t.precision!r} "
                                     f"{PRECISION_REFUSED.get(t.precision, 'is not a precision')}")
+    why = fp8_problem(plan.gpu) if t.precision == "fp8" else None
+    need(why is None, f"plan.train.precision=fp8 {why}")
     bad = model_problem(m)
     need(bad is None, f"plan.model.{bad[0]}: {bad[1]}" if bad else "")
     need(sorted(plan.mesh_order) == sorted(("pp", "dp", "cp", "tp")),

@@ -17,6 +17,7 @@ from launcher.errors import SpecError, UserError
 from launcher.plan import capabilities, presets
 from launcher.plan.capabilities import (
     CpAttention,
+    Fp8Linears,
     GradDtype,
     Mlp,
     Optimizer,
@@ -116,7 +117,13 @@ class TrainSpec:
     tokens: int | None = bounded(None, 1, 1 << 62, doc="a token budget instead of steps: "
                                                         "steps = ⌈tokens / (global_batch·seq_len)⌉ (not both)")
     optimizer: Optimizer = bounded("adam", doc="adam (AdamW), adam8bit (block-wise 8-bit AdamW) or sgd")
-    precision: Precision = bounded("bf16", why_not=capabilities.PRECISION_REFUSED, doc="compute precision")
+    precision: Precision = bounded("bf16", why_not=capabilities.PRECISION_REFUSED,
+                                   doc="compute precision: bf16, fp32, or fp8 (bf16 with the linears' GEMMs in fp8, "
+                                       "torchao's rowwise float8; GPUs with FP8 tensor cores only)")
+    fp8_linears: Fp8Linears = bounded("auto", doc="under precision fp8, which linears run in fp8: auto (those large "
+                                                  "enough to gain, torchtitan's auto_filter_small_kn) or all (both "
+                                                  "dims divisible by 16); the output head, router and routed "
+                                                  "experts stay bf16")
     grad_dtype: GradDtype = bounded("bf16", doc="where gradients accumulate over micro-batches under ZeRO 0/1: "
                                                 "bf16 (2 B/param, the ZeRO paper's count) or an fp32 buffer (4 B/param)")
     lr: float = bounded(3e-4, 0.0, 10.0, doc="peak learning rate")
@@ -150,6 +157,8 @@ class GpuSpec:
     peak_tflops: float = bounded(lo=0.001, hi=1e6, doc="dense peak TFLOP/s in the training precision")
     nvlink_gbs: float = bounded(lo=0.001, hi=1e6, doc="NVLink bandwidth per GPU, GB/s")
     network_gbs_per_gpu: float | None = bounded(None, 0.001, 1e6, doc="NIC bandwidth per GPU, GB/s one way")
+    fp8_tflops: float | None = bounded(None, 0.001, 1e6, doc="dense FP8 tensor-core peak TFLOP/s (none: no FP8 "
+                                                             "tensor cores, train.precision fp8 refused)")
     name: str = bounded("custom", doc="the preset this GPU came from")
 
 
@@ -425,6 +434,9 @@ def spec_from_dict(data: Any, source: str | None = None) -> JobSpec:
     gpu = resolve_gpu(cluster.gpu)
     net = cluster.network_gbs_per_gpu or gpu.network_gbs_per_gpu or 25.0
     gpu = dataclasses.replace(gpu, network_gbs_per_gpu=net)
+    why = capabilities.fp8_problem(gpu) if train.precision == "fp8" else None
+    if why:
+        raise SpecError("train.precision", f"fp8 {why}")
     raw_parallel = data.get("parallel", "auto")
     if raw_parallel == "auto" or raw_parallel is None:
         raw_parallel = {}

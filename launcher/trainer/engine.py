@@ -21,7 +21,8 @@ import torch.distributed as dist
 from launcher.errors import UserError
 from launcher.plan.capabilities import padded_model
 from launcher.trainer import context_parallel as cpar
-from launcher.trainer import fsdp, moe
+from launcher.trainer import float8, fsdp, moe
+from launcher.trainer.compiled import apply_compile
 from launcher.trainer.config import TrainerConfig
 from launcher.trainer.dist_optim import MixedPrecisionOptimizer
 from launcher.trainer.loss import ChunkedLoss, clip_grad_norm, clip_to_global_norm
@@ -80,6 +81,8 @@ def build_parts(cfg: TrainerConfig, mesh: MeshInfo, bf16: bool) -> tuple[list[Tr
         # this rank's TP and FSDP shards only, and init writes each parameter's shard of its
         # seeded full value (so a model larger than one device can still be initialised).
         apply_tp(m, mesh.tp_mesh)
+        if cfg.train.precision == "fp8":
+            float8.convert(m, cfg.train.fp8_linears, mesh.device)     # torchao's Float8Linear, or the SP ops' fp8 GEMMs
         apply_recompute(m, p.recompute)
         if dp_mode == "fsdp":
             fsdp.apply_fsdp(m, mesh.fsdp_mesh, p.zero_stage, bf16,
@@ -118,12 +121,13 @@ class Engine:
     def __post_init__(self) -> None:
         cfg, mesh, p = self.cfg, self.mesh, self.cfg.parallel
         cuda = mesh.device.type == "cuda"
-        bf16 = self.bf16 if self.bf16 is not None else cfg.train.precision == "bf16" and cuda
+        bf16 = self.bf16 if self.bf16 is not None else cfg.train.precision in ("bf16", "fp8") and cuda
         self.dp_mode = fsdp.mode(p.zero_stage, mesh.dp_cp_size)
         self.compute_dtype = torch.bfloat16 if bf16 else torch.float32   # activations, stage boundaries
         self.parts, self.stage_ids = build_parts(cfg, mesh, bf16=bf16)
         if mesh.rank == 0:
             log.info("data parallel over dp·cp = %d ranks: %s", mesh.dp_cp_size,
+        self.fp8_linears = sum(float8.converted(m) for m in self.parts)
                      fsdp.describe(p.zero_stage, mesh.dp_cp_size, p.dp_replicas))
             if mesh.ep is not None:
                 log.info("expert parallel ep=%d: %d of %d experts per rank (all-to-all dispatch); expert grads "
@@ -136,6 +140,10 @@ class Engine:
                      ("fp32 (CPU runs fp32; plan asked bf16)" if cfg.train.precision == "bf16" else "fp32"))
             log.info("tp=%d (sequence parallel) cp=%d (%s, head/tail chunks) pp=%d schedule=%s "
                      "virtual_stages=%d stage_layers=%s recompute=%s micro_batch=%d grad_accum=%d",
+            if cfg.train.precision == "fp8":
+                log.info("fp8: %d linears' GEMMs in e4m3 with rowwise scales (torchao's %s recipe, fp8_linears %s), "
+                         "the head, router and routed experts in %s", self.fp8_linears, float8.RECIPE,
+                         cfg.train.fp8_linears, "bf16" if bf16 else "fp32")
                      p.tp, p.cp, "all-to-all q/k/v/out" if p.cp_attention == "all-to-all" else "all-gather KV",
                      p.pp, p.schedule, p.virtual_stages, list(p.stage_layers), p.recompute, p.micro_batch,
                      p.grad_accum)

@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 
 from launcher.plan.spec import ModelSpec
 from launcher.trainer import sequence_parallel as sp_ops
+from launcher.trainer import float8
 from launcher.trainer.recompute import selective_contexts
 
 NORM_EPS = 1e-5
@@ -114,7 +115,8 @@ class Attention(nn.Module):
         else:
             # x is this rank's sequence shard: gathered inside the op, q/k/v for this rank's heads out
             q, k, v = sp_ops.gather_linear(x, [local(self.wq.weight), local(self.wk.weight),
-                                                local(self.wv.weight)], *self.sp)
+                                                local(self.wv.weight)], *self.sp,
+                                           float8.fp8_flags(self.wq, self.wk, self.wv))
         b, s = q.shape[0], q.shape[1]
         # After TP the projections return this rank's heads only; -1 picks that count up.
         q, k, v = (t.view(b, s, -1, self.head_dim) for t in (q, k, v))
@@ -123,7 +125,7 @@ class Attention(nn.Module):
         out = self.core(q, k, v).reshape(b, s, -1)
         if self.sp is None:
             return self.wo(out)
-        return sp_ops.linear_scatter(out, local(self.wo.weight), *self.sp)
+        return sp_ops.linear_scatter(out, local(self.wo.weight), *self.sp, *float8.fp8_flags(self.wo))
 
     def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))      # [b, heads, s, d]
@@ -168,11 +170,12 @@ class FeedForward(nn.Module):
         """x is this rank's sequence shard; so is the result (sequence_parallel.py)."""
         assert self.sp is not None
         if self.gated:
-            a, g = sp_ops.gather_linear(x, [local(self.w1.weight), local(self.w3.weight)], *self.sp)
+            a, g = sp_ops.gather_linear(x, [local(self.w1.weight), local(self.w3.weight)], *self.sp,
+                                        float8.fp8_flags(self.w1, self.w3))
             inner = self.act(a) * g
         else:
-            inner = self.act(sp_ops.gather_linear(x, [local(self.w1.weight)], *self.sp)[0])
-        return sp_ops.linear_scatter(inner, local(self.w2.weight), *self.sp)
+            inner = self.act(sp_ops.gather_linear(x, [local(self.w1.weight)], *self.sp, float8.fp8_flags(self.w1))[0])
+        return sp_ops.linear_scatter(inner, local(self.w2.weight), *self.sp, *float8.fp8_flags(self.w2))
 
 
 class Block(nn.Module):

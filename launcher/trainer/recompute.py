@@ -37,6 +37,7 @@ _c10d = torch.ops._c10d_functional
 #: (shards or small); other all-gathers are made again in backward
 SAVED_OPS = frozenset({*SP_OPS,
     _aten.mm.default, _aten.addmm.default, _aten.bmm.default,
+    _aten._scaled_mm.default,               # fp8 linears' GEMMs (torchao's Float8Linear; torchtitan's SAC list too)
     _aten._scaled_dot_product_flash_attention.default,
     _aten._scaled_dot_product_flash_attention_for_cpu.default,
     _aten._scaled_dot_product_efficient_attention.default,

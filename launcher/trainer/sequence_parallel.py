@@ -18,6 +18,10 @@ each, autograd saves exactly what the backward below needs, and selective recomp
   along the sequence; saves ``x`` (which its producer keeps anyway). Backward: the output gradient
   all-gathered, both gradients from it.
 
+Under train.precision fp8 each weight flagged in ``fp8`` runs its three GEMMs by torchao's rowwise recipe
+(float8.py: the operands cast to e4m3 along the GEMM's inner dimension); the gathered input is cast once for all
+the weights that share it; what is saved and communicated stays in the compute dtype (torchtitan's recipe).
+
 Each op's forward holds one full-sequence buffer while it runs (the gathered input, the partial
 sum): :func:`workspace_bytes` declares it, so `launch verify`'s tracer counts it (it sees a
 custom op's outputs, not what happens inside).
@@ -27,6 +31,8 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+from launcher.trainer import float8
 
 _c10d = torch.ops._c10d_functional
 
@@ -47,59 +53,77 @@ def _scatter_seq(y: Tensor, group_size: int, group_name: str) -> Tensor:
 
 
 @torch.library.custom_op("launch4d::gather_linear", mutates_args=())
-def gather_linear(x: Tensor, weights: list[Tensor], group_size: int, group_name: str) -> list[Tensor]:
+def gather_linear(x: Tensor, weights: list[Tensor], group_size: int, group_name: str,
+                  fp8: list[bool]) -> list[Tensor]:
     full = _gather_seq(x, group_size, group_name)
-    return [full @ w.t() for w in weights]
+    if not any(fp8):
+        return [full @ w.t() for w in weights]
+    b, n, h = full.shape
+    flat = full.reshape(-1, h)
+    cast_x = float8.cast(flat, -1)                                    # once for every fp8 weight
+    return [float8.linear(flat, w, cast_x).view(b, n, -1) if f else full @ w.t() for w, f in zip(weights, fp8)]
 
 
 @gather_linear.register_fake
-def _(x: Tensor, weights: list[Tensor], group_size: int, group_name: str) -> list[Tensor]:
+def _(x: Tensor, weights: list[Tensor], group_size: int, group_name: str, fp8: list[bool]) -> list[Tensor]:
     b, s, _h = x.shape
     return [x.new_empty(b, s * group_size, w.shape[0]) for w in weights]
 
 
 def _gather_linear_setup(ctx, inputs, output) -> None:
-    x, weights, group_size, group_name = inputs
+    x, weights, group_size, group_name, fp8 = inputs
     ctx.save_for_backward(x, *weights)
-    ctx.group = (group_size, group_name)
+    ctx.group, ctx.fp8 = (group_size, group_name), list(fp8)
 
 
 def _gather_linear_backward(ctx, grads: list[Tensor]):
     x, *weights = ctx.saved_tensors
     full = _gather_seq(x, *ctx.group).reshape(-1, x.shape[-1])        # gathered again (Megatron's backward)
-    weight_grads = [g.reshape(-1, g.shape[-1]).t() @ full for g in grads]
-    del full                                                          # before the input gradient is made
-    grad_full = grads[0] @ weights[0]
-    for g, w in zip(grads[1:], weights[1:], strict=True):
-        grad_full.add_(g @ w)
-    return _scatter_seq(grad_full, *ctx.group), weight_grads, None, None
+    flat = [g.reshape(-1, g.shape[-1]) for g in grads]
+    cast_x = float8.column_major(full) if any(ctx.fp8) else None
+    weight_grads = [float8.weight_grad(g, full, cast_x) if f else g.t() @ full for g, f in zip(flat, ctx.fp8)]
+    del full, cast_x                                                  # before the input gradient is made
+    grad_full = _input_grad(grads[0], flat[0], weights[0], ctx.fp8[0])
+    for g, gf, w, f in zip(grads[1:], flat[1:], weights[1:], ctx.fp8[1:], strict=True):
+        grad_full.add_(_input_grad(g, gf, w, f))
+    return _scatter_seq(grad_full, *ctx.group), weight_grads, None, None, None
+
+
+def _input_grad(g: Tensor, flat: Tensor, w: Tensor, fp8: bool) -> Tensor:
+    """g @ w ([b, s, n] @ [n, h]), in fp8 by the recipe where the weight is."""
+    return float8.input_grad(flat, w).view(*g.shape[:-1], -1) if fp8 else g @ w
 
 
 gather_linear.register_autograd(_gather_linear_backward, setup_context=_gather_linear_setup)
 
 
 @torch.library.custom_op("launch4d::linear_scatter", mutates_args=())
-def linear_scatter(x: Tensor, w: Tensor, group_size: int, group_name: str) -> Tensor:
+def linear_scatter(x: Tensor, w: Tensor, group_size: int, group_name: str, fp8: bool) -> Tensor:
+    if fp8:
+        b, s, k = x.shape
+        return _scatter_seq(float8.linear(x.reshape(-1, k), w).view(b, s, -1), group_size, group_name)
     return _scatter_seq(x @ w.t(), group_size, group_name)
 
 
 @linear_scatter.register_fake
-def _(x: Tensor, w: Tensor, group_size: int, group_name: str) -> Tensor:
+def _(x: Tensor, w: Tensor, group_size: int, group_name: str, fp8: bool) -> Tensor:
     b, s, _k = x.shape
     return x.new_empty(b, s // group_size, w.shape[0])
 
 
 def _linear_scatter_setup(ctx, inputs, output) -> None:
-    x, w, group_size, group_name = inputs
+    x, w, group_size, group_name, fp8 = inputs
     ctx.save_for_backward(x, w)
-    ctx.group = (group_size, group_name)
+    ctx.group, ctx.fp8 = (group_size, group_name), fp8
 
 
 def _linear_scatter_backward(ctx, grad: Tensor):
     x, w = ctx.saved_tensors
     g = _gather_seq(grad, *ctx.group)                                  # [b, s, h]
-    grad_w = g.reshape(-1, g.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
-    return g @ w, grad_w, None, None
+    g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
+    if ctx.fp8:
+        return float8.input_grad(g2, w).view(*x.shape), float8.weight_grad(g2, x2), None, None, None
+    return g @ w, g2.t() @ x2, None, None, None
 
 
 linear_scatter.register_autograd(_linear_scatter_backward, setup_context=_linear_scatter_setup)
@@ -155,13 +179,22 @@ OPS = (torch.ops.launch4d.gather_linear.default, torch.ops.launch4d.linear_scatt
 def workspace_bytes(func, args) -> int:
     """The full-sequence buffer one of these ops holds while its forward runs (0 for any other op): the
     gathered input and its [s, b, h] transpose for gather_linear, the partial sum and its transpose for
-    linear_scatter (b == 1 makes the transposes views and copies the same bytes once)."""
+    linear_scatter (b == 1 makes the transposes views and copies the same bytes once). Under fp8 (the ops' fp8
+    flags) also the casts inside (float8.cast: an fp32 copy and its e4m3 result, 5 B an element, the input's kept
+    while each weight is cast), at their larger moment."""
     if func is OPS[0]:
-        x, _w, n = args[0], args[1], args[2]
-        return x.numel() * n * x.element_size()
+        x, ws, n = args[0], args[1], args[2]
+        full = x.numel() * n
+        if not any(args[4]):
+            return full * x.element_size()
+        w = max(t.numel() for t, f in zip(ws, args[4]) if f)
+        return full * x.element_size() + max(5 * full, full + 5 * w)
     if func is OPS[1]:
         x, w = args[0], args[1]
-        return x.shape[0] * x.shape[1] * w.shape[0] * x.element_size()
+        partial = x.shape[0] * x.shape[1] * w.shape[0] * x.element_size()
+        if not args[4]:
+            return partial
+        return max(5 * x.numel(), x.numel() + 5 * w.numel(), x.numel() + w.numel() + partial, partial)
     if func is OPS[2]:
         ids, w = args[0], args[1]
         return ids.numel() * w.shape[1] * w.element_size()

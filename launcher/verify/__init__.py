@@ -67,7 +67,7 @@ def trace_plan(plan: Plan, progress: Callable[[str], None] | None = None,
     t0, c0 = time.perf_counter(), time.process_time()
     config_from_plan(copy.deepcopy(plan))        # the trainer's own checks, before any process starts
     p = plan
-    bf16 = plan.train.precision == "bf16"
+    bf16 = plan.train.precision in ("bf16", "fp8")    # fp8: bf16 with the linears' GEMMs in fp8
     cap = float(plan.gpu.memory_gb)
     roles = plan_roles(plan)
     replay = not exact and replays(plan)
@@ -108,6 +108,9 @@ def trace_plan(plan: Plan, progress: Callable[[str], None] | None = None,
     if bf16:
         notes.append("bf16 traced as on the nodes: FSDP casts parameters to bf16 (fp32 reduce); without FSDP, "
                      "bf16 weights with fp32 masters in the optimizer")
+    if plan.train.precision == "fp8":
+        notes.append("fp8 traced as on the nodes: the converted linears' e4m3 casts and their backward GEMMs' "
+                     "tensorwise kernel with the output rescaled (torchao's rowwise recipe on a GPU)")
     if (plan.model.experts or 1) > 1:
         from launcher.verify.memtrace import ROUTING_ASSUMPTION
 
