@@ -22,7 +22,6 @@ from launcher.errors import UserError
 from launcher.plan.capabilities import padded_model
 from launcher.trainer import context_parallel as cpar
 from launcher.trainer import float8, fsdp, moe
-from launcher.trainer.compiled import apply_compile
 from launcher.trainer.config import TrainerConfig
 from launcher.trainer.dist_optim import MixedPrecisionOptimizer
 from launcher.trainer.loss import ChunkedLoss, clip_grad_norm, clip_to_global_norm
@@ -125,9 +124,9 @@ class Engine:
         self.dp_mode = fsdp.mode(p.zero_stage, mesh.dp_cp_size)
         self.compute_dtype = torch.bfloat16 if bf16 else torch.float32   # activations, stage boundaries
         self.parts, self.stage_ids = build_parts(cfg, mesh, bf16=bf16)
+        self.fp8_linears = sum(float8.converted(m) for m in self.parts)
         if mesh.rank == 0:
             log.info("data parallel over dp·cp = %d ranks: %s", mesh.dp_cp_size,
-        self.fp8_linears = sum(float8.converted(m) for m in self.parts)
                      fsdp.describe(p.zero_stage, mesh.dp_cp_size, p.dp_replicas))
             if mesh.ep is not None:
                 log.info("expert parallel ep=%d: %d of %d experts per rank (all-to-all dispatch); expert grads "
@@ -138,12 +137,12 @@ class Engine:
                                        else f"bf16 weights and activations, {cfg.train.grad_dtype} gradients, fp32 "
                                             "master/optimizer") if bf16 else
                      ("fp32 (CPU runs fp32; plan asked bf16)" if cfg.train.precision == "bf16" else "fp32"))
-            log.info("tp=%d (sequence parallel) cp=%d (%s, head/tail chunks) pp=%d schedule=%s "
-                     "virtual_stages=%d stage_layers=%s recompute=%s micro_batch=%d grad_accum=%d",
             if cfg.train.precision == "fp8":
                 log.info("fp8: %d linears' GEMMs in e4m3 with rowwise scales (torchao's %s recipe, fp8_linears %s), "
                          "the head, router and routed experts in %s", self.fp8_linears, float8.RECIPE,
                          cfg.train.fp8_linears, "bf16" if bf16 else "fp32")
+            log.info("tp=%d (sequence parallel) cp=%d (%s, head/tail chunks) pp=%d schedule=%s "
+                     "virtual_stages=%d stage_layers=%s recompute=%s micro_batch=%d grad_accum=%d",
                      p.tp, p.cp, "all-to-all q/k/v/out" if p.cp_attention == "all-to-all" else "all-gather KV",
                      p.pp, p.schedule, p.virtual_stages, list(p.stage_layers), p.recompute, p.micro_batch,
                      p.grad_accum)

@@ -24,8 +24,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from launcher.plan.spec import ModelSpec
-from launcher.trainer import sequence_parallel as sp_ops
 from launcher.trainer import float8
+from launcher.trainer import sequence_parallel as sp_ops
 from launcher.trainer.recompute import selective_contexts
 
 NORM_EPS = 1e-5

@@ -57,7 +57,6 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from launcher.trainer import engine as engine_mod
 from launcher.trainer import float8
-from launcher.trainer import pipeline as pipeline_mod
 from launcher.trainer import sequence_parallel as sp_ops
 from launcher.trainer.config import TrainerConfig
 from launcher.trainer.engine import Engine
@@ -610,7 +609,6 @@ def trace_step(cfg: TrainerConfig, bf16: bool, micro_batches: int,
     with FakeTensorMode(allow_non_fake_inputs=True), mock.patch.object(engine_mod, "timed_sync", lambda device: 0.0), \
             mock.patch.object(engine_mod, "Transformer", MetaBuiltTransformer), assumed_routing(), \
             untracked_sharding_propagation(), attention_as_on_the_nodes(cfg), \
-            weak_module_grad_hooks(cfg.parallel.schedule), \
             mock.patch.object(float8, "BACKWARD_FAST_ACCUM", False):     # fp8's backward GEMMs as a GPU runs them
         with allow_few:
             eng = Engine(cfg_m, mesh, bf16=bf16)
