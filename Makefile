@@ -3,6 +3,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+# pytest-xdist workers for `make test`: each test module whole on one worker, the test Slurm's modules
+# on one (tests/conftest.py); 2 keeps CI's two cores busy while one test waits on Slurm or a timeout
+TEST_WORKERS ?= 2
 
 .PHONY: install demo test lint bench clean
 
@@ -29,7 +32,7 @@ test: install
 	bash .ci/setup-services.sh
 	$(VENV)/bin/ruff check launcher checks tests benchmarks
 	$(VENV)/bin/mypy
-	$(PY) -m pytest -q -rs -p no:cacheprovider
+	$(PY) -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 bench: install
 	for b in benchmarks/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

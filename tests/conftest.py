@@ -8,6 +8,7 @@ where an absent fixture or schema fails the test: a green CI run has run every t
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 from typing import NoReturn
@@ -80,3 +81,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if wrong:
         raise pytest.UsageError("each test module needs exactly one of pytestmark = pytest.mark."
                                 f"{'|'.join(KINDS)}: {', '.join(wrong)}")
+
+
+#: modules that name this session fixture share one pytest-xdist worker (one test Slurm, not one per worker)
+SHARED_SERVICE = "slurm_cluster"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`make test` runs `-n 2 --dist loadfile`: each module whole on one worker, so a module-scoped
+    fixture (the parity layouts, the traced matrix) is built once, not once per worker; and every
+    module of the test Slurm on the same worker, which starts one cluster, not two."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class ModulesAndSlurm(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "slurm" if _names_shared_service(module) else module
+
+    return ModulesAndSlurm(config, log)
+
+
+@functools.cache
+def _names_shared_service(module: str) -> bool:
+    try:
+        return SHARED_SERVICE in (REPO / module).read_text()
+    except OSError:
+        return False

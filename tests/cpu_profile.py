@@ -9,7 +9,8 @@ steps run under its slurmd) and those whose parent died before reaping them (a k
 workers).
 "busy" is the whole machine's CPU over the same span (/proc/stat), which includes Slurm job
 steps but also anything else running: read it only on a quiet machine. Set
-LAUNCH4D_CPU_PROFILE=FILE to also write every test's figures there as JSON lines.
+LAUNCH4D_CPU_PROFILE=FILE to also write every test's figures there as JSON lines (under pytest-xdist
+only the file has them: each worker appends its tests', with its name; the table is not printed).
 """
 
 from __future__ import annotations
@@ -67,15 +68,20 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     _rows.append((item.nodeid, time.monotonic() - wall, _cpu() - cpu, _busy() - busy))
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if not _rows:
-        return
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The JSON lines, from every process that ran tests (each pytest-xdist worker appends its own)."""
     out = os.environ.get("LAUNCH4D_CPU_PROFILE")
-    if out:
+    if out and _rows:
+        worker = os.environ.get("PYTEST_XDIST_WORKER")
         with open(out, "a") as f:
             for nodeid, wall, cpu, busy in _rows:
                 f.write(json.dumps({"test": nodeid, "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
-                                    "busy_s": round(busy, 2)}) + "\n")
+                                    "busy_s": round(busy, 2), **({"worker": worker} if worker else {})}) + "\n")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _rows:
+        return
     tr = terminalreporter
     tr.section(f"CPU per test (top {TOP}; cpu = this process + reaped children, busy = whole machine)")
     tr.write_line(f"{'cpu s':>8} {'wall s':>8} {'busy s':>8}  test")

@@ -2,9 +2,9 @@
 several layouts in one set of processes (each layout gets its own gloo group of its own size).
 
 Why: spawning 8 Python processes that import torch costs more than the tiny model's training,
-so one spawned group runs every layout in sequence and writes the losses to a JSON file, and the
-group is kept for the whole test session (each worker ~3.5 s of CPU to start: nine modules' worth
-of spawns cost ~100 s of CPU on a 2-core machine).
+so one group of workers runs every layout in sequence and writes the losses to a JSON file, and the
+group is kept between calls (WorkerPool); its workers are forked from a server that imported torch
+and the trainer once (an import in each worker cost ~3.5 s of CPU, 28 s at each start of 8).
 """
 
 from __future__ import annotations
@@ -295,7 +295,12 @@ class WorkerPool:
         import multiprocessing as mp
         import threading
 
-        self.ctx = mp.get_context("spawn")
+        # forked from a server that imported torch and the trainer once (launcher.verify.worker does the
+        # same): a worker starts in milliseconds, not the ~3.5 s of CPU a fresh import of them costs, 8 times
+        # at each pool start on 2 cores. The server is the process's one forkserver (verify's too): whichever
+        # starts it first sets its preload, and either imports torch and the trainer.
+        self.ctx = mp.get_context("forkserver")
+        self.ctx.set_forkserver_preload(list(PRELOAD))
         self.results = self.ctx.Queue()
         self.workers: list = []          # (process, inbox) by rank; None: retired, restarted when needed
         self.lock = threading.Lock()
@@ -382,6 +387,8 @@ def _threads(pid: int) -> int:
 
 
 _POOL: WorkerPool | None = None
+#: what the fork server imports once for every worker (run_layouts' imports)
+PRELOAD = ("launcher.trainer.engine", "launcher.trainer.config", "tests.trainer_helpers")
 
 
 def _serve(rank: int, inbox, results) -> None:
