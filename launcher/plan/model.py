@@ -47,6 +47,8 @@ class Layout:
                                                           "values) or all-to-all (heads, DeepSpeed-Ulysses)")
     dp_shard: int | None = bounded(None, lo=1, doc="dp ranks ZeRO 1-3 shard over (with cp); dp / dp_shard "
                                                     "replicas (HSDP). None: all of dp")
+    compile: bool = bounded(False, doc="each transformer block compiled with torch.compile (train.compile; "
+                                       "trainer/compiled.py)")
 
     @property
     def world(self) -> int:

@@ -94,10 +94,18 @@ class _GatherKV(torch.autograd.Function):
 class CPAttention:
     """Causal attention over the cp group for one rank's [b, heads, s/cp, d] q/k/v."""
 
-    def __init__(self, group, cp_rank: int, cp: int, seq_len: int):
+    def __init__(self, group, cp_rank: int, cp: int, seq_len: int, device: torch.device | None = None):
         self.group = group
         self.cp_rank, self.cp = cp_rank, cp
         self._masks: dict[tuple[int, int, torch.device], torch.Tensor] = {}
+        if device is not None:
+            # compiled blocks (trainer/compiled.py): built here, once, so the graph only reads them (a cache filled
+            # inside a checkpointed region is a side effect torch.compile refuses, and dynamo cannot construct
+            # the causal bias, a tensor subclass, inside its graph); eager runs build them at the first forward
+            c = seq_len // (2 * cp)
+            for j in self.query_chunks():
+                if j > 0:
+                    self._mask(c, (j + 1) * c, torch.device(device))
 
     def query_chunks(self) -> tuple[int, int]:
         """Sequence chunk indices (of 2·cp) of this rank's head and tail queries."""
@@ -123,13 +131,15 @@ class CPAttention:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=alibi(S - L, L, S, q), enable_gqa=gqa)
         if L == S:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-        mask = causal_lower_right(L, S) if q.device.type != "cpu" else self._cpu_mask(L, S, q.device)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self._mask(L, S, q.device), enable_gqa=gqa)
 
-    def _cpu_mask(self, L: int, S: int, device: torch.device) -> torch.Tensor:
+    def _mask(self, L: int, S: int, device: torch.device) -> torch.Tensor:
+        """The bottom-right causal mask: torch's causal_lower_right bias (no tensor) on a GPU; on a CPU, whose
+        kernels have no such variant, a boolean mask shared by every layer."""
         key = (L, S, device)
         if key not in self._masks:
-            self._masks[key] = torch.ones(L, S, dtype=torch.bool, device=device).tril(S - L)
+            self._masks[key] = (causal_lower_right(L, S) if device.type != "cpu" else
+                                torch.ones(L, S, dtype=torch.bool, device=device).tril(S - L))
         return self._masks[key]
 
 
@@ -225,15 +235,18 @@ class UlyssesAttention:
         return _ToSequence.apply(o, self.group, n)
 
 
-def apply_cp(model: Transformer, group, cp_rank: int, cp: int, seq_len: int, kind: str = "all-gather") -> None:
+def apply_cp(model: Transformer, group, cp_rank: int, cp: int, seq_len: int, kind: str = "all-gather",
+             compiled: bool = False) -> None:
     """Give every attention layer the cp core (`kind`: plan.layout.cp_attention) and the model this rank's
-    RoPE positions."""
+    RoPE positions. `compiled` (plan.layout.compile): the all-gather core's masks are built now, not at the
+    first forward (CPAttention)."""
     model.set_positions(positions(seq_len, cp_rank, cp))
     if cp == 1:
         return
     if kind not in CP_ATTENTIONS:
         raise ValueError(f"cp_attention {kind!r} is not one of {', '.join(CP_ATTENTIONS)}")
-    core: CPAttention | UlyssesAttention = (CPAttention(group, cp_rank, cp, seq_len) if kind == "all-gather"
+    device = model.rope_cos.device if compiled else None
+    core: CPAttention | UlyssesAttention = (CPAttention(group, cp_rank, cp, seq_len, device) if kind == "all-gather"
                                             else UlyssesAttention(group, cp_rank, cp))
     for block in model.layers.values():
         block.attention.cp = core  # type: ignore[union-attr]

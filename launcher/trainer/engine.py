@@ -1,7 +1,7 @@
 """The train loop: build the model for this rank, parallelize it, and step.
 
 Order (torchtitan's), all on the meta device: pipeline split -> TP -> activation
-checkpointing -> FSDP; then memory for this rank's shards only, CP, and the seeded init. Each step: this dp rank's rows from the data source, its cp head/tail sequence
+checkpointing -> compiled blocks (plan.layout.compile) -> FSDP; then memory for this rank's shards only, CP, and the seeded init. Each step: this dp rank's rows from the data source, its cp head/tail sequence
 chunks, micro-batches through the pipeline schedule (or a plain accumulation loop), gradient
 reduction as the ZeRO stage says, mesh-wide clipping, optimizer and LR schedule.
 """
@@ -22,6 +22,7 @@ from launcher.errors import UserError
 from launcher.plan.capabilities import padded_model
 from launcher.trainer import context_parallel as cpar
 from launcher.trainer import float8, fsdp, moe
+from launcher.trainer.compiled import apply_compile
 from launcher.trainer.config import TrainerConfig
 from launcher.trainer.dist_optim import MixedPrecisionOptimizer
 from launcher.trainer.loss import ChunkedLoss, clip_grad_norm, clip_to_global_norm
@@ -83,12 +84,14 @@ def build_parts(cfg: TrainerConfig, mesh: MeshInfo, bf16: bool) -> tuple[list[Tr
         if cfg.train.precision == "fp8":
             float8.convert(m, cfg.train.fp8_linears, mesh.device)     # torchao's Float8Linear, or the SP ops' fp8 GEMMs
         apply_recompute(m, p.recompute)
+        apply_compile(m, p.layout.compile)     # after TP and recompute, before FSDP (torchtitan's order)
         if dp_mode == "fsdp":
             fsdp.apply_fsdp(m, mesh.fsdp_mesh, p.zero_stage, bf16,
                             expert_mesh=mesh.ep.replica_mesh if mesh.ep is not None else None)
         m.to_empty(device=mesh.device)
         m.rope_dtype = torch.bfloat16 if bf16 else torch.float32
-        cpar.apply_cp(m, mesh.group("cp"), mesh.coords["cp"], p.cp, cfg.train.seq_len, p.cp_attention)
+        cpar.apply_cp(m, mesh.group("cp"), mesh.coords["cp"], p.cp, cfg.train.seq_len, p.cp_attention,
+                      compiled=p.layout.compile)
         m.init_weights(cfg.train.seed)
         moe.tag_expert_params(m)
         tag_tp_replicated(m, mesh.tp_mesh)

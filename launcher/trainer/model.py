@@ -21,6 +21,7 @@ from typing import cast
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 from launcher.plan.spec import ModelSpec
@@ -321,8 +322,9 @@ class Transformer(nn.Module):
 
 
 def local(w: torch.Tensor) -> torch.Tensor:
-    """A TP-sharded weight's local shard (differentiable: its gradient returns as the same DTensor)."""
-    return w.to_local() if hasattr(w, "to_local") else w
+    """A TP-sharded weight's local shard (differentiable: its gradient returns as the same DTensor).
+    isinstance, not hasattr: dynamo answers hasattr on a DTensor parameter False (compiled blocks)."""
+    return w.to_local() if isinstance(w, DTensor) else w
 
 
 def param_seed(seed: int, name: str) -> int:
