@@ -51,6 +51,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 
+from launcher.plan.fp8 import fp8_terms
 from launcher.plan.kernels import FLASH_BACKWARD, kernels
 from launcher.plan.layout import stage_layers, strides
 from launcher.plan.ledger import Layout, ParamCounts, param_counts, ulysses_kv_width
@@ -88,8 +89,13 @@ class Stack:
     replicated_param_bytes: float = 2.0       # bytes per parameter ZeRO 1 gathers back (replicated state)
     dp_per_gpu_nic: bool = False      # DP collectives across nodes reach one NIC's bandwidth per GPU, not k·NIC
     ceiling_by_generation: tuple[tuple[str, float], ...] = ()   # efficiency_max per GPU generation, where it differs
-    elementwise_passes: float = 12.0  # bf16 hidden-size passes per token and layer (fwd+bwd) of memory-bound ops
+    elementwise_passes: float = 12.0  # bf16 hidden-size passes per token and layer (fwd+bwd) of memory-bound ops,
+                                      # a GPT block's; other blocks scale by their counted traffic (elementwise_width)
+    norm_passes: float = 2.0          # elements a norm moves per input element, forward (2: one fused kernel)
+    rope_passes: float = 2.0          # the same for RoPE, per element of q and k (rotary models only)
+    glu_passes: float = 3.0           # a gated MLP's activation, per element of its width (3: silu(a)*b fused)
     fused_attention: bool = False     # cuDNN / FA3-class attention (Megatron, TE, XLA) instead of SDPA's FA2
+    attention_slowdown: tuple[float, float] = (1.0, 1.0)   # (forward, backward) time of its attention kernel / FA2's
 
     def ceiling(self, gpu) -> float:
         """The efficiency ceiling on `gpu`: its generation's where the stack has one, else efficiency_max."""
@@ -112,22 +118,26 @@ STACKS: dict[str, Stack] = {
     # hide behind the compute running then (fsdp_overlap 1).
     # DP collectives across nodes run at the node's k NICs (min(intra, k·net)): llm-foundry's FSDP runs of
     # MPT-13B hold 4,767-4,811 tok/s/GPU from 8 to 64 H100s, which one NIC per GPU could not (+150%).
-    # Factor 0.735 and 140 passes: `benchmarks/calibrate_costs.py --fit` on all 156 rows of the family.
+    # Factor 0.925 and 200 passes (a GPT block's; a Llama block's eager traffic is 3.8x: elementwise_width):
+    # `benchmarks/calibrate_costs.py --fit` on all 156 rows of the family, the passes at the grid's edge.
     # The optimizer step (fused AdamW over the rank's fp32 shard, one pass) is not charged.
-    "bundled": Stack("bundled trainer (eager PyTorch, FSDP2)", efficiency_max=0.735, fsdp_overlap=1.0,
+    "bundled": Stack("bundled trainer (eager PyTorch, FSDP2)", efficiency_max=0.925, fsdp_overlap=1.0,
                      grad_sync_overlap=0.0, cp_overlap=0.0, cp_attention_factor=1.0,
                      zero2_sync_per_microbatch=True, zero1_allreduce=False, dp_collectives_per_layer=1, alpha_s=8e-6,
                      grad_reduce_bytes=4.0, dp_per_gpu_nic=False, replicated_param_bytes=2.0,
                      # op-level selective recompute (trainer/recompute.py) keeps every matmul's and
                      # SDPA's output: backward repeats only norms, RoPE and activations (no FLOPs here);
                      # the sequence-parallel linears (trainer/sequence_parallel.py) gather again in backward
-                     selective_attention_recompute=0.0, sp_regathers=True, elementwise_passes=140.0),
+                     selective_attention_recompute=0.0, sp_regathers=True, elementwise_passes=200.0,
+                     # trainer/model.py in plain ops: RMSNorm (x.float(), pow, mean, multiply, type_as, weight: 18
+                     # elements per input element), rotate-half RoPE (neg, cat, two products, a sum: 12), SwiGLU (5)
+                     norm_passes=18.0, rope_passes=12.0, glu_passes=5.0),
     # Megatron-LM / NeMo: fused kernels (TE, cuDNN attention), distributed optimizer overlapping grad reduce
-    # and param gather with compute; factor 0.781 and no elementwise passes (TE fuses them): --fit on its 54 rows
-    "megatron": Stack("Megatron-LM / NeMo", efficiency_max=0.781, fsdp_overlap=0.8, grad_sync_overlap=0.8,
+    # and param gather with compute; factor 0.800 and 40 passes of fused elementwise work: --fit on its 54 rows
+    "megatron": Stack("Megatron-LM / NeMo", efficiency_max=0.800, fsdp_overlap=0.8, grad_sync_overlap=0.8,
                       cp_overlap=0.8, cp_attention_factor=1.0, zero2_sync_per_microbatch=False,
                       zero1_allreduce=False, dp_collectives_per_layer=1, alpha_s=8e-6, grad_reduce_bytes=4.0,
-                      elementwise_passes=0.0, fused_attention=True),
+                      elementwise_passes=40.0, fused_attention=True),
     # DeepSpeed ZeRO-3 as measured in 2021 (Narayanan et al. Table 2): per-parameter collectives
     # (its collectives reach one NIC's bandwidth per GPU, and several per layer: the fit's choice)
     "deepspeed": Stack("DeepSpeed ZeRO-3 (2021)", efficiency_max=0.759, fsdp_overlap=0.5,
@@ -135,10 +145,12 @@ STACKS: dict[str, Stack] = {
                        zero2_sync_per_microbatch=True, zero1_allreduce=False, dp_collectives_per_layer=4,
                        alpha_s=8e-6, grad_reduce_bytes=2.0, dp_per_gpu_nic=True, elementwise_passes=0.0),
     # JAX/XLA FSDP (MaxText, PaxML): the compiler fuses the elementwise work and schedules the FSDP
-    # all-gathers and reduce-scatters asynchronously behind the layers' compute. Factor 0.801 and 200 passes
-    # (--fit on its 10 rows, the passes at the grid's edge): its sources disagree by ~30% at the kernel level
-    # (PaxML 5B and MaxText 7B of 2024 against MaxText 70B of 2025), which no term here names; --cv shows it
-    "jax": Stack("JAX / XLA (MaxText, PaxML)", efficiency_max=0.801, fsdp_overlap=1.0, grad_sync_overlap=0.8,
+    # all-gathers and reduce-scatters asynchronously behind the layers' compute. Factor 0.837 and 200 passes
+    # (--fit on its 10 rows, the passes at the grid's edge). Its sources disagree at the kernel level, which no
+    # term here names: the two MaxText sources predict each other (fitted on the A3 7B row, MaxText 70B's rows
+    # come out +4% median) but PaxML GPT 5B runs 20-30% slower than either predicts (its own fit: factor 0.60;
+    # TE's praxis layers with biases, LayerNorm and input dropout, under SAVE_DOT_ONLY); --cv shows it
+    "jax": Stack("JAX / XLA (MaxText, PaxML)", efficiency_max=0.837, fsdp_overlap=1.0, grad_sync_overlap=0.8,
                  cp_overlap=0.0, cp_attention_factor=1.0, zero2_sync_per_microbatch=True, zero1_allreduce=False,
                  dp_collectives_per_layer=1, alpha_s=8e-6, grad_reduce_bytes=4.0, dp_per_gpu_nic=True,
                  elementwise_passes=200.0, fused_attention=True),
@@ -149,17 +161,26 @@ STACKS: dict[str, Stack] = {
 STACKS["llama3"] = replace(STACKS["megatron"], name="Meta's Llama 3 stack (4D, FSDP ZeRO 2)", cp_overlap=0.0)
 BUNDLED = STACKS["bundled"]
 # torchtitan runs like the bundled trainer, but its op-level SAC recomputes every second matmul
-# (notes/trainers.md §1.4), where ours keeps them all
+# (notes/trainers.md §1.4), where ours keeps them all; its RoPE goes through complex numbers (x.float(), the
+# complex product, type_as: 10 elements per element of q and k)
 STACKS["torchtitan"] = replace(BUNDLED, name="torchtitan (eager, op-level selective AC)",
-                               selective_matmul_recompute=0.5)
-# llm-foundry / Composer: FSDP1 FULL_SHARD with backward prefetch and its own flash attention (Triton: the
-# benchmark tables ran submit_benchmarks.py's default attn_impl 'triton'; charged at SDPA's FlashAttention-2
-# rate, for want of a published figure for that kernel)
-STACKS["llmfoundry"] = replace(BUNDLED, name="llm-foundry (Composer FSDP1)")
+                               selective_matmul_recompute=0.5, rope_passes=10.0)
+# llm-foundry / Composer: FSDP1 FULL_SHARD with backward prefetch and its own flash attention in Triton (the
+# benchmark tables ran submit_benchmarks.py's default attn_impl 'triton'). FlashAttention-2 (Dao 2023, §4.1) is
+# "around 1.3-1.5x faster than FlashAttention in Triton in the forward pass and around 2x faster in the backward
+# pass": that kernel takes 1.4x FA2's forward time and 2x its backward (a fwd+bwd 1.8x FA2's, in the 1 + 2.5 count)
+STACKS["llmfoundry"] = replace(BUNDLED, name="llm-foundry (Composer FSDP1, Triton flash attention)",
+                               attention_slowdown=(1.4, 2.0),
+                               # MPT's low-precision LayerNorm is one F.layer_norm kernel; no rotary (learned positions)
+                               norm_passes=2.0)
 # MaxText's remat_policy save_qkv_proj (dgxc-benchmarking maxtext/configure.sh; MaxText layers/models.py
-# save_only_these_names query/key/value_proj): backward repeats the attention core and every matmul but
-# q, k and v, which hold 83.9M of Llama 3 70B's 855.6M matmul parameters a layer (0.902 repeated)
-STACKS["maxtext"] = replace(STACKS["jax"], name="MaxText (remat save_qkv_proj)", selective_matmul_recompute=0.902,
+# save_only_these_names query/key/value_proj): backward repeats the attention core and the matmuls whose outputs
+# it needs. jax.checkpoint recomputes only those (ad_checkpoint.remat_partial_eval dead-code-eliminates the
+# staged forward): the MLP's down projection feeds only the residual add and the layer's output, which the scan
+# saves, so it is not repeated; the out projection is (the second norm reads the sum it makes), and so are the
+# gate and up projections (the down projection's weight gradient reads their product). Of Llama 3 70B's 855.6M
+# matmul parameters a layer: o 67.1M + gate/up 469.8M repeated (0.627); q, k, v 83.9M saved, down 234.9M dead
+STACKS["maxtext"] = replace(STACKS["jax"], name="MaxText (remat save_qkv_proj)", selective_matmul_recompute=0.627,
                             selective_attention_recompute=1.0)
 
 
@@ -362,14 +383,33 @@ def gemm_calls_per_layer(model, lay: Layout) -> int:
     return 4 + mlp
 
 
+#: Elements a GPT block's forward moves per token through memory-bound ops, in hidden widths: two residual
+#: adds (3 each), two fused LayerNorms (2 each), GELU over 4h (2 per element), attention's output copy (2).
+GPT_BLOCK_ELEMENTWISE = 20.0
+
+
+def elementwise_width(model, stack: Stack) -> float:
+    """Hidden widths of memory-bound traffic per token in one block's forward, relative to a GPT block's: what
+    elementwise_passes scales. Counted op by op as the stack runs them: residual adds, norms, the MLP's
+    activation (GELU reads and writes its width; a gated one, eager, silu then the product: 5 per element),
+    RoPE on q and k (rotary models), the attention output's copy back to [b, s, h]."""
+    h, qw = model.hidden, model.q_width
+    ffn = model.ffn_hidden if model.experts <= 1 else \
+        model.moe_ffn_hidden * (model.experts_per_token + model.shared_experts)
+    act = 2.0 * ffn if model.mlp == "gelu" else stack.glu_passes * ffn
+    rope = stack.rope_passes * (qw + model.kv_width) if model.position == "rope" else 0.0
+    return (6 * h + 2 * stack.norm_passes * h + act + rope + 2 * qw) / GPT_BLOCK_ELEMENTWISE
+
+
 def compute_seconds(model, lay: Layout, seq_len: int, gpu, stack: Stack = BUNDLED, layers: float = 1.0,
-                    logits: bool = False, factor: float | None = None) -> tuple[float, float]:
+                    logits: bool = False, factor: float | None = None, fp8: str | None = None) -> tuple[float, float]:
     """(seconds, hardware FLOPs) of one micro-batch's forward + backward (+ recompute) on one rank for
     `layers` blocks (and the logits when `logits`): every GEMM at the GPU's maximum achievable matmul
     rate plus a fixed time per call (kernels.py, from public GEMM benchmarks), attention at the
     flash-attention rate on the causal half (its backward FLASH_BACKWARD forwards, as FlashAttention counts it), elementwise work at HBM speed (the stack's passes over
     the activations), all divided by the stack's fitted factor (or `factor`: cluster.compute_efficiency /
-    `launch calibrate`'s, which scales this kernel-level time)."""
+    `launch calibrate`'s, which scales this kernel-level time). `fp8`: train.fp8_linears under precision fp8 (the
+    converted GEMMs at the FP8 rate, their casts at HBM speed: launcher/plan/fp8.py)."""
     k = kernels(gpu)
     peak = gpu.peak_tflops * 1e12
     fwd = _forward_flops(model, seq_len)
@@ -385,12 +425,23 @@ def compute_seconds(model, lay: Layout, seq_len: int, gpu, stack: Stack = BUNDLE
     if lay.cp > 1:
         attn *= stack.cp_attention_factor
     # the kernel's work: FlashAttention's backward recomputes the scores, FLASH_BACKWARD forwards (FLOPs stay 3x)
-    attn_work = attn * (1 + FLASH_BACKWARD + rc_attn) / (3 + rc_attn)
+    fwd_slow, bwd_slow = stack.attention_slowdown
+    attn_work = attn * ((1 + rc_attn) * fwd_slow + FLASH_BACKWARD * bwd_slow) / (3 + rc_attn)
     attn_rate = k.attention_fused if stack.fused_attention else k.attention
     tokens = lay.micro_batch * seq_len / lay.cp
-    elem_bytes = stack.elementwise_passes * 2 * tokens * model.hidden / lay.tp * layers * (3 + rc_mm) / 3
-    seconds = (k.gemm_seconds(mm, calls, peak) + attn_work * CAUSAL_WORK / (peak * attn_rate)
-               + elem_bytes / (k.hbm_tbs * 1e12))
+    elem_bytes = stack.elementwise_passes * 2 * tokens * elementwise_width(model, stack) / lay.tp * layers \
+        * (3 + rc_mm) / 3
+    fp8_mm = fp8_bytes = 0.0
+    if fp8:
+        per_layer, fp8_bytes = fp8_terms(model, lay.tp, tokens, fp8, rc_mm)
+        fp8_mm, fp8_bytes = min(mm, per_layer * layers), fp8_bytes * layers
+    if lay.compile:
+        elem_bytes *= compiled_elementwise(gpu)     # compiled blocks fuse it; the GEMMs and attention are as eager
+    seconds = (k.gemm_seconds(mm - fp8_mm, calls, peak) + attn_work * CAUSAL_WORK / (peak * attn_rate)
+               + (elem_bytes + fp8_bytes) / (k.hbm_tbs * 1e12))
+    if fp8_mm:
+        # the converted GEMMs at the FP8 peak, at the share of it the BF16 ones reach (launcher/plan/fp8.py)
+        seconds += fp8_mm / (gpu.fp8_tflops * 1e12 * k.gemm)
     return seconds / (factor or stack.ceiling(gpu)), mm + attn
 
 
@@ -403,6 +454,40 @@ def compute_efficiency(model, lay: Layout, seq_len: int, efficiency_max: float |
     gpu = gpu or resolve_gpu("h100-sxm")
     seconds, flops = compute_seconds(model, lay, seq_len, gpu, stack, factor=efficiency_max)
     return flops / (gpu.peak_tflops * 1e12 * seconds)
+
+
+#: torchtitan's published eager and compiled throughput of one layout (tok/s/GPU): Llama 3.1 8B, FSDP (ZeRO 3),
+#: selective (op) recompute, local batch 2 at 8,192 tokens, H100 (benchmarks/llama3_h100_202412_torchtitan.md,
+#: Tables 1 and 3: "FSDP" against "FSDP + torch.compile"). The only such pairs it publishes: its 70B, 405B and
+#: async-TP rows all run compiled. (label, dp, eager, compiled)
+COMPILE_PAIRS = (("Llama 3.1 8B, FSDP 8, 8 H100", 8, 5762.0, 6667.0),
+                 ("Llama 3.1 8B, FSDP 128, 128 H100", 128, 5605.0, 6514.0))
+
+
+@lru_cache(maxsize=64)
+def compiled_elementwise(gpu) -> float:
+    """The share of a block's elementwise time that compiled blocks (train.compile) still spend: what inductor's
+    fusion of the norms, RoPE, activations and casts leaves, the GEMMs and attention unchanged. Solved from
+    COMPILE_PAIRS at this model's own breakdown of those runs (torchtitan's stack: its step time t, the same without
+    elementwise work t0, the published speedup r: share = (t/r - t0) / (t - t0)), the mean of the two pairs, solved
+    at first use so a refit of the eager figures keeps it consistent (benchmarks/compile_factor.py prints it).
+    1 on the cpu preset: nothing measured compile's gain there, and the planner then keeps eager blocks."""
+    if getattr(gpu, "name", "") == "cpu":
+        return 1.0
+    from launcher.plan.spec import TrainSpec, resolve_gpu, resolve_model
+
+    model, h100 = resolve_model("llama3-8b"), resolve_gpu("h100-sxm")
+    stack = STACKS["torchtitan"]
+    shares = []
+    for _, dp, eager, compiled in COMPILE_PAIRS:
+        lay = Layout(tp=1, cp=1, pp=1, dp=dp, ep=1, zero=3, recompute="selective", micro_batch=2, grad_accum=1,
+                     schedule="none", virtual_stages=1)
+        train = TrainSpec(seq_len=8192, global_batch=2 * dp)
+        bw = advertised_bandwidth(h100)
+        t = estimate(model, train, h100, lay, bw, 8, stack=stack).step_time_s
+        t0 = estimate(model, train, h100, lay, bw, 8, stack=replace(stack, elementwise_passes=0.0)).step_time_s
+        shares.append((t * eager / compiled - t0) / (t - t0))
+    return min(1.0, max(0.0, sum(shares) / len(shares)))
 
 
 @lru_cache(maxsize=4096)
@@ -523,9 +608,10 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
     # with layer counts not divisible by pp·v included) plus, on the last rank, the logits and loss.
     per_rank = rank_stage_layers(model.layers, p, v)
     most = max(per_rank)
-    t_most, fl_most = compute_seconds(model, lay, s, gpu, stack, most, p == 1, factor)
+    fp8 = train.fp8_linears if train.precision == "fp8" else None
+    t_most, fl_most = compute_seconds(model, lay, s, gpu, stack, most, p == 1, factor, fp8)
     t_last, fl_last = (t_most, fl_most) if p == 1 else compute_seconds(model, lay, s, gpu, stack, per_rank[-1],
-                                                                       True, factor)
+                                                                       True, factor, fp8)
     layers_stage = per_rank[-1] if t_last >= t_most else most
     compute_mb, mb_flops = (t_last, fl_last) if t_last >= t_most else (t_most, fl_most)
     eff = mb_flops / (peak * compute_mb)

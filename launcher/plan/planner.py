@@ -37,7 +37,7 @@ from launcher.plan.spec import JobSpec
 RECOMPUTE_ORDER = ("none", "selective", "full")
 #: Plans whose estimated step time is within this fraction of the fastest count as equal, and the
 #: simplest of them wins. It is below the time model's own error: leave-one-source-out median |step-time
-#: error| 7.3% Megatron-class, 12.9% eager PyTorch FSDP, the bundled trainer's class (benchmarks/
+#: error| 7.3% Megatron-class, 6.1% eager PyTorch FSDP, the bundled trainer's class (benchmarks/
 #: calibrate_costs.py --cv), so plans outside the band are not told apart either: launch plan's
 #: uncertainty line (explain.CV_ERROR) names those within the error and `launch plan --benchmark` measures them.
 TIE_BAND = 0.05
