@@ -51,7 +51,6 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 
-from launcher.plan.fp8 import fp8_terms
 from launcher.plan.kernels import FLASH_BACKWARD, kernels
 from launcher.plan.layout import stage_layers, strides
 from launcher.plan.ledger import Layout, ParamCounts, param_counts, ulysses_kv_width
@@ -402,14 +401,13 @@ def elementwise_width(model, stack: Stack) -> float:
 
 
 def compute_seconds(model, lay: Layout, seq_len: int, gpu, stack: Stack = BUNDLED, layers: float = 1.0,
-                    logits: bool = False, factor: float | None = None, fp8: str | None = None) -> tuple[float, float]:
+                    logits: bool = False, factor: float | None = None) -> tuple[float, float]:
     """(seconds, hardware FLOPs) of one micro-batch's forward + backward (+ recompute) on one rank for
     `layers` blocks (and the logits when `logits`): every GEMM at the GPU's maximum achievable matmul
     rate plus a fixed time per call (kernels.py, from public GEMM benchmarks), attention at the
     flash-attention rate on the causal half (its backward FLASH_BACKWARD forwards, as FlashAttention counts it), elementwise work at HBM speed (the stack's passes over
     the activations), all divided by the stack's fitted factor (or `factor`: cluster.compute_efficiency /
-    `launch calibrate`'s, which scales this kernel-level time). `fp8`: train.fp8_linears under precision fp8 (the
-    converted GEMMs at the FP8 rate, their casts at HBM speed: launcher/plan/fp8.py)."""
+    `launch calibrate`'s, which scales this kernel-level time)."""
     k = kernels(gpu)
     peak = gpu.peak_tflops * 1e12
     fwd = _forward_flops(model, seq_len)
@@ -431,17 +429,8 @@ def compute_seconds(model, lay: Layout, seq_len: int, gpu, stack: Stack = BUNDLE
     tokens = lay.micro_batch * seq_len / lay.cp
     elem_bytes = stack.elementwise_passes * 2 * tokens * elementwise_width(model, stack) / lay.tp * layers \
         * (3 + rc_mm) / 3
-    fp8_mm = fp8_bytes = 0.0
-    if fp8:
-        per_layer, fp8_bytes = fp8_terms(model, lay.tp, tokens, fp8, rc_mm)
-        fp8_mm, fp8_bytes = min(mm, per_layer * layers), fp8_bytes * layers
-    if lay.compile:
-        elem_bytes *= compiled_elementwise(gpu)     # compiled blocks fuse it; the GEMMs and attention are as eager
-    seconds = (k.gemm_seconds(mm - fp8_mm, calls, peak) + attn_work * CAUSAL_WORK / (peak * attn_rate)
-               + (elem_bytes + fp8_bytes) / (k.hbm_tbs * 1e12))
-    if fp8_mm:
-        # the converted GEMMs at the FP8 peak, at the share of it the BF16 ones reach (launcher/plan/fp8.py)
-        seconds += fp8_mm / (gpu.fp8_tflops * 1e12 * k.gemm)
+    seconds = (k.gemm_seconds(mm, calls, peak) + attn_work * CAUSAL_WORK / (peak * attn_rate)
+               + elem_bytes / (k.hbm_tbs * 1e12))
     return seconds / (factor or stack.ceiling(gpu)), mm + attn
 
 
@@ -454,40 +443,6 @@ def compute_efficiency(model, lay: Layout, seq_len: int, efficiency_max: float |
     gpu = gpu or resolve_gpu("h100-sxm")
     seconds, flops = compute_seconds(model, lay, seq_len, gpu, stack, factor=efficiency_max)
     return flops / (gpu.peak_tflops * 1e12 * seconds)
-
-
-#: torchtitan's published eager and compiled throughput of one layout (tok/s/GPU): Llama 3.1 8B, FSDP (ZeRO 3),
-#: selective (op) recompute, local batch 2 at 8,192 tokens, H100 (benchmarks/llama3_h100_202412_torchtitan.md,
-#: Tables 1 and 3: "FSDP" against "FSDP + torch.compile"). The only such pairs it publishes: its 70B, 405B and
-#: async-TP rows all run compiled. (label, dp, eager, compiled)
-COMPILE_PAIRS = (("Llama 3.1 8B, FSDP 8, 8 H100", 8, 5762.0, 6667.0),
-                 ("Llama 3.1 8B, FSDP 128, 128 H100", 128, 5605.0, 6514.0))
-
-
-@lru_cache(maxsize=64)
-def compiled_elementwise(gpu) -> float:
-    """The share of a block's elementwise time that compiled blocks (train.compile) still spend: what inductor's
-    fusion of the norms, RoPE, activations and casts leaves, the GEMMs and attention unchanged. Solved from
-    COMPILE_PAIRS at this model's own breakdown of those runs (torchtitan's stack: its step time t, the same without
-    elementwise work t0, the published speedup r: share = (t/r - t0) / (t - t0)), the mean of the two pairs, solved
-    at first use so a refit of the eager figures keeps it consistent (benchmarks/compile_factor.py prints it).
-    1 on the cpu preset: nothing measured compile's gain there, and the planner then keeps eager blocks."""
-    if getattr(gpu, "name", "") == "cpu":
-        return 1.0
-    from launcher.plan.spec import TrainSpec, resolve_gpu, resolve_model
-
-    model, h100 = resolve_model("llama3-8b"), resolve_gpu("h100-sxm")
-    stack = STACKS["torchtitan"]
-    shares = []
-    for _, dp, eager, compiled in COMPILE_PAIRS:
-        lay = Layout(tp=1, cp=1, pp=1, dp=dp, ep=1, zero=3, recompute="selective", micro_batch=2, grad_accum=1,
-                     schedule="none", virtual_stages=1)
-        train = TrainSpec(seq_len=8192, global_batch=2 * dp)
-        bw = advertised_bandwidth(h100)
-        t = estimate(model, train, h100, lay, bw, 8, stack=stack).step_time_s
-        t0 = estimate(model, train, h100, lay, bw, 8, stack=replace(stack, elementwise_passes=0.0)).step_time_s
-        shares.append((t * eager / compiled - t0) / (t - t0))
-    return min(1.0, max(0.0, sum(shares) / len(shares)))
 
 
 @lru_cache(maxsize=4096)
@@ -608,10 +563,9 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
     # with layer counts not divisible by pp·v included) plus, on the last rank, the logits and loss.
     per_rank = rank_stage_layers(model.layers, p, v)
     most = max(per_rank)
-    fp8 = train.fp8_linears if train.precision == "fp8" else None
-    t_most, fl_most = compute_seconds(model, lay, s, gpu, stack, most, p == 1, factor, fp8)
+    t_most, fl_most = compute_seconds(model, lay, s, gpu, stack, most, p == 1, factor)
     t_last, fl_last = (t_most, fl_most) if p == 1 else compute_seconds(model, lay, s, gpu, stack, per_rank[-1],
-                                                                       True, factor, fp8)
+                                                                       True, factor)
     layers_stage = per_rank[-1] if t_last >= t_most else most
     compute_mb, mb_flops = (t_last, fl_last) if t_last >= t_most else (t_most, fl_most)
     eff = mb_flops / (peak * compute_mb)
