@@ -107,3 +107,47 @@ def test_convert_follows_the_rule_and_keeps_the_head_and_router_in_bf16():
     assert kinds["output"] == "Linear" and kinds["layers.0.feed_forward.router"] == "Linear"
     assert kinds["layers.0.feed_forward.experts.0.w1"] == "Linear"
     assert kinds["layers.0.feed_forward.shared.w1"] == "Float8Linear" and kinds["layers.1.attention.wq"] == "Float8Linear"
+
+
+def test_the_time_model_runs_the_converted_gemms_at_the_fp8_rate_and_charges_the_casts(monkeypatch):
+    from launcher.plan import costs, fp8
+    from launcher.plan.model import Layout
+    from launcher.plan.spec import resolve_model
+
+    m, gpu = resolve_model("llama3-70b"), resolve_gpu("h100-sxm")
+    lay = Layout(tp=8, cp=1, pp=1, dp=8, ep=1, zero=1, recompute="none", micro_batch=1, grad_accum=1,
+                 schedule="none", virtual_stages=1)
+    # converted: q, o and the three MLP matmuls of every layer (k, v are 1024 wide: auto leaves them bf16)
+    linears = fp8.rank_linears(m, 8, "auto")
+    assert sorted((n, k) for n, k, _, _ in linears) == sorted([(1024, 8192), (8192, 1024), (3584, 8192),
+                                                                (3584, 8192), (8192, 3584)])
+    flops, traffic = fp8.fp8_terms(m, 8, 8192, "auto", 0.0)
+    bf16_s, hw = costs.compute_seconds(m, lay, 8192, gpu)
+    fp8_s, hw8 = costs.compute_seconds(m, lay, 8192, gpu, fp8="auto")
+    assert hw8 == hw                                    # the same FLOPs, at another rate
+    k = costs.kernels(gpu)
+    gemm_saved = flops * (1 / (989e12 * k.gemm) - 1 / (1979e12 * k.gemm))
+    casts = traffic / (k.hbm_tbs * 1e12)
+    assert fp8_s * costs.BUNDLED.ceiling(gpu) == pytest.approx(bf16_s * costs.BUNDLED.ceiling(gpu) - gemm_saved + casts)
+    # eager casts (33 B an element, several per GEMM) outweigh the faster GEMMs at this shape: the model says so
+    assert casts > gemm_saved
+    monkeypatch.setattr(fp8, "CAST_BYTES", 0.0)
+    monkeypatch.setattr(fp8, "COPY_BYTES", 0.0)
+    monkeypatch.setattr(fp8, "RESCALE_BYTES", 0.0)
+    assert costs.compute_seconds(m, lay, 8192, gpu, fp8="auto")[0] < bf16_s    # fused casts for free: faster
+
+
+def test_the_planner_keeps_the_jobs_precision():
+    from launcher.plan.planner import plan_job
+
+    base = {"model": "llama3-8b", "train": {"seq_len": 8192, "global_batch": 16},
+            "cluster": {"nodes": 1, "gpu": "h100-sxm"},
+            "parallel": {"tp": 1, "cp": 1, "pp": 1, "zero": 3, "recompute": "selective", "micro_batch": 2}}
+    runs = {}
+    for prec in ("bf16", "fp8"):
+        job = {**base, "train": {**base["train"], "precision": prec}}
+        res = plan_job(spec_from_dict(job))
+        plan = res.best
+        assert plan.train.precision == prec
+        runs[prec] = plan.estimate["step_time_s"]
+    assert runs["fp8"] != runs["bf16"]

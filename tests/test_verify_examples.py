@@ -33,6 +33,8 @@ BENCHMARK_ONLY = {
     "mixtral-8x7b.yaml": "tests/test_verify.py verifies it through the CLI (MoE, every pipeline rank)",
     "llama2-7b-128k-ulysses.yaml": "all-to-all CP at 128k, ~20 s CPU; tests/test_ledger_vs_trace.py traces "
                                    "all-to-all layouts at full width in CI",
+    "llama3-70b-fp8-64xh100.yaml": "the 70B example in fp8, ~30 s CPU; tests/test_ledger_vs_trace.py traces fp8 "
+                                   "layouts at full width in CI",
 }
 
 

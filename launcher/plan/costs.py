@@ -51,6 +51,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 
+from launcher.plan.fp8 import fp8_terms
 from launcher.plan.kernels import FLASH_BACKWARD, kernels
 from launcher.plan.layout import stage_layers, strides
 from launcher.plan.ledger import Layout, ParamCounts, param_counts, ulysses_kv_width
@@ -401,13 +402,14 @@ def elementwise_width(model, stack: Stack) -> float:
 
 
 def compute_seconds(model, lay: Layout, seq_len: int, gpu, stack: Stack = BUNDLED, layers: float = 1.0,
-                    logits: bool = False, factor: float | None = None) -> tuple[float, float]:
+                    logits: bool = False, factor: float | None = None, fp8: str | None = None) -> tuple[float, float]:
     """(seconds, hardware FLOPs) of one micro-batch's forward + backward (+ recompute) on one rank for
     `layers` blocks (and the logits when `logits`): every GEMM at the GPU's maximum achievable matmul
     rate plus a fixed time per call (kernels.py, from public GEMM benchmarks), attention at the
     flash-attention rate on the causal half (its backward FLASH_BACKWARD forwards, as FlashAttention counts it), elementwise work at HBM speed (the stack's passes over
     the activations), all divided by the stack's fitted factor (or `factor`: cluster.compute_efficiency /
-    `launch calibrate`'s, which scales this kernel-level time)."""
+    `launch calibrate`'s, which scales this kernel-level time). `fp8`: train.fp8_linears under precision fp8 (the
+    converted GEMMs at the FP8 rate, their casts at HBM speed: launcher/plan/fp8.py)."""
     k = kernels(gpu)
     peak = gpu.peak_tflops * 1e12
     fwd = _forward_flops(model, seq_len)
@@ -429,8 +431,15 @@ def compute_seconds(model, lay: Layout, seq_len: int, gpu, stack: Stack = BUNDLE
     tokens = lay.micro_batch * seq_len / lay.cp
     elem_bytes = stack.elementwise_passes * 2 * tokens * elementwise_width(model, stack) / lay.tp * layers \
         * (3 + rc_mm) / 3
-    seconds = (k.gemm_seconds(mm, calls, peak) + attn_work * CAUSAL_WORK / (peak * attn_rate)
-               + elem_bytes / (k.hbm_tbs * 1e12))
+    fp8_mm = fp8_bytes = 0.0
+    if fp8:
+        per_layer, fp8_bytes = fp8_terms(model, lay.tp, tokens, fp8, rc_mm)
+        fp8_mm, fp8_bytes = min(mm, per_layer * layers), fp8_bytes * layers
+    seconds = (k.gemm_seconds(mm - fp8_mm, calls, peak) + attn_work * CAUSAL_WORK / (peak * attn_rate)
+               + (elem_bytes + fp8_bytes) / (k.hbm_tbs * 1e12))
+    if fp8_mm:
+        # the converted GEMMs at the FP8 peak, at the share of it the BF16 ones reach (launcher/plan/fp8.py)
+        seconds += fp8_mm / (gpu.fp8_tflops * 1e12 * k.gemm)
     return seconds / (factor or stack.ceiling(gpu)), mm + attn
 
 
@@ -563,9 +572,10 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
     # with layer counts not divisible by pp·v included) plus, on the last rank, the logits and loss.
     per_rank = rank_stage_layers(model.layers, p, v)
     most = max(per_rank)
-    t_most, fl_most = compute_seconds(model, lay, s, gpu, stack, most, p == 1, factor)
+    fp8 = train.fp8_linears if train.precision == "fp8" else None
+    t_most, fl_most = compute_seconds(model, lay, s, gpu, stack, most, p == 1, factor, fp8)
     t_last, fl_last = (t_most, fl_most) if p == 1 else compute_seconds(model, lay, s, gpu, stack, per_rank[-1],
-                                                                       True, factor)
+                                                                       True, factor, fp8)
     layers_stage = per_rank[-1] if t_last >= t_most else most
     compute_mb, mb_flops = (t_last, fl_last) if t_last >= t_most else (t_most, fl_most)
     eff = mb_flops / (peak * compute_mb)
