@@ -94,7 +94,7 @@ def test_the_trainer_refuses_what_hybrid_sharding_cannot_run():
         config_from_plan(make_plan(dp=4, dp_shard=1, zero=2))
     with pytest.raises(UserError, match=r"plan.layout.dp_shard=2 with ep > 1"):
         config_from_plan(make_plan(dp=4, dp_shard=2, zero=1, ep=2, model_over={"experts": 4, "experts_per_token": 2}))
-    assert config_from_plan(make_plan(dp=4, dp_shard=4, zero=0)).parallel.dp_replicas == 1   # dp_shard = dp: plain
+    assert config_from_plan(make_plan(dp=4, dp_shard=4, zero=0)).plan.dp_replicas == 1   # dp_shard = dp: plain
 
 
 def test_the_mesh_splits_dp_into_replicas_outside_the_shard_group():

@@ -91,7 +91,7 @@ def test_ep_layout_groups_split_dp_cp_only():
 
 def test_config_accepts_moe_and_refuses_what_it_cannot_run():
     cfg = config_from_plan(make_plan(dp=4, ep=2, zero=1, model_over=MOE))
-    assert cfg.model.experts == 4 and cfg.model.experts_per_token == 2 and cfg.parallel.ep == 2
+    assert cfg.model.experts == 4 and cfg.model.experts_per_token == 2 and cfg.plan.ep == 2
     config_from_plan(make_plan(dp=2, zero=3, model_over=MOE))          # ep=1: experts sharded by FSDP
     config_from_plan(make_plan(dp=4, ep=2, zero=3, model_over=MOE))    # experts: FSDP over dp·cp/ep
     cases = [

@@ -229,7 +229,7 @@ def test_config_names_the_bad_field():
 
 def test_config_accepts_tied_embeddings_with_pp():
     cfg = config_from_plan(make_plan(pp=2, dp=4, model_over={"tied_embeddings": True}))
-    assert cfg.model.tied_embeddings and cfg.parallel.pp == 2
+    assert cfg.model.tied_embeddings and cfg.plan.pp == 2
 
 
 def test_tied_head_copy_starts_identical_to_the_embedding():

@@ -74,7 +74,7 @@ def measure_rank(rank: int, nprocs: int, jobs: list[dict], workdir: str, port: i
         try:
             cfg = config_from_plan(plan)
             mesh = build_mesh(cfg, torch.device("cpu"))
-            p = cfg.parallel
+            p = cfg.plan
             g = torch.Generator().manual_seed(1)
             batch = torch.randint(0, cfg.model.vocab, (p.micro_batch * p.grad_accum, cfg.train.seq_len + 1),
                                   generator=g)

@@ -11,10 +11,24 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
-from launcher.plan.model import RankPlacement
+from launcher.plan.schema import bounded
 
 DEFAULT_ORDER = ("pp", "dp", "cp", "tp")
+
+
+@dataclass
+class RankPlacement:
+    """Where one global rank runs: node index, local rank on it, physical GPU index, and (when a
+    BandwidthMap says) the NIC nearest that GPU."""
+
+    rank: int = bounded(lo=0)
+    node: int = bounded(lo=0)
+    local_rank: int = bounded(lo=0)
+    gpu: int = bounded(lo=0)
+    coords: dict[str, int] = field(default_factory=dict)
+    nic: str | None = None
 
 
 def stage_layers(layers: int, stages: int) -> list[int]:

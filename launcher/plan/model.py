@@ -13,12 +13,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from launcher.errors import SpecError, UserError
 from launcher.plan.capabilities import ZERO_REFUSED, CpAttention, PlanSchedule, Recompute, ZeroStage
+from launcher.plan.layout import RankPlacement, strides
 from launcher.plan.schema import bounded, json_schema, load_dataclass, show
 from launcher.plan.spec import ClusterSpec, GpuSpec, ModelSpec, TrainSpec
 from launcher.plan.spec_backend import BackendSpec, DiagnosticsSpec
@@ -80,19 +81,6 @@ class Layout:
 
 
 @dataclass
-class RankPlacement:
-    """Where one global rank runs: node index, local rank on it, physical GPU index, and (when a
-    BandwidthMap says) the NIC nearest that GPU."""
-
-    rank: int = bounded(lo=0)
-    node: int = bounded(lo=0)
-    local_rank: int = bounded(lo=0)
-    gpu: int = bounded(lo=0)
-    coords: dict[str, int] = field(default_factory=dict)
-    nic: str | None = None
-
-
-@dataclass
 class RankColumns:
     """plan.json's rank map, one column per field (rank r is entry r of each): a 16,384-rank plan
     stays a few hundred kB. Mesh coordinates are not stored: they follow from the layout and
@@ -118,8 +106,6 @@ class RankColumns:
         for name in ("node", "local_rank", "gpu"):
             if any(x < 0 for x in getattr(self, name)):
                 raise SpecError(f"plan.ranks.{name}", "entries must be >= 0")
-        from launcher.plan.layout import strides
-
         st = strides(degrees, mesh_order)
         dims = [(d, st[d], degrees[d]) for d in mesh_order]
         nics = self.nic or [None] * world
@@ -364,8 +350,6 @@ def check_rank_map(plan: Plan) -> None:
 
 
 def _dims(plan: Plan) -> list[tuple[str, int, int]]:
-    from launcher.plan.layout import strides
-
     st = strides(plan.degrees, plan.mesh_order)
     return [(d, st[d], plan.degrees[d]) for d in plan.mesh_order]
 

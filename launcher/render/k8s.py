@@ -25,7 +25,7 @@ from launcher.render.env import (
     user_env,
 )
 from launcher.render.k8s_fields import check_k8s_fields
-from launcher.render.rendered import Rendered, check_plan, gpu_lists
+from launcher.render.rendered import Rendered, check_rank_map, gpu_lists
 
 PLAN_MOUNT = "/etc/launch4d"
 # A PyTorchJob's pods are named <name>-worker-<i>; keep the name short enough for that.
@@ -48,7 +48,7 @@ def shutdown_timeout(grace_s: int) -> int:
 def k8s_context(spec: JobSpec, plan: Plan, run_dir: str, preflight_plan: float | None = None) -> dict[str, Any]:
     """`preflight_plan`: a tolerance, to measure the plan's communication groups in an init container of
     every pod before the trainer (`launch submit --preflight-plan`)."""
-    check_plan(spec, plan)
+    check_rank_map(plan)
     k = spec.backend.k8s
     tolerations = check_k8s_fields(k)   # names, labels, quantities, images, tolerations: as the API server
     name = check_k8s_name(spec.name, "name", K8S_NAME_MAX)

@@ -14,7 +14,6 @@ from launcher.formats.files import check_writable_target, make_dirs, read_text, 
 
 if TYPE_CHECKING:
     from launcher.plan.model import Plan
-    from launcher.plan.spec import JobSpec
 
 
 @dataclass
@@ -71,7 +70,8 @@ def gpu_lists(plan: Plan) -> list[str]:
     return [",".join(str(g) for _, g in sorted(by_node[n])) for n in sorted(by_node)]
 
 
-def check_plan(spec: JobSpec, plan: Plan) -> None:
+def check_rank_map(plan: Plan) -> None:
+    """The plan's rank map and hosts cover its nodes (a hand-edited plan.json is refused before rendering)."""
     if len(plan.ranks) != plan.world_size or plan.nodes * plan.gpus_per_node != plan.world_size:
         raise UserError(f"plan {plan.name}: {len(plan.ranks)} ranks for {plan.nodes} node(s) x "
                         f"{plan.gpus_per_node} GPU(s); re-run `launch plan`")

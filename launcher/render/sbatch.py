@@ -23,7 +23,7 @@ from launcher.render.env import (
     trainer_env_prefix,
     user_env,
 )
-from launcher.render.rendered import Rendered, check_plan, gpu_lists
+from launcher.render.rendered import Rendered, check_rank_map, gpu_lists
 
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 # backend.slurm.extra: one long sbatch option, "--flag" or "--flag=value" (the whole string).
@@ -143,7 +143,7 @@ def plan_nics(plan: Plan) -> list[str]:
 def slurm_context(spec: JobSpec, plan: Plan, run_dir: str, exclude: list[str] | None = None,
                   measured_env: dict[str, str] | None = None, node_order: list[str] | None = None
                   ) -> dict[str, Any]:
-    check_plan(spec, plan)
+    check_rank_map(plan)
     s = spec.backend.slurm
     _check_sbatch_fields(spec)
     if s.switches_wait is not None:

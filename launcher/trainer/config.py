@@ -31,11 +31,6 @@ class TrainerConfig:
     def train(self) -> TrainSpec:
         return self.plan.train
 
-    @property
-    def parallel(self) -> Plan:
-        """Degrees, ZeRO stage, schedule, stage split and mesh order: the plan's own views."""
-        return self.plan
-
 
 def config_from_plan(plan: Plan, steps: int | None = None, init_timeout_s: float | None = None,
                      step_timeout_s: float | None = None) -> TrainerConfig:

@@ -62,7 +62,7 @@ def build_parts(cfg: TrainerConfig, mesh: MeshInfo, bf16: bool) -> tuple[list[Tr
 
     bf16 under FSDP: fp32 sharded parameters (the masters), bf16 gathered by FSDP's policy. bf16
     without FSDP: the weights themselves in bf16, their fp32 masters in the optimizer (dist_optim)."""
-    p = cfg.parallel
+    p = cfg.plan
     n_stages = p.pp * p.virtual_stages
     stage_ids = local_stage_ids(mesh.coords["pp"], p.pp, p.virtual_stages, p.schedule)
     seq_local = cfg.train.seq_len // p.cp
@@ -121,7 +121,7 @@ class Engine:
     stage_ids: list[int] = field(init=False)
 
     def __post_init__(self) -> None:
-        cfg, mesh, p = self.cfg, self.mesh, self.cfg.parallel
+        cfg, mesh, p = self.cfg, self.mesh, self.cfg.plan
         cuda = mesh.device.type == "cuda"
         bf16 = self.bf16 if self.bf16 is not None else cfg.train.precision in ("bf16", "fp8") and cuda
         self.dp_mode = fsdp.mode(p.zero_stage, mesh.dp_cp_size)
@@ -191,12 +191,12 @@ class Engine:
     def train_step(self, batch: torch.Tensor, beat) -> tuple[float, float]:
         """One optimizer step on this dp rank's rows [micro_batch·grad_accum, seq_len+1]: (loss, grad norm)."""
         loss, norm = self.step(batch, beat)
-        return float(loss) / self.cfg.parallel.tp, float(norm)
+        return float(loss) / self.cfg.plan.tp, float(norm)
 
     def step(self, batch: torch.Tensor, beat) -> tuple[torch.Tensor, torch.Tensor]:
         """train_step without a host sync: the summed loss (× tp) and the grad norm as tensors
         (launch verify runs exactly this under FakeTensorMode)."""
-        p, mesh = self.cfg.parallel, self.mesh
+        p, mesh = self.cfg.plan, self.mesh
         inputs = cpar.shard_sequence(batch[:, :-1], mesh.coords["cp"], p.cp).to(mesh.device)
         labels = cpar.shard_sequence(batch[:, 1:], mesh.coords["cp"], p.cp).to(mesh.device)
         local = torch.zeros((), dtype=torch.float32, device=mesh.device)
@@ -277,7 +277,7 @@ def lean_optimizer(cfg: TrainerConfig, mesh: MeshInfo, parts: list[Transformer],
     dense = [(n, q) for n, q in named if id(q) not in experts]
     expert = [(n, q) for n, q in named if id(q) in experts]
     several = mesh.dp_cp_size > 1
-    shard = mesh.zero_mesh if cfg.parallel.zero_stage == 1 else mesh.dp_cp_mesh   # ZeRO 0 shards nothing
+    shard = mesh.zero_mesh if cfg.plan.zero_stage == 1 else mesh.dp_cp_mesh   # ZeRO 0 shards nothing
     groups: list[tuple] = [(dense, shard.get_group() if several else None, shard if several else None)]
     if several and shard is mesh.shard_mesh and mesh.replica_mesh is not None:
         groups[0] = (*groups[0], mesh.replica_mesh.get_group())      # hybrid: each shard all-reduced over copies
@@ -287,7 +287,7 @@ def lean_optimizer(cfg: TrainerConfig, mesh: MeshInfo, parts: list[Transformer],
         rep = mesh.ep.replica_size > 1
         groups.append((expert, mesh.ep.replica_group if rep else None, mesh.ep.replica_mesh if rep else None))
     return MixedPrecisionOptimizer(groups, lambda masters: make_optimizer(cfg, masters),
-                                   shard=cfg.parallel.zero_stage == 1, grad_dtype=cfg.train.grad_dtype)
+                                   shard=cfg.plan.zero_stage == 1, grad_dtype=cfg.train.grad_dtype)
 
 
 def make_optimizer(cfg: TrainerConfig, params: list) -> torch.optim.Optimizer:
@@ -355,7 +355,7 @@ def train(cfg: TrainerConfig, run_dir: str | Path, resume: str = "never",
         hosts = check_hosts(cfg, mesh)
         log_startup(cfg, mesh, hosts, dist.get_backend())
         eng = Engine(cfg, mesh)
-        p = cfg.parallel
+        p = cfg.plan
         data = TokenSource(cfg.plan, mesh.coords["dp"], p.dp)
         ckpt = Checkpointer(run_dir, cfg.train.checkpoint_every)
         if handle_signals:

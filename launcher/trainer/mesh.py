@@ -95,7 +95,7 @@ def mesh_dims(p) -> tuple[list[str], dict[str, int]]:
 
 
 def build_mesh(cfg: TrainerConfig, device: torch.device) -> MeshInfo:
-    p = cfg.parallel
+    p = cfg.plan
     names, sizes = mesh_dims(p)
     order = list(p.mesh_order)
     world = init_device_mesh(device.type, tuple(sizes[d] for d in names), mesh_dim_names=tuple(names))
@@ -172,7 +172,7 @@ def set_timeouts(mesh: MeshInfo, seconds: float) -> None:
 
 def tp_host_problems(cfg: TrainerConfig, hosts: list[str]) -> list[str]:
     """One line per TP group whose ranks are not all on one host."""
-    p = cfg.parallel
+    p = cfg.plan
     degrees = {"tp": p.tp, "cp": p.cp, "pp": p.pp, "dp": p.dp}
     out = []
     for grp in layout.groups(degrees, p.mesh_order, "tp"):
@@ -209,7 +209,7 @@ def check_hosts(cfg: TrainerConfig, mesh: MeshInfo) -> list[str]:
 def log_startup(cfg: TrainerConfig, mesh: MeshInfo, hosts: list[str], backend: str) -> None:
     if mesh.rank != 0:
         return
-    p = cfg.parallel
+    p = cfg.plan
     nccl = "n/a"
     if torch.cuda.is_available():
         try:

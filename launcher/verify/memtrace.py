@@ -406,7 +406,7 @@ _MESHES: dict[tuple, object] = {}
 def mesh_for(cfg: TrainerConfig):
     """This rank's MeshInfo, built once per fake world (its thousands of fake process groups cost
     seconds at 16,384 ranks; the layer and micro-batch variants of a plan share the same mesh)."""
-    p = cfg.parallel
+    p = cfg.plan
     key = (dist.get_rank(), dist.get_world_size(), p.tp, p.cp, p.pp, p.dp, p.ep, tuple(p.mesh_order), p.dp_shard)
     if key not in _MESHES:
         _MESHES[key] = build_mesh(cfg, torch.device("cpu"))      # real tensors: a mesh is metadata
@@ -502,7 +502,7 @@ def make_pipeline_static(eng: Engine, cfg: TrainerConfig) -> None:
     from torch.distributed.pipelining._utils import InferenceMode, _StageMeta, extract_tensor_metas
 
     sched = eng.schedule
-    p = cfg.parallel
+    p = cfg.plan
     seq = cfg.train.seq_len // p.cp
     hidden = torch.empty(p.micro_batch, seq // p.tp, cfg.model.hidden, dtype=hidden_dtype(eng),
                          device=eng.mesh.device)
@@ -523,7 +523,7 @@ def check_stage_output(eng: Engine, cfg: TrainerConfig) -> None:
     """The first stage's real output must be what the next stage was told to expect."""
     if eng.schedule is None or 0 not in eng.stage_ids:
         return
-    p = cfg.parallel
+    p = cfg.plan
     part = eng.parts[eng.stage_ids.index(0)]
     x = torch.zeros(p.micro_batch, cfg.train.seq_len // p.cp, dtype=torch.long, device=eng.mesh.device)
     with torch.no_grad():
@@ -596,8 +596,8 @@ def trace_step(cfg: TrainerConfig, bf16: bool, micro_batches: int,
     trainer's own check is skipped: torch's schedule is built for them); every action of the step
     is recorded (ActionLog) and StepTrace.segments holds, per pp rank, the figures at the peak of
     that rank's own action order at m micro-batches, replayed from the recorded actions (replay)."""
-    pp = cfg.parallel.pp
-    fewer = pp > 1 and micro_batches < pp and cfg.parallel.schedule == "1f1b"
+    pp = cfg.plan.pp
+    fewer = pp > 1 and micro_batches < pp and cfg.plan.schedule == "1f1b"
     cfg_m = with_micro_batches(cfg, pp if fewer else micro_batches)
     mesh = mesh_for(cfg_m)
     from launcher.trainer import pipeline as pipeline_mod
@@ -619,7 +619,7 @@ def trace_step(cfg: TrainerConfig, bf16: bool, micro_batches: int,
                 run_fewer_micro_batches(eng, micro_batches)
         step_as_on_the_nodes(eng, cfg)
         init_optimizer_state(eng)
-        p = cfg_m.parallel
+        p = cfg_m.plan
         batch = torch.randint(0, cfg.model.vocab, (p.micro_batch * micro_batches, cfg.train.seq_len + 1))
         tracker = RankMemTracker(eng.parts, eng.optimizer, eng.lean)  # type: ignore[arg-type]
         tracker.track_inputs((batch,))
