@@ -237,6 +237,30 @@ EXTRA = [
     ("llama3-8b/4L dp16 shard8 pp2 z3 hsdp", case({**presets.MODELS["llama3-8b"], "layers": 4}, 4, 8, 8192, 32,
                                                   tp=1, cp=1, pp=2, zero=3, recompute="full", micro_batch=1,
                                                   schedule="1f1b", dp_shard=8)),
+    # fp8 (train.precision, issue 25 §4): torchao's Float8Linear under FSDP (tp 1) and the sequence-parallel ops' fp8
+    # GEMMs (tp 2), their casts in the MLP's backward (ledger.dense_mlp_backward_bytes); Llama 3's widths under the
+    # auto filter (k and v stay bf16). fp8_linears all on the reduced shapes, whose linears auto would leave bf16
+    ("dense tp2 dp4 z1 full fp8", case(DENSE, 1, 8, 2048, 8, "fp8", train_extra={"fp8_linears": "all"}, tp=2, cp=1,
+                                       pp=1, zero=1, recompute="full", micro_batch=1)),
+    ("dense tp2 dp4 z1 none fp8", case(DENSE, 1, 8, 2048, 8, "fp8", train_extra={"fp8_linears": "all"}, tp=2, cp=1,
+                                       pp=1, zero=1, recompute="none", micro_batch=1)),
+    ("llama3-8b/2L dp8 z3 none fp8", case({**presets.MODELS["llama3-8b"], "layers": 2}, 1, 8, 8192, 8, "fp8", tp=1,
+                                          cp=1, pp=1, zero=3, recompute="none", micro_batch=1)),
+    ("llama3-8b/2L tp2 dp4 z1 selective fp8", case({**presets.MODELS["llama3-8b"], "layers": 2}, 1, 8, 8192, 8, "fp8",
+                                                   tp=2, cp=1, pp=1, zero=1, recompute="selective", micro_batch=1)),
+    ("llama3-70b/2L tp8 z1 full fp8", case({**presets.MODELS["llama3-70b"], "layers": 2}, 1, 8, 8192, 8, "fp8", tp=8,
+                                           cp=1, pp=1, zero=1, recompute="full", micro_batch=1)),
+    # not met: a tp 1 MLP's backward with fp8 casts (torchao's), where the trace's peak falls later than the ledger's
+    # moment: full recompute under ZeRO 3 misses only the gradients as its bf16 twin does (0.031 GB: FSDP's
+    # accumulated gradient at the second block's backward; temporaries 0.173 vs 0.179 GB); without recompute the
+    # activations the trace has already freed (0.233 vs 0.200 GB) and the temporaries (0.096 vs 0.134); the lean
+    # ZeRO 1's peak, a backward with the casts, where the ledger's is its gradient reduce (totals -1.5 %)
+    ("dense dp8 z3 full fp8", case(DENSE, 1, 8, 1024, 8, "fp8", train_extra={"fp8_linears": "all"}, tp=1, cp=1, pp=1,
+                                   zero=3, recompute="full", micro_batch=1)),
+    ("dense dp8 z3 none fp8", case(DENSE, 1, 8, 1024, 8, "fp8", train_extra={"fp8_linears": "all"}, tp=1, cp=1, pp=1,
+                                   zero=3, recompute="none", micro_batch=1)),
+    ("dense dp8 z1 none fp8", case(DENSE, 1, 8, 1024, 8, "fp8", train_extra={"fp8_linears": "all"}, tp=1, cp=1, pp=1,
+                                   zero=1, recompute="none", micro_batch=1)),
 ]
 #: large models at their real depth (verify traces 1-3 layers per stage and extends: minutes each)
 FULL_DEPTH = [

@@ -20,7 +20,7 @@ import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
-from launcher.plan.capabilities import padded_model
+from launcher.plan.capabilities import fp8_converts, padded_model
 from launcher.plan.layout import stage_layers
 from launcher.plan.model import Layout
 
@@ -268,6 +268,7 @@ class Numerics:
     """
 
     mode: str
+    fp8: str = ""       # train.fp8_linears under train.precision fp8 (capabilities.fp8_converts), else ""
 
     @property
     def act(self) -> int:
@@ -289,9 +290,10 @@ class Numerics:
 def trainer_numerics(train, gpu, lay: Layout) -> Numerics:
     fsdp = lay.zero >= 2 and lay.dp * lay.cp > 1
     bf16 = train.precision != "fp32" and getattr(gpu, "name", "") != "cpu"   # the trainer runs fp32 on CPU
+    fp8 = getattr(train, "fp8_linears", "auto") if train.precision == "fp8" else ""   # bf16 (or CPU fp32) with fp8 GEMMs
     if not bf16:
-        return Numerics("fp32")
-    return Numerics("fsdp-bf16" if fsdp else "bf16")
+        return Numerics("fp32", fp8)
+    return Numerics("fsdp-bf16" if fsdp else "bf16", fp8)
 
 
 @lru_cache(maxsize=4096)  # the same (model, shape, degrees) recurs across ZeRO stages and pp
@@ -577,6 +579,16 @@ def dense_mlp_backward_bytes(model, tokens: float, lay: Layout, num: Numerics, f
         # the sequence-parallel linear's backward (trainer/sequence_parallel.py) reduce-scatters its input
         # gradient from a sequence-major copy (a view when the micro-batch is one sequence)
         at_in += e * h * tokens
+    if num.fp8:
+        # fp8 (trainer/float8.py): a converted linear's backward casts its operands to e4m3, each cast holding an fp32
+        # copy at its peak (torchao's out-of-place scaling and saturation: 8 B an element beside the e4m3 result; the
+        # sequence-parallel ops' in place: 4 + 1). w2's largest is its input cast along the tokens for the weight
+        # gradient, beside the output gradient's two e4m3 copies and the e4m3 weight; w1's its output gradient's cast
+        cast = 8 if lay.tp == 1 else 5
+        if fp8_converts(h, model.ffn_hidden, num.fp8):
+            at_w2 += cast * f * tokens + 2 * h * tokens + h * f
+        if fp8_converts(model.ffn_hidden, h, num.fp8):
+            at_in += cast * f * tokens
     return max(at_w2, at_act, at_in)
 
 
