@@ -208,7 +208,8 @@ class SlurmBackend(Backend):
     def __init__(self, transport_factory: Callable[[SSHTarget | None], Transport] | None = None):
         self._factory = transport_factory or open_transport
 
-    def runner(self, target: SSHTarget | None) -> Transport:
+    def transport(self, target: SSHTarget | None) -> Transport:
+        """Where the Slurm commands run: this machine, or the login node over SSH (the caller closes it)."""
         return self._factory(target)
 
     # submit -----------------------------------------------------------------------------------
@@ -243,13 +244,13 @@ class SlurmBackend(Backend):
         on any failure the run dir this call created is removed."""
         extra = {k: v for k, v in request.extra.items() if k not in ("site_flags", "dirs")}
         target = SSHTarget(**extra["ssh"]) if extra.get("ssh") else None
-        runner = self.runner(target)
+        transport = self.transport(target)
         dirs = request.extra.get("dirs") or [rundir.remote(request.run_dir, rundir.LOGS)]
         try:
-            job_id = self._sbatch(request.extra.get("site_flags") or {}, runner, target, request.run_dir,
+            job_id = self._sbatch(request.extra.get("site_flags") or {}, transport, target, request.run_dir,
                                   request.files, request.main or "train.sbatch", dirs)
         finally:
-            runner.close()
+            transport.close()
         extra["log_path"] = (f"{extra['log_dir']}/slurm-{job_id}.out" if extra.get("log_dir")
                              else rundir.slurm_log(request.run_dir, job_id))
         return JobHandle(self.name, job_id, request.name, request.run_dir, log_path=extra["log_path"],
@@ -273,9 +274,9 @@ class SlurmBackend(Backend):
         from launcher.render.sbatch import render_slurm_array, site_options
 
         target = ssh_target_from(spec.backend.slurm)
-        runner = self.runner(target)
+        transport = self.transport(target)
         try:
-            rd = self._job_dir(spec, base, target, runner)
+            rd = self._job_dir(spec, base, target, transport)
             dirs = [f"{rd}/{n}" for n in names]
             flags = {f: path for f, _, path in site_options(spec)}
             script, tasks = render_slurm_array(spec, plans, rd, dirs, templates, exclude, node_order)
@@ -286,7 +287,7 @@ class SlurmBackend(Backend):
                     files[f"{name}/{rundir.JOB}"] = job_text
             request = (f"cd {shlex.quote(rd)} && sbatch --parsable array.sbatch"
                        f"{' (on ' + target.host + ')' if target else ''}\n\n{script}")
-            job_id = self._sbatch(flags, runner, target, rd, files, "array.sbatch",
+            job_id = self._sbatch(flags, transport, target, rd, files, "array.sbatch",
                                   [rundir.remote(d, rundir.LOGS) for d in (rd, *dirs)])
             out = []
             for i, (plan, d) in enumerate(zip(plans, dirs)):
@@ -298,60 +299,60 @@ class SlurmBackend(Backend):
                                      request=request, extra=extra))
             return out
         finally:
-            runner.close()
+            transport.close()
 
-    def _sbatch(self, site_flags: dict[str, str], runner, target: SSHTarget | None, rd: str,
+    def _sbatch(self, site_flags: dict[str, str], transport, target: SSHTarget | None, rd: str,
                 files: dict[str, str], script: str, dirs: list[str]) -> str:
         """Write `files` under the new run dir `rd` (creating `dirs` first: the logs/ folders), run sbatch
         on `script` there, and return the job id; on any failure nothing of it is left behind."""
-        if not runner.which("sbatch"):
+        if not transport.which("sbatch"):
             where = f"on login node {target.host}" if target else "on PATH"
             hint = "" if target else " (install Slurm's client commands, or set backend.slurm.login_host)"
             raise UserError(f"sbatch not found {where}{hint}")
-        if runner.exists(rd):
+        if transport.exists(rd):
             raise UserError(f"run dir {rd} already exists{' on ' + target.host if target else ''}; "
                             "pick another directory")
         try:
             for d in dirs:
-                runner.makedirs(d)
+                transport.makedirs(d)
             for name, text in sorted(files.items()):
-                runner.put(f"{rd}/{name}", text, 0o755 if name.endswith(".sbatch") else 0o644)
-            rc, out, err = run(runner, ["sbatch", "--parsable", script], cwd=rd)
+                transport.put(f"{rd}/{name}", text, 0o755 if name.endswith(".sbatch") else 0o644)
+            rc, out, err = run(transport, ["sbatch", "--parsable", script], cwd=rd)
             if rc != 0:
                 raise UserError(refusal(site_flags, err or out))
             job_id = out.strip().splitlines()[-1].split(";")[0].strip() if out.strip() else ""
             if not job_id.isdigit():
                 raise UserError(f"sbatch printed no job id (stdout {out.strip()!r}, stderr {err.strip()!r})")
         except BaseException:
-            runner.remove_tree(rd)
+            transport.remove_tree(rd)
             raise
         return job_id
 
-    def _job_dir(self, spec: JobSpec, run_dir: str | Path, target: SSHTarget | None, runner=None) -> str:
+    def _job_dir(self, spec: JobSpec, run_dir: str | Path, target: SSHTarget | None, transport=None) -> str:
         """Here: the run dir itself (absolute). Over SSH: <remote_dir>/<run dir's name> on the login
         node, remote_dir defaulting to ~/launch4d-runs (its $HOME asked for when relative)."""
         if target is None:
             return str(Path(run_dir).expanduser().resolve())
         base = spec.backend.slurm.remote_dir or "launch4d-runs"
         if not base.startswith("/"):
-            own = runner is None
-            runner = runner or self.runner(target)
+            own = transport is None
+            transport = transport or self.transport(target)
             try:
-                home = runner.home()
+                home = transport.home()
             finally:
                 if own:
-                    runner.close()
+                    transport.close()
             base = f"{home.rstrip('/')}/{base.removeprefix('~/')}"
         return f"{base.rstrip('/')}/{Path(run_dir).name}"
 
     # status -----------------------------------------------------------------------------------
     def status(self, handle: JobHandle) -> SlurmJobStatus:
         """The job's state now. Raises TransientError when the controller does not answer."""
-        runner = self.runner(ssh_target_from(handle))
+        transport = self.transport(ssh_target_from(handle))
         try:
-            return self._status(runner, handle)
+            return self._status(transport, handle)
         finally:
-            runner.close()
+            transport.close()
 
     def describe(self, handle: JobHandle) -> SlurmJobStatus | None:
         """status(), or None when neither squeue, sacct nor a job log knows the job."""
@@ -366,10 +367,10 @@ class SlurmBackend(Backend):
         for h in handles:
             by_host.setdefault((h.extra.get("ssh") or {}).get("host"), []).append(h)
         for group in by_host.values():
-            runner = self.runner(ssh_target_from(group[0]))
+            transport = self.transport(ssh_target_from(group[0]))
             try:
                 ids = ",".join(h.id for h in group)
-                rc, text, err = run(runner, ["squeue", "-h", "-r", "-t", "all", "-j", ids, "-o", SQUEUE_FORMAT])
+                rc, text, err = run(transport, ["squeue", "-h", "-r", "-t", "all", "-j", ids, "-o", SQUEUE_FORMAT])
                 if rc != 0 and TRANSIENT.search(err or text):
                     raise TransientError(f"Slurm controller not answering ({sbatch_error(err or text)})")
                 rows = {ln.split("|")[0].strip(): ln.split("|") for ln in text.splitlines() if "|" in ln}
@@ -382,35 +383,35 @@ class SlurmBackend(Backend):
                                                    elapsed=row[4] or None,
                                                    requeue=bool(h.extra.get("requeue", True)))
                     else:
-                        out[h.id] = self._status(runner, h)
+                        out[h.id] = self._status(transport, h)
             finally:
-                runner.close()
+                transport.close()
         return out
 
-    def _status(self, runner, handle: JobHandle) -> SlurmJobStatus:
+    def _status(self, transport, handle: JobHandle) -> SlurmJobStatus:
         requeue = bool(handle.extra.get("requeue", True))
-        rc, out, err = run(runner, ["squeue", "-h", "-r", "-t", "all", "-j", handle.id, "-o", SQUEUE_FORMAT])
+        rc, out, err = run(transport, ["squeue", "-h", "-r", "-t", "all", "-j", handle.id, "-o", SQUEUE_FORMAT])
         if rc != 0 and TRANSIENT.search(err or out):
             raise TransientError(f"Slurm controller not answering ({sbatch_error(err or out)})")
         line = next((ln for ln in out.splitlines() if ln.split("|")[0].strip() == handle.id), None)
         if rc == 0 and line:
             _, state, reason, nodes, elapsed = (line.split("|") + [""] * 5)[:5]
             st = normalize_state(state)
-            job = self._scontrol_job(runner, handle.id)
+            job = self._scontrol_job(transport, handle.id)
             detail = reason if reason not in ("None", "") else ""
-            left_out = self._left_out(runner, handle, job.get("ExcNodeList")) if st == "PENDING" else ""
+            left_out = self._left_out(transport, handle, job.get("ExcNodeList")) if st == "PENDING" else ""
             if left_out:
                 detail = f"{detail}; {left_out}" if detail else left_out
             restarts = job.get("Restarts")
             return SlurmJobStatus(state_of(st), None, detail, slurm_state=st, source="squeue", nodes=nodes or None,
                                   elapsed=elapsed or None, restarts=int(restarts) if restarts and restarts.isdigit()
                                   else None, requeue=requeue)
-        fields, why = sacct_fields(runner)
+        fields, why = sacct_fields(transport)
         if fields is None:
-            return self._status_from_log(runner, handle, f"no Slurm accounting here ({why}): squeue/scontrol "
+            return self._status_from_log(transport, handle, f"no Slurm accounting here ({why}): squeue/scontrol "
                                          "and the job log only", requeue)
         cols = [f for f in SACCT_WANTED if f in fields]
-        rc, out, err = _optional(runner, ["sacct", "-n", "-P", "-X", "-j", handle.id, "-o", ",".join(cols)])
+        rc, out, err = _optional(transport, ["sacct", "-n", "-P", "-X", "-j", handle.id, "-o", ",".join(cols)])
         if rc != 0 and TRANSIENT.search(err or out):
             raise TransientError(f"sacct not answering ({sbatch_error(err or out)})")
         rows = [dict(zip(cols, ln.split("|"))) for ln in out.splitlines() if ln.strip()] if rc == 0 else []
@@ -420,56 +421,56 @@ class SlurmBackend(Backend):
             st = normalize_state(r.get("State", ""))
             code = r.get("ExitCode", "").split(":")[0]
             restarts = r.get("Restarts", "")
-            detail = self._check_failure(runner, handle) if st == "FAILED" and code == "3" else ""
+            detail = self._check_failure(transport, handle) if st == "FAILED" and code == "3" else ""
             return SlurmJobStatus(state_of(st), int(code) if code.isdigit() else None, detail,
                                   slurm_state=st, source="sacct", nodes=r.get("NodeList") or None,
                                   elapsed=r.get("Elapsed") or None,
                                   restarts=int(restarts) if restarts.isdigit() else None, requeue=requeue)
         note = f"sacct: {sbatch_error(err)}" if rc != 0 else "sacct: no record"
-        return self._status_from_log(runner, handle, note, requeue)
+        return self._status_from_log(transport, handle, note, requeue)
 
-    def _scontrol_job(self, runner, job_id: str) -> dict[str, str]:
+    def _scontrol_job(self, transport, job_id: str) -> dict[str, str]:
         """`scontrol show job` as key=value pairs (Restarts, ExcNodeList, ...); {} when it cannot say."""
-        rc, out, _ = _optional(runner, ["scontrol", "show", "job", job_id])
+        rc, out, _ = _optional(transport, ["scontrol", "show", "job", job_id])
         if rc != 0:
             return {}
         return {m[1]: m[2] for m in re.finditer(r"(?:^|\s)([A-Za-z][A-Za-z:/]*)=(\S*)", out)}
 
-    def _left_out(self, runner, handle: JobHandle, exc: str | None) -> str:
+    def _left_out(self, transport, handle: JobHandle, exc: str | None) -> str:
         """For a pending job: the nodes the node check left out, and why (from logs/nodecheck.log)."""
         if not exc or exc == "(null)":
             return ""
-        text = (runner.get(rundir.remote(handle.run_dir, rundir.NODECHECK_LOG), 0) or b"").decode(errors="replace")
+        text = (transport.get(rundir.remote(handle.run_dir, rundir.NODECHECK_LOG), 0) or b"").decode(errors="replace")
         why: dict[str, str] = {}
         for m in re.finditer(r": (\S+) left out: (.*)$", text, re.M):
             why[m.group(1)] = m.group(2)
         nodes = [n for n in exc.split(",") if n in why]
         return "; ".join(f"left out {n} (node check: {why[n]})" for n in nodes)
 
-    def _check_failure(self, runner, handle: JobHandle) -> str:
+    def _check_failure(self, transport, handle: JobHandle) -> str:
         """For a job that ended with exit 3: what the node check said (which check failed on which node,
         a tool missing everywhere, too few nodes left), or the link planted in its run dir that stopped it,
         from the job's own output."""
         base = f"{log_dir(handle)}/slurm-{handle.id}"
-        out = (read_tail(runner, base + ".out") or b"").decode(errors="replace")
+        out = (read_tail(transport, base + ".out") or b"").decode(errors="replace")
         said = [ln[len("launch4d: "):] for ln in out.splitlines() if ln.startswith("launch4d: node check")]
         if not said:
-            err = (read_tail(runner, base + ".err") or b"").decode(errors="replace")
+            err = (read_tail(transport, base + ".err") or b"").decode(errors="replace")
             said = [ln[len("launch4d: "):] for ln in err.splitlines()
                     if ln.startswith("launch4d: ") and "symbolic link" in ln]
         return "; ".join(said[-4:]) + (f" (+{len(said) - 4} more)" if len(said) > 4 else "")
 
-    def _status_from_log(self, runner, handle: JobHandle, sacct_note: str, requeue: bool) -> SlurmJobStatus:
+    def _status_from_log(self, transport, handle: JobHandle, sacct_note: str, requeue: bool) -> SlurmJobStatus:
         """Neither squeue nor sacct knows the job: read the batch script's own last words."""
         base = f"{log_dir(handle)}/slurm-{handle.id}"
-        out = (read_tail(runner, base + ".out") or b"").decode(errors="replace")
-        err = (read_tail(runner, base + ".err") or b"").decode(errors="replace")
+        out = (read_tail(transport, base + ".out") or b"").decode(errors="replace")
+        err = (read_tail(transport, base + ".err") or b"").decode(errors="replace")
         note = f"not in squeue; {sacct_note}"
         done = STEP_DONE.findall(out)
         if done and out.rfind("launch4d: step finished") > out.rfind("launch4d: requeueing"):
             code = int(done[-1])
             st = "COMPLETED" if code == 0 else "FAILED"
-            check = self._check_failure(runner, handle) if code == 3 else ""
+            check = self._check_failure(transport, handle) if code == 3 else ""
             return SlurmJobStatus(state_of(st), code, f"{check}; {note}" if check else note, slurm_state=st,
                                   source="job log", requeue=requeue)
         if "CANCELLED AT" in out + err:
@@ -490,7 +491,7 @@ class SlurmBackend(Backend):
         Following reads the file every `poll_s` but asks the scheduler whether the job has ended
         only when the log is idle, every 2, 4, 8 ... 60 s (at once when the script writes its last
         words), tolerating a controller that is away for up to `budget_s`."""
-        runner = self.runner(ssh_target_from(handle))
+        transport = self.transport(ssh_target_from(handle))
         path = f"{log_dir(handle)}/slurm-{handle.id}.{stream}"
         offset, split = 0, LineSplitter()
         deadline = time.monotonic() + timeout_s if timeout_s else None
@@ -500,7 +501,7 @@ class SlurmBackend(Backend):
         tries = 0
         try:
             while True:
-                chunk = runner.get(path, offset)
+                chunk = transport.get(path, offset)
                 if chunk:
                     offset += len(chunk)
                     yield from ranked(split.feed(chunk), rank)
@@ -518,7 +519,7 @@ class SlurmBackend(Backend):
                     delay = next(delays)
                     next_check = now + delay
                     try:
-                        done = self._status(runner, handle).done
+                        done = self._status(transport, handle).done
                         failing_since, tries = None, 0
                     except TransientError as exc:
                         failing_since = failing_since or now
@@ -530,7 +531,7 @@ class SlurmBackend(Backend):
                             on_retry(exc, delay, tries)
                         done = False
                     if done:
-                        while tail := runner.get(path, offset):
+                        while tail := transport.get(path, offset):
                             offset += len(tail)
                             yield from ranked(split.feed(tail), rank)
                         break
@@ -540,20 +541,20 @@ class SlurmBackend(Backend):
             if last is not None:
                 yield from ranked([last], rank)
             if offset == 0 and not follow:
-                raise UserError(f"no log yet at {path}" + (f" on {runner.host}" if runner.host else "")
+                raise UserError(f"no log yet at {path}" + (f" on {transport.host}" if transport.host else "")
                                 + " (is the job still pending?)")
         finally:
-            runner.close()
+            transport.close()
 
     # cancel -----------------------------------------------------------------------------------
     def cancel(self, handle: JobHandle) -> bool:
         """scancel the job. Idempotent: a job that has already ended is left alone (False)."""
-        runner = self.runner(ssh_target_from(handle))
+        transport = self.transport(ssh_target_from(handle))
         try:
-            before = with_retries(lambda: self._status(runner, handle))
+            before = with_retries(lambda: self._status(transport, handle))
             if before.done:
                 return False
-            rc, out, err = run(runner, ["scancel", handle.id])
+            rc, out, err = run(transport, ["scancel", handle.id])
             if rc != 0:
                 text = (err or out).strip()
                 if re.search(r"already completing or completed|Invalid job id specified", text):
@@ -563,15 +564,15 @@ class SlurmBackend(Backend):
                 raise UserError(f"scancel {handle.id} failed: {text}")
             return True
         finally:
-            runner.close()
+            transport.close()
 
 
-def sacct_fields(runner) -> tuple[frozenset[str] | None, str]:
+def sacct_fields(transport) -> tuple[frozenset[str] | None, str]:
     """The fields this sacct knows (`sacct --helpformat`, asked once per login host), or None and
     why where there is no accounting (no slurmdbd: sacct refuses every query) or no sacct."""
-    key = runner.host
+    key = transport.host
     if key not in _SACCT_FIELDS:
-        rc, out, err = _optional(runner, ["sacct", "--helpformat"])
+        rc, out, err = _optional(transport, ["sacct", "--helpformat"])
         if rc == 0 and out.split():
             _SACCT_FIELDS[key] = (frozenset(out.split()), "")
         elif TRANSIENT.search(err or out) and not NO_ACCOUNTING.search(err or out):
@@ -586,10 +587,10 @@ def log_dir(handle: JobHandle) -> str:
     return handle.extra.get("log_dir") or rundir.remote(handle.run_dir, rundir.LOGS)
 
 
-def _optional(runner: Transport, argv: list[str]) -> tuple[int, str, str]:
+def _optional(transport: Transport, argv: list[str]) -> tuple[int, str, str]:
     """A command that may be missing on this cluster (sacct without accounting tools): no answer."""
     try:
-        return run(runner, argv)
+        return run(transport, argv)
     except UserError as exc:
         return 127, "", str(exc)
 
