@@ -42,7 +42,7 @@ CPU_LAYOUTS = [
     ("dp2 recompute full", 2, dict(tp=1, cp=1, pp=1, dp=2, zero=3, micro_batch=4, recompute="full")),
 ]
 
-# torchtitan, benchmarks/llama3_h100_202412_torchtitan.md (notes/trainers.md §1.13): Llama 3 8B,
+# torchtitan, benchmarks/llama3_h100_202412_torchtitan.md (../shared/notes/trainers.md §1.13): Llama 3 8B,
 # 1-D FSDP on 8 H100, no Float8: 33-39% MFU; 5,762 tokens/s per GPU.
 TORCHTITAN_MFU = "33-39% (Llama 3 8B, FSDP, 8xH100, bf16)"
 

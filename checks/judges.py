@@ -1,7 +1,7 @@
 """Judges: turn a measured figure into pass / warn / fail with the threshold it was held to.
 
 Bandwidth thresholds default per GPU model to the figures Azure's health checks publish for a
-single-node all_reduce (notes/preflight.md §3, §9): H100 460 GB/s, H200 431, A100 228. There is no
+single-node all_reduce (../shared/notes/preflight.md §3, §9): H100 460 GB/s, H200 431, A100 228. There is no
 published figure for a two-node all-GPU all_reduce, so inter-node pairs are judged against the
 cluster itself (outliers below the median) unless the user sets one. Everything is configurable
 from a YAML/JSON file (`JudgeConfig.load`) or flags.

@@ -1,4 +1,4 @@
-"""Every number the seed prints, and the Korthikanti figures in notes/planner.md, exactly."""
+"""Every number the seed prints, and the Korthikanti figures in ../shared/notes/planner.md, exactly."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def test_bubble(m, text):
     assert f"{bubble_ratio(8, m):.1%}" == text
 
 
-# --- Korthikanti et al. Fig. 1 / Table 2 as in notes/planner.md -------------------------------------
+# --- Korthikanti et al. Fig. 1 / Table 2 as in ../shared/notes/planner.md -------------------------------------
 
 def test_korthikanti_22b_tp_only_and_sp_selective():
     s, b, h, a, L, t = 2048, 4, 6144, 64, 48, 8

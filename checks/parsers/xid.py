@@ -5,7 +5,7 @@ prefix format (`dmesg`, `dmesg -T`, `--ctime`, `--decode --time-format iso`, sys
 `kernel:`). Such a line whose code is not a number is garbled: ParseError naming it. Which XIDs are
 critical (the node leaves service) and which are the application's follows NVIDIA's whole Xid catalog
 with each code's resolution buckets (checks.parsers.xid_catalog, which cites it) and Azure's health
-checks (notes/preflight.md §3); a code the catalog lacks is reported as unknown.
+checks (../shared/notes/preflight.md §3); a code the catalog lacks is reported as unknown.
 Two driver messages without an Xid line are kept too: `The NVIDIA GPU <bus> ... has fallen off the
 bus` (the message is wrapped over continuation lines that carry no timestamp) and `RmInitAdapter
 failed!` (a GPU the driver could not initialise).

@@ -11,7 +11,7 @@ are ours, in short, after the Guidance Classes sheet.
 Why a verdict needs more than the catalog: the catalog's immediate action says what recovers the GPU, and
 preflight asks whether a node may join a training job. A node fails when the action takes the GPU out of
 service (reset, reboot, reseat, NVLink workflow, the DBE workflow), or when Azure's node health checks
-(azurehpc-health-checks `check_gpu_xid`, notes/preflight.md §3) drain on the code; every other known code
+(azurehpc-health-checks `check_gpu_xid`, ../shared/notes/preflight.md §3) drain on the code; every other known code
 warns (the application's fault, or nothing to do). A code the catalog does not hold warns as unknown:
 never passed in silence.
 """
@@ -55,7 +55,7 @@ BUCKETS: dict[str, str] = {
 #: immediate actions that take the GPU out of service: the node fails preflight
 OUT_OF_SERVICE = frozenset({"RESET_GPU", "RESTART_BM", "RESTART_VM", "CHECK_MECHANICALS", "UPDATE_SWFW",
                             "WORKFLOW_XID_48", "WORKFLOW_NVLINK_ERR", "WORKFLOW_NVLINK5_ERR"})
-#: codes Azure's node health checks drain on (azurehpc-health-checks check_gpu_xid; notes/preflight.md §3)
+#: codes Azure's node health checks drain on (azurehpc-health-checks check_gpu_xid; ../shared/notes/preflight.md §3)
 AZURE_CRITICAL = frozenset({48, 56, 57, 58, 62, 63, 64, 65, 68, 69, 73, 74, 79, 80, 81, 92, 119, 120})
 
 

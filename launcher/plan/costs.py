@@ -161,7 +161,7 @@ STACKS: dict[str, Stack] = {
 STACKS["llama3"] = replace(STACKS["megatron"], name="Meta's Llama 3 stack (4D, FSDP ZeRO 2)", cp_overlap=0.0)
 BUNDLED = STACKS["bundled"]
 # torchtitan runs like the bundled trainer, but its op-level SAC recomputes every second matmul
-# (notes/trainers.md §1.4), where ours keeps them all; its RoPE goes through complex numbers (x.float(), the
+# (../shared/notes/trainers.md §1.4), where ours keeps them all; its RoPE goes through complex numbers (x.float(), the
 # complex product, type_as: 10 elements per element of q and k)
 STACKS["torchtitan"] = replace(BUNDLED, name="torchtitan (eager, op-level selective AC)",
                                selective_matmul_recompute=0.5, rope_passes=10.0)

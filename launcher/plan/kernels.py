@@ -24,7 +24,7 @@ Sources (each figure in KERNELS names its own):
   benchmark README says the same ("our models use Flash Attention, which requires including an extra
   recompute factor for its recomputation in the forward pass"). The rates above are in that count, so
   the time model charges attention's backward FLASH_BACKWARD forwards at them (FLOPs and MFU keep 3x).
-- HBM bandwidth: vendor datasheets (notes/planner.md §6 for A100/H100/H200).
+- HBM bandwidth: vendor datasheets (../shared/notes/planner.md §6 for A100/H100/H200).
 GPUs without a published figure say so (`assumed`); the kernels of an unknown preset are H100's ratios.
 """
 

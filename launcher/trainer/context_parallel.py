@@ -1,6 +1,6 @@
 """Context parallelism: exact causal attention with the sequence split over the cp ranks.
 
-Why our own: torch's `context_parallel` has no CPU path for causal SDPA (notes/testbed.md),
+Why our own: torch's `context_parallel` has no CPU path for causal SDPA (../shared/notes/testbed.md),
 and we want one implementation that runs, and is tested, on gloo and NCCL alike.
 
 Load balance: the sequence is cut into 2·cp chunks and cp rank r holds chunks r and

@@ -8,7 +8,7 @@ return at once) and FakeTensorMode (tensors have shapes, dtypes and storages of 
 no data), runs one optimizer step through Engine.step, and measures that rank's peak with
 torch's FSDP-aware MemTracker, by category.
 
-What it takes to run the trainer unchanged in that world (notes/testbed.md lists what failed):
+What it takes to run the trainer unchanged in that world (../shared/notes/testbed.md lists what failed):
 - DeviceMesh objects are metadata: they are built from real tensors even inside FakeTensorMode
   (FSDP2 concatenates the dp and tp meshes inside fully_shard, which under fake mode hit
   `aten.nonzero`).
