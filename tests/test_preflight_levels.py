@@ -24,7 +24,7 @@ from checks.runners.ssh import SSHRunner
 from tests.conftest import REPO, fixtures_dir, shared_file
 from tests.replay import install
 from tests.replay.constructed import gpu_query_csv, ibstat_text, nvlink_status
-from tests.services.sshd import SshCluster, sshd_available
+from tests.services.sshd import SshCluster, require_sshd
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 NODES = ["node01", "node02", "node03", "node04"]
@@ -44,9 +44,7 @@ RDMA_DEGRADED = "perftest/t4-roce-100g-ib_write_bw-use_cuda-client-10.5gbps-DEGR
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    why = sshd_available()
-    if why:
-        pytest.skip(why)
+    require_sshd()
     for v in (*GOOD.values(), DCGM_FAIL, RDMA_DEGRADED):
         shared_file(*v.split("/"))  # skips when the fixtures are absent
     root = tmp_path_factory.mktemp("sshl")

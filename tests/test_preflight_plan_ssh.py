@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from launcher.cli import cli
 from tests.conftest import EXAMPLES, REPO
-from tests.services.sshd import SshCluster, sshd_available
+from tests.services.sshd import SshCluster, require_sshd
 from tests.test_preflight_plan import SLOW_SITE
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -39,9 +39,7 @@ def plan2(tmp_path_factory) -> Path:
 
 
 def cluster(root: Path, env: dict[str, str] | None = None) -> SshCluster:
-    why = sshd_available()
-    if why:
-        pytest.skip(why)
+    require_sshd()
     c = SshCluster(root, HOSTS, env=env)
     c.start()
     c.write_known_hosts()

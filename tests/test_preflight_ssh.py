@@ -25,7 +25,7 @@ from checks.runners.ssh import SSHRunner
 from tests.conftest import REPO, fixtures_dir, shared_file
 from tests.replay import install
 from tests.replay.constructed import gpu_query_csv, nvlink_status
-from tests.services.sshd import SshCluster, sshd_available
+from tests.services.sshd import SshCluster, require_sshd
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 NODES = ["node01", "node02", "node03", "node04"]
@@ -39,9 +39,7 @@ GOOD = dict(TOPO="topo/h100-sxm-8gpu-12nic-mlx5-1numa.txt",
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    why = sshd_available()
-    if why:
-        pytest.skip(why)
+    require_sshd()
     shared_file("topo", "h100-sxm-8gpu-12nic-mlx5-1numa.txt")  # skips when the fixtures are absent
     root = tmp_path_factory.mktemp("sshc")
     with SshCluster(root, NODES) as c:

@@ -239,11 +239,9 @@ def test_preemption_and_requeue_resume_from_checkpoint(slurm_cluster, tmp_path):
 
 
 def test_submit_over_ssh(slurm_cluster, tmp_path):  # noqa: F811
-    from tests.services.sshd import SshCluster, sshd_available
+    from tests.services.sshd import SshCluster, require_sshd
 
-    reason = sshd_available()
-    if reason:
-        pytest.skip(reason)
+    require_sshd()
     with SshCluster(tmp_path / "ssh", ["login"], env={"SLURM_CONF": str(slurm_cluster.conf)}) as ssh:
         node = ssh.nodes["login"]
         common = dict(login_host="127.0.0.1", login_port=node.port, login_user=ssh.user,

@@ -53,6 +53,15 @@ def sshd_available() -> str | None:
     return None
 
 
+def require_sshd() -> None:
+    """Skip where a private sshd cannot run here; under CI (which installs it: .ci/setup-services.sh) fail."""
+    from tests.conftest import absent
+
+    why = sshd_available()
+    if why:
+        absent(why)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -167,9 +176,7 @@ class SshCluster:
 @pytest.fixture
 def ssh_cluster(tmp_path):
     """One sshd "node" (node01) on loopback, its host key in ssh_cluster.known_hosts; skips where impossible."""
-    why = sshd_available()
-    if why:
-        pytest.skip(why)
+    require_sshd()
     with SshCluster(tmp_path / "sshd", ["node01"]) as c:
         c.write_known_hosts()
         yield c
