@@ -1,18 +1,15 @@
-"""DESIGN.md's dependency rules ("Dependencies run one way"), enforced over the source with ast.
+"""The dependency rules of docs/architecture.md (DESIGN.md's "Dependencies run one way"), enforced
+over the source with ast, module by module; the one exception is the cycle PENDING_CYCLES names.
 
-The folders read as the pipeline: checks/ (measure) -> launcher/plan (decide) -> render, backends
-(run) -> trainer; diagnose (explain); commands/ + cli.py on top; formats (+ transport) underneath.
-
-- the trainer imports launcher.plan and launcher.formats only (and errors);
-- checks imports launcher.formats only, the torch-free launcher.transport and the render
-  environment (launcher.render itself; never launcher's commands, backends or plan); those stand on
-  formats alone;
-- the backends never import the trainer (a job runs it in other processes);
-- the CLI never imports torch: no command module does at module level, `launch --help` and
-  `launch plan` never load it (only `launch run` and `launch verify` do, inside the command that
-  counts GPUs or traces the trainer); nothing outside the trainer and launcher/verify imports torch at
-  module level; kubernetes/paramiko are imported inside the functions that use them;
-- nothing below the commands imports them, and no two modules (or subpackages) import each other.
+- LAYERS: each part of launch4d imports only the parts below it (any import counts: module level,
+  inside a function, under TYPE_CHECKING): formats (+ errors) underneath everything; transport and
+  plan on formats; render on plan; backends on render and transport; the trainer on plan; verify on
+  the trainer; checks on transport and formats only; diagnose on formats and plan (it reads plan.json);
+  the command layer (cli.py, __main__.py, commands/) on everything, and nothing on it;
+- no two modules need each other, directly or round a loop, counting every import (function-level,
+  TYPE_CHECKING and `main()` ones too): a package and its own modules are separate modules here;
+- torch only in the trainer and verify at module level, nowhere in what `launch --help` and
+  `launch plan` load; kubernetes/paramiko are imported inside the functions that use them.
 """
 
 from __future__ import annotations
@@ -35,8 +32,6 @@ pytestmark = pytest.mark.unit
 
 PACKAGES = ("launcher", "checks")
 HEAVY = ("torch", "kubernetes", "paramiko")
-# what the trainer may use from the rest of launch4d: the plan and the torch-free formats
-TRAINER_MAY_USE = ("launcher.plan", "launcher.formats", "launcher.errors")
 COMMAND_LAYER = ("launcher.cli", "launcher.__main__", "launcher.commands")
 
 
@@ -46,7 +41,6 @@ class Import:
     name: str        # what it imports, resolved to an absolute dotted name
     top_level: bool  # runs on import (not inside a function, not under TYPE_CHECKING)
     line: int
-    entry_point: bool = False  # inside the module's `main()`: what `python -m module` runs, the CLI's wiring
 
     def __str__(self) -> str:
         return f"{self.module}:{self.line} imports {self.name}" + ("" if self.top_level else " (in a function)")
@@ -67,14 +61,13 @@ def _imports(path: Path) -> list[Import]:
     pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
     found: list[Import] = []
 
-    def visit(node: ast.AST, top: bool, entry: bool = False) -> None:
+    def visit(node: ast.AST, top: bool) -> None:
         for ch in ast.iter_child_nodes(node):
             here = top and not isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
             if isinstance(ch, ast.If) and "TYPE_CHECKING" in ast.unparse(ch.test):
                 here = False
-            inside = entry or (top and isinstance(ch, ast.FunctionDef) and ch.name == "main")
             if isinstance(ch, ast.Import):
-                found.extend(Import(mod, a.name, here, ch.lineno, inside) for a in ch.names)
+                found.extend(Import(mod, a.name, here, ch.lineno) for a in ch.names)
             elif isinstance(ch, ast.ImportFrom):
                 base = ch.module or ""
                 if ch.level:
@@ -83,8 +76,8 @@ def _imports(path: Path) -> list[Import]:
                 # `from launcher import plan` imports the module launcher.plan; `from x import f` imports x
                 for a in ch.names:
                     sub = f"{base}.{a.name}"
-                    found.append(Import(mod, sub if sub in sources() else base, here, ch.lineno, inside))
-            visit(ch, here, inside)
+                    found.append(Import(mod, sub if sub in sources() else base, here, ch.lineno))
+            visit(ch, here)
 
     visit(ast.parse(path.read_text(), str(path)), True)
     return found
@@ -123,48 +116,60 @@ def test_the_scan_sees_the_code():
     assert len(sources()) > 50
 
 
-#: the torch-free layer under both checks and launcher: file formats, and how commands reach a machine
-BASE_LAYER = ("launcher.formats", "launcher.transport", "launcher.errors")
+#: What each part of launch4d may import of the others (docs/architecture.md, DESIGN.md's arrows
+#: followed down: backends reach plan through render, verify reaches plan through the trainer).
+#: A part not named here is refused by test_every_module_is_in_a_layer.
+FOUNDATION = ("launcher.formats", "launcher.errors")
+LAYERS: dict[str, tuple[str, ...]] = {
+    "launcher.errors": (),
+    "launcher.formats": ("launcher.errors",),
+    "launcher.transport": FOUNDATION,
+    "launcher.plan": FOUNDATION,
+    "launcher.render": ("launcher.plan", *FOUNDATION),
+    "launcher.backends": ("launcher.render", "launcher.transport", "launcher.plan", *FOUNDATION),
+    "launcher.trainer": ("launcher.plan", *FOUNDATION),
+    "launcher.verify": ("launcher.trainer", "launcher.plan", *FOUNDATION),
+    "launcher.diagnose": ("launcher.plan", *FOUNDATION),   # plan.json: Plan.load, layout's groups
+    "checks": ("launcher.transport", *FOUNDATION),
+    "launcher.commands": ("launcher", "checks"),           # the command layer: everything
+    "launcher": (),                                        # the package's __init__: __version__
+}
 
 
-#: launcher.render itself (the package, not its plan-bound sbatch/k8s modules): the one Jinja
-#: environment, which preflight's batch script and pods render through too
-RENDER_ENV = "launcher.render"
+def layer_of(module: str) -> str | None:
+    """The LAYERS entry a module belongs to (cli.py and __main__.py are the command layer)."""
+    if within(module, *COMMAND_LAYER):
+        return "launcher.commands"
+    return max((k for k in LAYERS if within(module, k)), key=len, default=None)
 
 
-def test_checks_never_imports_launcher_commands_or_backends():
-    """checks may use the base layer and the render environment (exactly launcher.render), nothing else."""
-    assert [str(i) for i in all_imports() if within(i.module, "checks") and within(i.name, "launcher")
-            and not within(i.name, *BASE_LAYER) and i.name != RENDER_ENV] == []
+def test_every_module_is_in_a_layer():
+    """A new top-level package must be placed in LAYERS (and docs/architecture.md), not slip past it."""
+    assert [m for m in sources() if layer_of(m) is None] == []
 
 
-def test_the_render_environment_stands_on_formats_only():
-    """checks renders through launcher.render's environment: that module must not pull in the plan."""
-    assert [str(i) for i in all_imports() if i.module == RENDER_ENV and within(i.name, "launcher", "checks")
-            and not within(i.name, *BASE_LAYER)] == []
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_each_layer_imports_only_the_layers_below_it(layer):
+    """Every import of launch4d code (module level, in a function or under TYPE_CHECKING) by a module of
+    `layer` stays inside the layer or goes to one LAYERS allows it."""
+    bad = [str(i) for i in all_imports()
+           if layer_of(i.module) == layer and within(i.name, *PACKAGES)
+           and layer_of(i.name) != layer and not within(i.name, *LAYERS[layer])]
+    assert bad == []
 
 
-def test_the_transport_stands_on_formats_only():
-    """checks and the backends both run commands through launcher.transport: it must not pull either in."""
-    assert violations(under("launcher.transport", "launcher.formats"), ("launcher", "checks"), top_level_only=False,
-                      allowed=BASE_LAYER) == []
+def test_the_layer_check_finds_a_sideways_import():
+    """The rule would pass vacuously if layer_of misplaced modules: checks -> render is refused,
+    backends -> plan allowed, commands -> anything allowed."""
+    assert layer_of("checks.runners.k8s") == "checks" and layer_of("launcher.cli") == "launcher.commands"
+    assert not within(layer_of("launcher.render.env") or "", *LAYERS["checks"])
+    assert within("launcher.plan.model", *LAYERS["launcher.backends"])
+    assert within("checks.orchestrate", *LAYERS["launcher.commands"])
+    assert not within("launcher.commands.plan_cmd", *LAYERS["launcher.plan"])
 
 
 def test_torch_only_in_the_trainer_at_module_level():
     assert violations(not_under("launcher.trainer", "launcher.verify"), ("torch",), top_level_only=True) == []
-
-
-def test_trainer_imports_only_plan_and_formats():
-    assert violations(under("launcher.trainer"), ("launcher", "checks"), top_level_only=False,
-                      allowed=("launcher.trainer",) + TRAINER_MAY_USE) == []
-
-
-def test_nothing_below_the_commands_imports_them():
-    assert violations(not_under(*COMMAND_LAYER), COMMAND_LAYER, top_level_only=False) == []
-
-
-def test_backends_never_import_the_trainer():
-    assert violations(under("launcher.backends"), ("launcher.trainer", "launcher.verify"), top_level_only=False) == []
 
 
 def test_commands_import_the_trainer_only_inside_functions():
@@ -214,13 +219,6 @@ def test_launch_starts_without_heavy_packages(argv):
     assert "HEAVY []" in p.stderr, p.stderr
 
 
-def _unit(module: str) -> str:
-    """What a cycle is judged between: a subpackage as a whole (checks.runners, launcher.plan: a package
-    and its own modules may refer to each other), otherwise the module itself."""
-    parts = module.split(".")
-    return ".".join(parts[:2]) if len(parts) >= 3 else module
-
-
 def _resolve(name: str) -> str | None:
     """The repository module an imported name lives in (`checks.judges.worst` -> checks.judges)."""
     while name and name not in sources():
@@ -229,15 +227,15 @@ def _resolve(name: str) -> str | None:
 
 
 def import_cycles(imports: list[Import]) -> list[list[str]]:
-    """Cycles between units, counting every import (a function-level import is a dependency too) but
-    those of a `main()`: a `python -m` entry point wires the package together, as the CLI does."""
+    """Cycles between modules, counting every import: at module level, inside a function (a
+    `python -m` entry point's `main()` included) and under TYPE_CHECKING, each a dependency. A package's
+    __init__ is a module like the others: `import a.b` does not count as importing `a` (Python runs a's
+    __init__ first, but the code of a.b does not depend on it)."""
     graph: dict[str, set[str]] = {}
     for i in imports:
-        if i.entry_point:
-            continue
         target = _resolve(i.name)
-        if target is not None and _unit(target) != _unit(i.module):
-            graph.setdefault(_unit(i.module), set()).add(_unit(target))
+        if target is not None and target != i.module:
+            graph.setdefault(i.module, set()).add(target)
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -266,16 +264,29 @@ def import_cycles(imports: list[Import]) -> list[list[str]]:
 
 
 def test_the_cycle_check_finds_a_cycle():
-    fake = [Import("checks.runners.slurm_job", "checks.orchestrate.ring_rounds", True, 1),
-            Import("checks.orchestrate", "checks.runners.Runner", True, 2),
-            Import("checks.assemble", "checks.levels", True, 3),
-            Import("checks.levels", "checks.assemble", False, 4, entry_point=True)]
-    assert import_cycles(fake) == [["checks.orchestrate", "checks.runners"]]
+    """Module by module, through function-level and TYPE_CHECKING imports; a package and its own
+    module are two modules; a one-way import is no cycle."""
+    fake = [Import("checks.runners.k8s", "checks.runners.Runner", True, 1),       # submodule -> package
+            Import("checks.runners", "checks.runners.k8s", False, 2),             # package -> it, in get_runner
+            Import("checks.probe", "checks.levels", False, 3),                     # in probe's main()
+            Import("checks.levels", "checks.parsed.parse_nccl_run", False, 4),     # in a function
+            Import("checks.parsed", "checks.probe.PROBES", True, 5),
+            Import("launcher.plan.capabilities", "launcher.plan.model.Plan", False, 6),  # TYPE_CHECKING
+            Import("launcher.plan.model", "launcher.plan.layout", True, 7)]
+    assert import_cycles(fake) == [["checks.levels", "checks.parsed", "checks.probe"],
+                                   ["checks.runners", "checks.runners.k8s"]]
+
+
+#: The one cycle left (issue 24 §1, docs/architecture.md): capabilities' checks are typed on spec.ModelSpec
+#: and model.Plan under TYPE_CHECKING while spec and model import capabilities' table. It goes when
+#: check_plan moves to plan/model.py and ModelSpec (with the MLP and position vocabulary) below
+#: capabilities; the test fails then too, so that this entry is taken out. No other cycle may appear.
+PENDING_CYCLES = [["launcher.plan.capabilities", "launcher.plan.model", "launcher.plan.spec"]]
 
 
 def test_no_import_cycles():
-    """No two modules (or subpackages) need each other, even through imports inside functions."""
-    assert import_cycles(all_imports()) == []
+    """No two modules need each other, even through imports inside functions or under TYPE_CHECKING."""
+    assert import_cycles(all_imports()) == PENDING_CYCLES
 
 
 def test_python_m_launcher_is_launch():
