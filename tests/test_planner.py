@@ -254,7 +254,7 @@ def test_plan_json_schema_and_output_file(tmp_path):
                 "model", "train", "gpu"]:
         assert key in best
     assert set(best["layout"]) == {"tp", "cp", "pp", "dp", "ep", "zero", "recompute", "micro_batch", "grad_accum",
-                                   "schedule", "virtual_stages", "cp_attention", "dp_shard"}
+                                   "schedule", "virtual_stages", "cp_attention", "dp_shard", "compile"}
     world = best["world_size"]
     assert {k: len(v) for k, v in best["ranks"].items() if v is not None} == {"node": world, "local_rank": world,
                                                                               "gpu": world}

@@ -18,7 +18,8 @@ def plan_line(p: Plan) -> str:
     sched = p.schedule + (f" v={p.virtual_stages}" if p.virtual_stages > 1 else "")
     hybrid = f" over dp_shard={p.dp_shard}·cp, {p.dp_replicas} replicas (HSDP)" if p.dp_replicas > 1 else ""
     return (f"tp={d['tp']} cp={d['cp']} pp={d['pp']} dp={d['dp']} ep={d['ep']} | ZeRO {p.zero_stage}{hybrid} | "
-            f"recompute {p.recompute} | micro-batch {p.micro_batch} × {p.grad_accum} accum | schedule {sched}")
+            f"recompute {p.recompute} | micro-batch {p.micro_batch} × {p.grad_accum} accum | schedule {sched}"
+            + (" | compiled blocks" if p.layout.compile else ""))
 
 
 def render_plan(p: Plan, title: str = "best") -> str:

@@ -70,6 +70,23 @@ CP_ATTENTION = CP_ATTENTIONS[0]            # the default
 #: ZeRO 2/3 (fsdp.py), the lean optimizer's shards all-reduced across the replicas under ZeRO 1
 #: (dist_optim.py); the mesh splits dp into (dp_replicate, dp_shard), outer to inner (mesh.py).
 HYBRID_SHARDING = True
+#: Compiled blocks (train.compile, trainer/compiled.py): every transformer block through torch.compile with
+#: fullgraph=True, after TP and recompute and before FSDP (torchtitan's apply_compile). Run on gloo against the
+#: single process: tp 2 (DTensor norms, the sequence-parallel ops) and ZeRO 3 with selective recompute in
+#: tests/test_trainer_compile.py, ZeRO 1, both CP kinds with and without recompute, PP 1F1B and ALiBi by hand;
+#: what torch 2.13 does not trace whole is refused (compile_problem), each refusal the error it raised there.
+COMPILE = True
+#: FP8 (train.precision fp8, trainer/float8.py): torchtitan's float8 recipe, torchao's Float8Linear with dynamic
+#: rowwise scaling (recipe "rowwise": input, weight and output gradient cast to e4m3, one power-of-two scale per
+#: row of each GEMM operand along the GEMM's inner dimension, so no amax history is kept) inside a bf16 trainer:
+#: bf16 weights and activations, fp32 masters, every collective in bf16 ("for float8 with rowwise scaling, all
+#: distributed communication is done in high precision", torchtitan's float8.md). Which linears convert
+#: (train.fp8_linears, fp8_converts): auto, torchtitan's auto_filter_small_kn (torchao's _auto_filter_for_rowwise,
+#: from H100 microbenchmarks: too small a GEMM loses more to the casts than fp8 gains), or all with both dims
+#: divisible by 16 (torchtitan's module_filter_fn). The output head (torchtitan filters lm_head), the embedding,
+#: a MoE's router (router.gate) and its routed experts (torchtitan converts those only through its grouped-GEMM
+#: path) stay bf16. Under TP the sequence-parallel linears run the same recipe (sequence_parallel.py).
+FP8_LINEARS = ("auto", "all")
 #: FP8 (train.precision fp8, trainer/float8.py): torchtitan's float8 recipe, torchao's Float8Linear with dynamic
 #: rowwise scaling (recipe "rowwise": input, weight and output gradient cast to e4m3, one power-of-two scale per
 #: row of each GEMM operand along the GEMM's inner dimension, so no amax history is kept) inside a bf16 trainer:
@@ -102,7 +119,7 @@ def table() -> dict:
             "split_backward_schedules": list(SPLIT_BACKWARD), "v_schedules": list(V_SCHEDULES), "mlp": list(MLPS),
             "positions": list(POSITIONS),
             "moe_with_tp": MOE_WITH_TP, "cp_attention": list(CP_ATTENTIONS), "hybrid_sharding": HYBRID_SHARDING,
-            "fp8_linears": list(FP8_LINEARS)}
+            "fp8_linears": list(FP8_LINEARS), "compile": COMPILE}
 
 
 # --- checks shared by the job file, the planner and the trainer --------------------------------
@@ -312,6 +329,29 @@ def compile_schedule_problem(schedule: str, compiled: bool) -> str | None:
     return None
 
 
+def compile_problem(m: ModelSpec, schedule: str | None = None, tp: int | None = None,
+                    recompute: str | None = None) -> str | None:
+    """Why the trainer cannot compile its blocks (train.compile) for this model and, where given, schedule, tp and
+    recompute (None: not yet chosen, not checked). Each is what torch 2.13 raised when the block was compiled with
+    fullgraph=True on gloo; nothing here is refused on suspicion."""
+    why = compile_schedule_problem(schedule, True) if schedule is not None else None
+    if why:
+        return why
+    if m.experts > 1:
+        return ("compiled blocks (train.compile) cannot trace a mixture-of-experts layer: its dispatch reads the "
+                "per-expert token counts back (moe.py), a data-dependent shape torch.compile does not trace in one "
+                "graph; use train.compile: false")
+    if tp is not None and tp > 1 and recompute == "full":
+        return (f"compiled blocks (train.compile) with full recompute under tp {tp}: torch's compiled checkpoint "
+                "saves the sequence-parallel norms' DeviceMesh for backward and fails; use selective recompute, or "
+                "train.compile: false")
+    if m.position == "alibi" and recompute not in (None, "none"):
+        return (f"compiled blocks (train.compile) with ALiBi and {recompute} recompute: the shared bias is built on "
+                "first use inside the checkpointed block (model.AlibiBias), a side effect torch.compile refuses "
+                "there; use recompute none, or train.compile: false")
+    return None
+
+
 def split_backward_problem(schedule: str, zero: int, recompute: str, dp_cp: int) -> tuple[str, str] | None:
     """(field, reason) where the trainer cannot run a split-backward schedule (tests/test_trainer_schedules.py
     runs the rest against the single process): torch finds a stage's weights through module.parameters() when
@@ -397,8 +437,7 @@ def check_plan(plan: Plan) -> None:
     need(all(x >= 0 for x in plan.stage_layers), "plan.stage_layers entries must be >= 0")
     why = virtual_stages_problem(lay.schedule, lay.pp, lay.virtual_stages)
     need(why is None, f"plan.layout.virtual_stages={lay.virtual_stages} {why}")
-    # plan.layout.compile (train.compile's compiled blocks), read so while that field is being added
-    why = compile_schedule_problem(lay.schedule, bool(getattr(lay, "compile", False)))
+    why = compile_problem(m, lay.schedule, lay.tp, lay.recompute) if lay.compile else None
     need(why is None, f"plan.layout.compile: {why}")
     why = schedule_problem(lay.schedule, lay.grad_accum, lay.pp)
     need(why is None, f"plan.layout.grad_accum={lay.grad_accum}: schedule {why}")

@@ -377,6 +377,34 @@ def selective_layer_bytes(model, tokens: float, tp: int, num: Numerics) -> float
                                  + (mats * model.shared_ffn + h) * e * (model.shared_experts > 0))
 
 
+def compiled_layer_savings(model, tokens: float, tp: int, num: Numerics, recompute: str = "none") -> float:
+    """Bytes a compiled block (plan.layout.compile) does not keep for backward that the eager one does, per layer
+    and micro-batch (negative: it keeps more). AOTAutograd's min-cut partition (torch/_functorch/partitioners.py,
+    what inductor compiles) saves the cheapest set of the joint graph's tensors backward can start from and
+    recomputes the rest. Without recompute: in place of each RMSNorm's fp32 input and normalised copy (4 + r B per
+    element) it keeps the norm's input itself, the block's input and its middle residual (r B per element each),
+    and the fp32 rsqrt per token, and recomputes the norms from them; of a gated MLP it recomputes the activation
+    (silu or gelu of w1's output, e B per element of its width). Under TP it recomputes no collective: the
+    all-gather each sequence-parallel linear repeats in its backward (sequence_parallel.gather_linear, attention's
+    and the MLP's) runs in the forward instead and its full-sequence output is kept, where the eager op keeps its
+    input's shard: 2·e·h·(1 - 1/tp) more. Measured on the trainer's block by its saved tensors, the block input
+    beside them (Llama 3 8B's widths, bf16: 49.0 hidden widths a token eager, 34.0 compiled; at tp 2 the two
+    gathered inputs in place of their shards) and traced (tests/test_compile_plan.py). Selective recompute keeps
+    what its policy says but for those gathered inputs (traced at Llama 3 8B: tp 1 8% under this, tp 8 6% over);
+    full recompute keeps the block input either way (not compiled under tp > 1: capabilities.compile_problem).
+    torchtitan's Llama 3.1 8B on 8 H100 (selective AC) reports 82.4 GiB eager, 77.0 compiled
+    (benchmarks/llama3_h100_202412_torchtitan.md, Table 1)."""
+    if model.experts > 1 or recompute == "full":
+        return 0.0                      # MoE: not compiled (capabilities.compile_problem)
+    r, e, h = num.residual, num.act, model.hidden
+    regathered = 2 * e * h * (1 - 1 / tp) * tokens
+    if recompute == "selective":
+        return -regathered
+    norms = 2 * (4 + r) * h - 2 * r * h - 2 * 4
+    gated = e * model.ffn_hidden / tp if model.mlp != "gelu" else 0.0
+    return norms * tokens / tp + gated * tokens - regathered
+
+
 def mlp_activation_bytes(model, tokens: float, tp: int, e: int, input_copies: int = 1, ep: int = 1) -> float:
     """The MLP's saved tensors: SwiGLU w1 out, silu(w1), w3 out, their product (w2's input); GELU two.
     MoE: `input_copies` of each routed row in the matmul dtype (the gathered rows themselves, shared
@@ -688,6 +716,8 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
     per_layer = trainer_layer_activation_bytes(model, s, b, lay.recompute, num, tp=lay.tp, cp=lay.cp, ep=lay.ep,
                                                cp_attention=lay.cp_attention)
     tokens = s / lay.cp * b
+    if lay.compile:
+        per_layer -= compiled_layer_savings(model, tokens, lay.tp, num, lay.recompute)
     layers = rank_layers(model, lay, role)
     held = in_flight_microbatches(lay.schedule, lay.pp, lay.grad_accum, lay.virtual_stages,
                                   rank=pp_rank_of(lay, role))

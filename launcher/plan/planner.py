@@ -219,6 +219,7 @@ class Search:
         self.mesh_order = tuple(self.par.mesh_order)
         self.fully_fixed = self.par.fully_fixed
         self.attention = capabilities.CP_ATTENTION     # how the layouts being priced cross the cp group
+        self.compile = spec.train.compile              # compiled blocks: True, False, None (both priced)
 
     def reject(self, reason: str, n: int = 1) -> None:
         if n > 0:
@@ -408,12 +409,15 @@ class Search:
         torch's pipelining keeps ZeRO 2/3 gradients and parameters whole, which at a small dp·cp
         outweighs ZeRO 1's fp32 copies."""
         headroom = self.spec.cluster.memory_headroom
+        if self.compile and capabilities.compile_problem(self.model, sched, tp, rc):
+            self.reject("compiled blocks (train.compile) do not run with this schedule or recompute", len(zeros))
+            return True       # refused, not too big: the memory walk goes on to less recompute
         ledgers: dict[int, MemoryLedger | None] = {}
 
         def lay_of(z: int) -> Layout:
             return Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=ep, zero=z, recompute=rc, micro_batch=mb,
                           grad_accum=ga, schedule=sched, virtual_stages=v, dp_shard=dp_shard,
-                          cp_attention=self.attention)
+                          cp_attention=self.attention, compile=bool(self.compile))
 
         def fits(z: int) -> bool:
             if z not in ledgers:             # the ledger only where it fits: most layouts here do not
@@ -440,8 +444,25 @@ class Search:
             fit = ledgers[z]
             assert fit is not None               # chosen stages fit
             self.searched += 1
-            self.candidates.append(Candidate(lay, fit, self.estimate(lay)))
+            self.candidates.append(self.compile_choice(lay, fit))
         return True
+
+    def compile_choice(self, lay: Layout, fit: MemoryLedger) -> Candidate:
+        """The layout with eager or compiled blocks, train.compile's; unset, the faster of the two where compile
+        runs (capabilities.compile_problem). They differ only in the blocks' elementwise time (costs.compiled_elementwise)
+        and their ledger, so the time model's error band does not decide between them; a tie keeps eager blocks (on
+        the cpu preset nothing is gained). The other counts as dominated."""
+        eager = Candidate(lay, fit, self.estimate(lay))
+        if self.compile is not None or capabilities.compile_problem(self.model, lay.schedule, lay.tp, lay.recompute):
+            return eager
+        c = dataclasses.replace(lay, compile=True)
+        c_fit = fitting_ledger(self.model, self.train, self.gpu, c, self.spec.cluster.memory_headroom)
+        compiled = Candidate(c, c_fit, self.estimate(c)) if c_fit is not None else None
+        if compiled is not None and compiled.estimate.step_time_s < eager.estimate.step_time_s:
+            self.reject("slower with eager blocks than compiled (train.compile)")
+            return compiled
+        self.reject("no faster with compiled blocks (train.compile)")
+        return eager
 
     def estimate(self, lay: Layout) -> Estimate:
         return estimate(self.model, self.train, self.gpu, lay, self.cluster.bandwidth,

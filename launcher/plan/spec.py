@@ -134,6 +134,11 @@ class TrainSpec:
     data: str = bounded("synthetic", doc="'synthetic' or a token file (python -m launcher.trainer.tokenize)")
     loss_chunk: int = bounded(1024, 1, 1 << 24, doc="tokens per chunk of the output-head loss")
     checkpoint_every: int = bounded(0, 0, 1 << 40, doc="steps between checkpoints (0: only on preemption)")
+    compile: bool | None = bounded(None, doc="compile each transformer block with torch.compile (torchtitan's "
+                                             "per-block compile): true, false, or unset to let the planner choose "
+                                             "(compiled where allowed, it is faster); not with the zero-bubble or "
+                                             "DualPipe-V schedules, a mixture of experts, full recompute under tp > 1 "
+                                             "or ALiBi with recompute")
     entrypoint: EntrypointSpec | None = bounded(None, doc="your own training code (script or module, args) instead "
                                                           "of the bundled trainer, launched with the plan's ranks "
                                                           "and the plan in the environment (LAUNCH4D_*)")
@@ -358,10 +363,10 @@ def _check_parallel(p: ParallelSpec, m: ModelSpec, t: TrainSpec, c: ClusterSpec)
         why = capabilities.v_tied_problem(p.schedule, m.tied_embeddings)
         if why:
             raise SpecError("model.tied_embeddings", why)
-    if p.schedule is not None:
-        why = capabilities.compile_schedule_problem(p.schedule, bool(getattr(t, "compile", False)))  # train.compile
+    if t.compile:
+        why = capabilities.compile_problem(m, p.schedule, p.tp, p.recompute)
         if why:
-            raise SpecError("parallel.schedule", why)
+            raise SpecError("train.compile", f"true: {why}")
     if p.micro_batch is not None and t.global_batch % p.micro_batch:
         raise SpecError("parallel.micro_batch", f"{p.micro_batch} does not divide train.global_batch={t.global_batch}")
     _check_degrees(p, t, c)

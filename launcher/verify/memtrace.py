@@ -163,6 +163,14 @@ class RankMemTracker(FSDPMemTracker):
     and much cheaper per op).
     """
 
+    #: compiled blocks (plan.layout.compile): the tracker steps aside while dynamo traces a block and sees the
+    #: compiled graphs' ops run (compiled_as_traced), higher-order ones too (the recompute's saved RNG state)
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
     def __init__(self, parts: list[nn.Module], optimizer: torch.optim.Optimizer, lean=None) -> None:
         MemTracker.__init__(self)
         self._lean = lean                  # dist_optim.MixedPrecisionOptimizer (ZeRO 0/1), or None
@@ -199,6 +207,8 @@ class RankMemTracker(FSDPMemTracker):
         for patch in self._rs_patches:
             patch.start()
         self._file_gathers()
+        for part in self._root_mod.children():     # named now: a compiled block's hooks do not run in its graph to name it
+            self._mod_tracker._get_mod_name(part)
         if self._lean is not None:
             self._file_lean(self._lean)
 
@@ -354,7 +364,10 @@ class RankMemTracker(FSDPMemTracker):
                 del self.memory_tracking[fsdp_mod]
             return inner(*args, **kwargs)
 
-        return pre_forward
+        return torch._dynamo.disable(pre_forward)     # run beside a compiled block's graph, as FSDP's own hook
+
+    def _fsdp_state_post_forward(self, fsdp_mod, orig):
+        return torch._dynamo.disable(super()._fsdp_state_post_forward(fsdp_mod, orig))
 
     def _update_peak_stats(self, peak_state) -> None:
         for dev, snap in self._curr_mem_snap.items():
@@ -428,6 +441,38 @@ def assumed_routing():
         yield
     finally:
         moe.MoE.assumed_counts = None
+
+
+#: How verify compiles a block (plan.layout.compile): inductor's decompositions and its min-cut partition of each
+#: block's forward and backward, so what a compiled block saves for backward and recomputes is inductor's, the
+#: graphs then run op by op (inductor's kernels do not run on fake tensors; its fusions allocate no more than this)
+TRACE_BACKEND = "aot_eager_decomp_partition"
+
+
+@contextlib.contextmanager
+def compiled_as_traced():
+    """Compiled blocks as the tracker can see them: compiled with TRACE_BACKEND, each block's call inside dynamo's
+    optimized-module flag, which torch's module tracker reads to keep its hooks out of the traced graph (they would
+    break it: fullgraph=True); the tracker itself steps aside while a block compiles (ignore_compile_internals)."""
+    from torch._dynamo.eval_frame import _set_in_optimized_module
+
+    from launcher.trainer import compiled
+
+    real = compiled.apply_compile
+
+    def apply(model, enabled: bool, backend_name: str | None = None) -> None:
+        real(model, enabled, TRACE_BACKEND)
+        for block in model.layers.values() if enabled else ():
+            inner = block._compiled_call_impl
+
+            def call(*args, _inner=inner, **kwargs):
+                with _set_in_optimized_module():
+                    return _inner(*args, **kwargs)
+
+            block._compiled_call_impl = call
+
+    with mock.patch.object(engine_mod, "apply_compile", apply):
+        yield
 
 
 @contextlib.contextmanager
@@ -608,7 +653,7 @@ def trace_step(cfg: TrainerConfig, bf16: bool, micro_batches: int,
     # no data and no memory here
     with FakeTensorMode(allow_non_fake_inputs=True), mock.patch.object(engine_mod, "timed_sync", lambda device: 0.0), \
             mock.patch.object(engine_mod, "Transformer", MetaBuiltTransformer), assumed_routing(), \
-            untracked_sharding_propagation(), attention_as_on_the_nodes(cfg), \
+            untracked_sharding_propagation(), attention_as_on_the_nodes(cfg), compiled_as_traced(), \
             mock.patch.object(float8, "BACKWARD_FAST_ACCUM", False):     # fp8's backward GEMMs as a GPU runs them
         with allow_few:
             eng = Engine(cfg_m, mesh, bf16=bf16)
