@@ -31,6 +31,8 @@ BENCHMARK_ONLY = {
     "llama3-70b-64xh100.yaml": "a larger dense Llama at pp 1, what the 8B example checks: ~20 s CPU",
     "llama3-405b-1024xh100.yaml": "the same at 1,024 ranks and 126 layers: ~115 s CPU",
     "mixtral-8x7b.yaml": "tests/test_verify.py verifies it through the CLI (MoE, every pipeline rank)",
+    "llama3-8b-compile-8xh100.yaml": "compiled blocks, torchtitan's Table 1 layout, ~30 s CPU; the planner compiles "
+                                     "llama3-8b-8xh100.yaml's blocks too, which CI verifies",
     "llama2-7b-128k-ulysses.yaml": "all-to-all CP at 128k, ~20 s CPU; tests/test_ledger_vs_trace.py traces "
                                    "all-to-all layouts at full width in CI",
     "llama3-70b-fp8-64xh100.yaml": "the 70B example in fp8, ~30 s CPU; tests/test_ledger_vs_trace.py traces fp8 "
