@@ -333,10 +333,12 @@ def misses(row: dict) -> list[str]:
 
 
 def compare(name: str, job: dict, workers: int | None = None) -> list[dict]:
-    """One row per traced role: the traced peak and categories beside the ledger's (GB)."""
+    """One row per traced role: the traced peak and categories beside the ledger's (GB). Eager blocks unless the
+    job says train.compile (the planner would compile them on these GPUs; compiled blocks have their own terms:
+    tests/test_trainer_compile.py)."""
     from launcher.verify import trace_plan
 
-    spec = spec_from_dict(job)
+    spec = spec_from_dict({**job, "train": {"compile": False, **job["train"]}})
     plan = plan_job(spec, top=0).best
     t0 = time.perf_counter()
     report = trace_plan(plan, build_last_rank=False, workers=workers)

@@ -32,7 +32,7 @@ OUTSIDE = ("params", "grads", "optimizer", "temporaries", "comm_buffers")
 
 def job(zero: int, layers: int, vocab: int = MODEL["vocab"]) -> dict:
     return {"name": f"seed-z{zero}", "model": {**MODEL, "layers": layers, "vocab": vocab},
-            "train": {"seq_len": 4096, "global_batch": 8, "grad_dtype": "bf16"},
+            "train": {"seq_len": 4096, "global_batch": 8, "grad_dtype": "bf16", "compile": False},
             "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm", "memory_headroom": 0.0},
             "parallel": {"tp": 1, "cp": 1, "pp": 1, "dp": 8, "zero": zero, "recompute": "full", "micro_batch": 1}}
 

@@ -111,6 +111,11 @@ def trace_plan(plan: Plan, progress: Callable[[str], None] | None = None,
     if plan.train.precision == "fp8":
         notes.append("fp8 traced as on the nodes: the converted linears' e4m3 casts and their backward GEMMs' "
                      "tensorwise kernel with the output rescaled (torchao's rowwise recipe on a GPU)")
+    if plan.layout.compile:
+        from launcher.verify.memtrace import TRACE_BACKEND
+
+        notes.append(f"compiled blocks traced through {TRACE_BACKEND}: inductor's decompositions and min-cut partition "
+                     "(what a compiled block saves for backward), the graphs run op by op on fake tensors")
     if (plan.model.experts or 1) > 1:
         from launcher.verify.memtrace import ROUTING_ASSUMPTION
 
