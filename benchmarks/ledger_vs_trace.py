@@ -57,7 +57,8 @@ SHAPES = {"tiny": presets.MODELS["tiny"], "mha-gelu": MHA, "tiny-moe": TINY_MOE,
 FAMILY = {"tiny": "tiny", "mha-gelu": "mha-gelu", "tiny-moe": "moe", "mixtral-8x7b": "moe",
           "llama3-8b": "llama3-8b", "llama3-70b": "llama3-70b", "llama3-405b": "llama3-405b"}
 SEQ = {"tiny": 256, "mha-gelu": 512, "tiny-moe": 256, "mixtral-8x7b": 4096}
-SHORT = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved-1f1b": "interleaved"}
+SHORT = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved-1f1b": "interleaved", "interleaved-zero-bubble": "izb",
+         "zero-bubble-v": "zbv", "dualpipe-v": "dpv"}
 
 
 #: a reduced llama3-8b (GQA, SwiGLU, ffn 3.5h): its terms at a few layers and a small vocabulary
@@ -261,6 +262,21 @@ EXTRA = [
                                    zero=3, recompute="none", micro_batch=1)),
     ("dense dp8 z1 none fp8", case(DENSE, 1, 8, 1024, 8, "fp8", train_extra={"fp8_linears": "all"}, tp=1, cp=1, pp=1,
                                    zero=1, recompute="none", micro_batch=1)),
+    # the split-backward schedules (issue 25 §1): each rank priced action by action of torch's own order
+    # (launcher/plan/schedules.py), the held weight-gradient inputs from each I to its W, the receive buffers'
+    # input gradients; ZB-V and DualPipe-V's V (rank 0 holds the embedding and the head), ZB1P over two chunks,
+    # TP's sequence-parallel ops in both backward halves (8 layers of the reduced llama3-8b, 10-20 s CPU each)
+    ("dense/8L zbv tp2 pp2 z1", case(dict(DENSE, layers=8), 1, 8, 512, 16, tp=2, cp=1, pp=2, zero=1, recompute="none",
+                                     micro_batch=1, schedule="zero-bubble-v", virtual_stages=2)),
+    ("dense/8L izb pp2 v2 z1", case(dict(DENSE, layers=8), 1, 4, 512, 16, tp=1, cp=1, pp=2, zero=1, recompute="none",
+                                    micro_batch=1, schedule="interleaved-zero-bubble", virtual_stages=2)),
+    ("dense/8L dpv pp2 z0", case(dict(DENSE, layers=8), 1, 4, 512, 16, tp=1, cp=1, pp=2, zero=0, recompute="none",
+                                 micro_batch=1, schedule="dualpipe-v", virtual_stages=2)),
+    # not met: FSDP (ZeRO 2) under a split backward, where each W's bf16 .grad waits for a post-backward the ledger
+    # places by rule (the chunk's next I or F, a whole backward's end): pp 0 grads +25 %, pp 1 -17 % (totals
+    # +3.1 %, -1.0 %)
+    ("dense/8L zbv pp2 z2", case(dict(DENSE, layers=8), 1, 4, 512, 16, tp=1, cp=1, pp=2, zero=2, recompute="none",
+                                 micro_batch=1, schedule="zero-bubble-v", virtual_stages=2)),
 ]
 #: large models at their real depth (verify traces 1-3 layers per stage and extends: minutes each)
 FULL_DEPTH = [

@@ -37,6 +37,8 @@ BENCHMARK_ONLY = {
                                    "all-to-all layouts at full width in CI",
     "llama3-70b-fp8-64xh100.yaml": "the 70B example in fp8, ~30 s CPU; tests/test_ledger_vs_trace.py traces fp8 "
                                    "layouts at full width in CI",
+    "llama3-8b-zbv-32xh100.yaml": "ZB-V on 16 stages, every pp rank replayed from 2 traces, ~25 s; "
+                                  "tests/test_ledger_vs_trace.py traces the split-backward schedules in CI",
 }
 
 

@@ -356,9 +356,11 @@ def split_backward_problem(schedule: str, zero: int, recompute: str, dp_cp: int)
     """(field, reason) where the trainer cannot run a split-backward schedule (tests/test_trainer_schedules.py
     runs the rest against the single process): torch finds a stage's weights through module.parameters() when
     its input-gradient step starts (pipelining/_backward.py stage_backward_input), and FSDP's ZeRO 3 has
-    resharded every block after its forward, so those blocks' weight gradients would never be computed; torch's
-    selective activation checkpointing replays a region's saved ops once (utils/checkpoint.py), and the split
-    backward runs two passes through it (input, then weight gradients)."""
+    resharded every block after its forward, so those blocks' weight gradients would never be computed. Recompute
+    replays a checkpointed region in each backward pass through it: torch's selective checkpointing allows one
+    (utils/checkpoint.py), and the weight step runs one autograd.grad per weight (stage_backward_weight), so full
+    recompute replays each block once per weight and keeps every replay until the step ends (traced: a 2-layer
+    stage's weight step held 13 blocks' activations, and ran 13 forwards)."""
     if schedule not in SPLIT_BACKWARD:
         return None
     if zero == 3 and dp_cp > 1:
@@ -366,10 +368,11 @@ def split_backward_problem(schedule: str, zero: int, recompute: str, dp_cp: int)
                         "torch's split backward takes the weights it differentiates from the stage's parameters "
                         "at the input-gradient step (sharded ones: their gradients are lost); use zero 2 (FSDP, "
                         "blocks kept gathered, torchtitan's choice under PP) or 0/1")
-    if recompute == "selective":
-        return "recompute", (f"selective cannot run under schedule {schedule}: torch's selective activation "
-                             "checkpointing replays a region once, and the split backward passes through it twice "
-                             "(input, then weight gradients); use recompute full or none")
+    if recompute != "none":
+        return "recompute", (f"{recompute} cannot run under schedule {schedule}: its split backward replays a "
+                             "recomputed block once per weight (torch's weight step differentiates each weight "
+                             "apart; selective checkpointing allows one replay at all); use recompute none, or "
+                             "1f1b / interleaved-1f1b with recompute")
     return None
 
 

@@ -51,10 +51,12 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 
+from launcher.plan.capabilities import SPLIT_BACKWARD, rank_stages
 from launcher.plan.fp8 import fp8_terms
 from launcher.plan.kernels import FLASH_BACKWARD, kernels
 from launcher.plan.layout import stage_layers, strides
 from launcher.plan.ledger import Layout, ParamCounts, param_counts, ulysses_kv_width
+from launcher.plan.schedules import bubble_fraction as schedule_bubble
 
 # --- calibration constants (fitted in benchmarks/calibrate_costs.py; errors printed there) -------
 #: Fraction of the advertised per-direction NVLink bandwidth an all-reduce reaches (nccl-tests: ~370-480
@@ -319,7 +321,7 @@ def collectives(model, train, lay: Layout, bw: Bandwidth, gpus_per_node: int,
     shard = lay.shard_group                 # dp·cp, or dp_shard·cp under hybrid sharding (its replicas apart)
     if shard > 1:
         dp_stride = min(st["dp"], st["cp"]) if lay.cp > 1 else st["dp"]
-        most = max(rank_stage_layers(model.layers, lay.pp, lay.virtual_stages))
+        most = max(rank_stage_layers(model.layers, lay.pp, lay.virtual_stages, lay.schedule))
         emb = counts.embedding + (counts.head if lay.pp == 1 else 0)
         stage_params = (counts.largest_layer * most + max(emb, counts.head)) / lay.tp
         grad_elem = 4 if train.precision == "fp32" else stack.grad_reduce_bytes
@@ -490,11 +492,34 @@ def compiled_elementwise(gpu) -> float:
     return min(1.0, max(0.0, sum(shares) / len(shares)))
 
 
+def split_bubble(model, lay: Layout, fwd: dict[str, float]) -> float:
+    """The bubble of a split-backward schedule (interleaved-zero-bubble, zero-bubble-v, dualpipe-v) as a fraction
+    of the busiest rank's compute, by simulating torch's own orders (schedules.bubble_fraction) with each layer's
+    forward F, input gradient I and weight gradient W in FLOPs: F its matmuls and attention, W the matmuls again
+    (a weight's gradient costs its forward: Qi et al. 2023 §2, "T_F ≈ T_B ≈ T_W" for matmuls alone), I the matmuls
+    and attention's backward (FLASH_BACKWARD forwards: it has no weights), the last stage's logits likewise. The
+    ZB paper's bubble formulas are this simulation's answer for F = I = W (tests/test_costs_schedules.py). Not
+    charged: p2p latency inside the bubble, and DualPipe-V's overlap of one micro-batch's forward with another's
+    backward, which hides EP's all-to-all (DeepSeek-V3 §3.2.1), not compute, and the bundled trainer runs
+    them one after the other."""
+    per_layer_mm = fwd["matmul"] / model.layers
+    per_layer_attn = fwd["attention"] / model.layers
+    f = per_layer_mm + per_layer_attn
+    i = per_layer_mm + FLASH_BACKWARD * per_layer_attn
+    w = per_layer_mm
+    logits = fwd["logits"] / f
+    v = max(1, lay.virtual_stages)
+    split = tuple(stage_layers(model.layers, lay.pp * v))
+    return schedule_bubble(lay.schedule, lay.pp, v, lay.grad_accum, split, 1.0, round(i / f, 3), round(w / f, 3),
+                           (round(logits, 3), round(logits, 3), round(logits, 3)))
+
+
 @lru_cache(maxsize=4096)
-def rank_stage_layers(layers: int, pp: int, v: int) -> tuple[int, ...]:
-    """Layers each pipeline rank runs: rank r holds stages r, r+pp, ... of the uneven split."""
+def rank_stage_layers(layers: int, pp: int, v: int, schedule: str = "1f1b") -> tuple[int, ...]:
+    """Layers each pipeline rank runs: rank r holds stages r, r+pp, ... of the uneven split (r and 2·pp-1-r
+    under a V schedule: capabilities.rank_stages)."""
     split = stage_layers(layers, pp * v)
-    return tuple(sum(split[r + k * pp] for k in range(v)) for r in range(pp))
+    return tuple(sum(split[s] for s in rank_stages(schedule, r, pp, v)) for r in range(pp))
 
 
 # --- the estimate ---------------------------------------------------------------------------------
@@ -606,7 +631,7 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
     attn_layer = fwd["attention"] * (3 + attn_again) / model.layers
     # The pipeline runs at the pace of its busiest rank: its layers (uneven splits and interleaving
     # with layer counts not divisible by pp·v included) plus, on the last rank, the logits and loss.
-    per_rank = rank_stage_layers(model.layers, p, v)
+    per_rank = rank_stage_layers(model.layers, p, v, lay.schedule)
     most = max(per_rank)
     fp8 = train.fp8_linears if train.precision == "fp8" else None
     t_most, fl_most = compute_seconds(model, lay, s, gpu, stack, most, p == 1, factor, fp8)
@@ -654,8 +679,11 @@ def estimate(model, train, gpu, lay: Layout, bw: Bandwidth, gpus_per_node: int,
         ep_mb = 4 * s_local * b * h * dtype * model.experts_per_token * (lay.ep - 1) / lay.ep * layers_stage / lay.tp / ep_bw
     mb_time = compute_mb + tp_mb + cp_mb + ep_mb
 
-    # PP: steady state m·v chunks of 1/v the work, plus the bubble (p-1)/(m·v); boundary transfers.
+    # PP: steady state m·v chunks of 1/v the work, plus the bubble (p-1)/(m·v) (Narayanan et al. 2021, §2.2.2:
+    # 1F1B's (p-1)/m, interleaved's ÷v); boundary transfers.
     bubble_fraction = (p - 1) / (m * v) if p > 1 else 0.0
+    if p > 1 and lay.schedule in SPLIT_BACKWARD:
+        bubble_fraction = split_bubble(model, lay, fwd)
     pp_bw = bws.get("pp", inf) * 1e9
     p2p = 2 * s_local * b * h * dtype / lay.tp / pp_bw if p > 1 else 0.0
     pp_p2p = p2p * (m * v + p - 1) * 0.5 if p > 1 else 0.0   # forward + backward, half hidden by compute

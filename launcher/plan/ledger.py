@@ -20,9 +20,10 @@ import math
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
-from launcher.plan.capabilities import fp8_converts, padded_model
+from launcher.plan.capabilities import SPLIT_BACKWARD, V_SCHEDULES, fp8_converts, padded_model
 from launcher.plan.layout import stage_layers
 from launcher.plan.model import Layout
+from launcher.plan.schedules import rank_order
 
 GB = 1e9
 GIB = 2**30
@@ -450,28 +451,44 @@ def pp_rank_of(lay: Layout, role: str | int) -> int:
 
 
 def rank_layers(model, lay: Layout, role: str | int) -> int:
-    """Layers pipeline rank `role` holds: its stages r, r + pp, ... of the plan's split
-    (layout.stage_layers: uneven splits give the first and last stage the smaller share)."""
-    return _rank_layer_counts(model.layers, lay.pp, max(1, lay.virtual_stages))[pp_rank_of(lay, role)]
+    """Layers pipeline rank `role` holds: its stages r, r + pp, ... of the plan's split, or r and 2·pp-1-r
+    under a V schedule (layout.stage_layers: uneven splits give the first and last stage the smaller share)."""
+    return _rank_layer_counts(model.layers, lay.pp, max(1, lay.virtual_stages), _vee(lay))[pp_rank_of(lay, role)]
+
+
+def _vee(lay: Layout) -> bool:
+    """The V stage layout (capabilities.rank_stages): rank r holds stages r and 2·pp-1-r."""
+    return lay.schedule in V_SCHEDULES
+
+
+def _ends(lay: Layout, r: int) -> tuple[bool, bool]:
+    """Whether pipeline rank r holds the first stage (the embedding) and the last (the head and the loss):
+    ranks 0 and pp-1, both rank 0 under a V."""
+    return r == 0, r == (0 if _vee(lay) else lay.pp - 1)
+
+
+def _stages_of(pp: int, v: int, r: int, vee: bool) -> tuple[int, ...]:
+    return (r, 2 * pp - 1 - r) if vee else tuple(range(r, pp * v, pp))
 
 
 @lru_cache(maxsize=1024)  # the search asks for every layout
-def _rank_layer_counts(layers: int, pp: int, v: int) -> tuple[int, ...]:
+def _rank_layer_counts(layers: int, pp: int, v: int, vee: bool = False) -> tuple[int, ...]:
     split = stage_layers(layers, pp * v)
-    return tuple(sum(split[r::pp]) for r in range(pp))
+    return tuple(sum(split[s] for s in _stages_of(pp, v, r, vee)) for r in range(pp))
 
 
 @lru_cache(maxsize=4096)
-def _chunk_layer_counts(layers: int, pp: int, v: int, r: int) -> tuple[int, ...]:
+def _chunk_layer_counts(layers: int, pp: int, v: int, r: int, vee: bool = False) -> tuple[int, ...]:
     """The layers of each of pipeline rank r's v model chunks (stage_layers over pp·v stages)."""
-    return tuple(stage_layers(layers, pp * v)[r::pp])
+    split = stage_layers(layers, pp * v)
+    return tuple(split[s] for s in _stages_of(pp, v, r, vee))
 
 
 @lru_cache(maxsize=1024)
-def _candidate_ranks(layers: int, pp: int, v: int) -> tuple[int, ...]:
+def _candidate_ranks(layers: int, pp: int, v: int, vee: bool = False) -> tuple[int, ...]:
     """Pipeline ranks that can be the busiest (busiest_rank): both ends, and each middle layer count's
     lowest rank (the most micro-batches in flight among ranks holding that many layers)."""
-    counts = _rank_layer_counts(layers, pp, v)
+    counts = _rank_layer_counts(layers, pp, v, vee)
     middle: dict[int, int] = {}
     for r in range(1, pp - 1):
         middle.setdefault(counts[r], r)
@@ -481,17 +498,17 @@ def _candidate_ranks(layers: int, pp: int, v: int) -> tuple[int, ...]:
 def rank_params(model, lay: Layout, role: str | int) -> RankParams:
     """Parameters of pipeline rank `role` ('first', 'last' or a rank): rank 0 holds the embedding
     (and, with pp = 1, the head), rank pp-1 the output head and final norm (model.keep_only)."""
-    return _rank_params(model, lay.tp, lay.pp, lay.ep, max(1, lay.virtual_stages), pp_rank_of(lay, role))
+    return _rank_params(model, lay.tp, lay.pp, lay.ep, max(1, lay.virtual_stages), pp_rank_of(lay, role), _vee(lay))
 
 
 @lru_cache(maxsize=4096)  # one split's: the same for every micro-batch, recompute and ZeRO stage the search prices
-def _rank_params(model, t: int, pp: int, ep: int, v: int, r: int) -> RankParams:
+def _rank_params(model, t: int, pp: int, ep: int, v: int, r: int, vee: bool = False) -> RankParams:
     c = param_counts(model)
-    layers = _rank_layer_counts(model.layers, pp, v)[r]
+    layers = _rank_layer_counts(model.layers, pp, v, vee)[r]
     # a MoE's router and experts are whole on every TP rank (expert TP 1), the rest of the block split over TP
     et = 1 if model.experts > 1 else t
     router = moe_whole_params(model)          # the router and shared experts, whole under TP
-    dense_here = _rank_dense_layers(model.layers, pp, v, r, c.dense_layers)   # first_dense_layers held here
+    dense_here = _rank_dense_layers(model.layers, pp, v, r, c.dense_layers, vee)   # first_dense_layers held here
     moe_here = layers - dense_here
     dense = ((c.layer_dense - router) / t + router) * moe_here + c.dense_layer / t * dense_here
     expert = c.layer_expert * moe_here / (et * ep)
@@ -499,7 +516,7 @@ def _rank_params(model, t: int, pp: int, ep: int, v: int, r: int) -> RankParams:
     root, head_w = 0.0, 0.0
     if r == 0:
         root += c.embedding / t
-    if r == pp - 1:
+    if r == (0 if vee else pp - 1):
         tied_copy = c.embedding if model.tied_embeddings and pp > 1 else 0   # model.keep_only
         root += (c.head + tied_copy + c.final_norm) / t
         head_w = vh          # the untied head, or the (tied) embedding the loss multiplies with
@@ -516,13 +533,13 @@ def _rank_params(model, t: int, pp: int, ep: int, v: int, r: int) -> RankParams:
 
 
 @lru_cache(maxsize=4096)
-def _rank_dense_layers(layers: int, pp: int, v: int, r: int, first_dense: int) -> int:
+def _rank_dense_layers(layers: int, pp: int, v: int, r: int, first_dense: int, vee: bool = False) -> int:
     """How many of the first `first_dense` layers pipeline rank r holds (its stages r, r + pp, ...)."""
     if not first_dense:
         return 0
     split = stage_layers(layers, pp * v)
     starts = [sum(split[:i]) for i in range(len(split))]
-    return sum(max(0, min(starts[i] + split[i], first_dense) - starts[i]) for i in range(r, len(split), pp))
+    return sum(max(0, min(starts[i] + split[i], first_dense) - starts[i]) for i in _stages_of(pp, v, r, vee))
 
 
 def optimizer_temp_bytes(train, gpu, local_params: float, largest: float) -> float:
@@ -752,12 +769,14 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
                                                 if lay.cp > 1 and lay.cp_attention == "all-to-all" else 0.0)
     step = _step_memory(model, train, gpu, lay, num, rp, fsdp, n, n_exp, dense, params + buffers, grads,
                         step_grads, optimizer, r, layers)
-    if lay.pp > 1 and lay.virtual_stages > 1:
+    if lay.pp > 1 and (lay.virtual_stages > 1 or lay.schedule in SPLIT_BACKWARD):
         # interleaved 1F1B: the rank's model chunks are in flight and hold gradients unevenly: priced per chunk
+        # (the split-backward schedules too, action by action of their own orders: _split_peak)
         state = RankMemory(params + buffers, grads, optimizer, acts - per_layer * layers * held
                            - pipeline_buffer_bytes(model, lay, num, tokens, held, r), 0.0, 0.0, "")
-        fwd_bwd = _interleaved_peak(model, train, lay, num, rp, state, tokens, per_layer, recomputed, fsdp, r,
-                                    step_grads / grads if fsdp and grads else 1.0)
+        peak = _split_peak if lay.schedule in SPLIT_BACKWARD else _interleaved_peak
+        fwd_bwd = peak(model, train, lay, num, rp, state, tokens, per_layer, recomputed, fsdp, r,
+                       step_grads / grads if fsdp and grads else 1.0)
         return fwd_bwd if fwd_bwd.total >= step.total else step
     has_head = r == lay.pp - 1
     # --- the forward/backward peak: the loss's backward (last stage) or the first block's backward
@@ -935,7 +954,7 @@ def _lean_step_memory(model, train, gpu, lay: Layout, rp: RankParams, n: int, pa
     fp32 (lean_pack_elems) beside every gradient not yet packed, then reduce-scatters it (ZeRO 1) or
     all-reduces it (ZeRO 0); the step then holds the fp32 shard whole and one bucket's optimizer temporaries; the gather casts one bucket's master and all-gathers it."""
     shards = n if lay.zero == 1 else 1
-    pack = lean_pack_elems(model, lay.tp, shards, lay.ep, r == 0, r == lay.pp - 1, layers)
+    pack = lean_pack_elems(model, lay.tp, shards, lay.ep, *_ends(lay, r), layers)
     stepped = pack / shards                       # the largest bucket the inner optimizer steps at once
     if model.experts > 1 and lay.ep > 1:
         ex_shards = max(1, n // lay.ep) if lay.zero == 1 else 1
@@ -950,7 +969,7 @@ def _lean_step_memory(model, train, gpu, lay: Layout, rp: RankParams, n: int, pa
     if shards == 1 and rp.total and not (model.experts > 1 and lay.ep > 1):
         # ZeRO 0's last bucket: every other bucket's fp32 sum exists whole (the all-reduce's own buffer), beside
         # the last one's weight gradients and its pack
-        last = lean_pack_elems(model, lay.tp, shards, lay.ep, r == 0, r == lay.pp - 1, layers, 1)
+        last = lean_pack_elems(model, lay.tp, shards, lay.ep, *_ends(lay, r), layers, 1)
         moments.append(RankMemory(params, step_grads - 4 * last + grads / rp.total * last, optimizer, 0.0, 0.0,
                                   4 * last, "gradient reduce"))
     return max(moments, key=lambda m: m.total)
@@ -964,8 +983,9 @@ def pipeline_buffer_bytes(model, lay: Layout, num: Numerics, tokens: float, held
     stage output, kept for its backward (`held` in flight per local model chunk)."""
     each, recv, shares = _pipeline_buffers(model, lay, num, tokens, r)
     v = max(1, lay.virtual_stages)
-    kept = held * v - (held if r == lay.pp - 1 else 0.0)
-    shared = held * v - (held if r == 0 else 0.0) if shares else 0.0
+    first, last = _ends(lay, r)
+    kept = held * v - (held if last else 0.0)
+    shared = held * v - (held if first else 0.0) if shares else 0.0
     return each * (recv + kept - shared)
 
 
@@ -975,7 +995,8 @@ def _pipeline_buffers(model, lay: Layout, num: Numerics, tokens: float, r: int) 
     norm saves it itself (x.float() is x), and full recompute's checkpoint keeps it as the block's input
     (so a kept stage input that was received is not counted twice)."""
     each = num.residual * model.hidden * tokens / lay.tp
-    recv = lay.grad_accum * (2 * max(1, lay.virtual_stages) - (r == 0) - (r == lay.pp - 1))
+    first, last = _ends(lay, r)
+    recv = lay.grad_accum * (2 * max(1, lay.virtual_stages) - first - last)
     return each, recv, num.residual == 4 or lay.recompute == "full"
 
 
@@ -1172,6 +1193,178 @@ def _interleaved_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, 
     return RankMemory(*best)
 
 
+def held_dw_bytes(model, lay: Layout, num: Numerics, tokens: float, layers: int, head: bool) -> float:
+    """What one micro-batch's split backward holds from its input-gradient step (I) to its weight step (W),
+    beyond its activations (which the retained graph keeps whole until W: pipelining/_backward.py
+    stage_backward_input runs autograd.grad with retain_graph=True): the gradient of each weight's consumer's
+    output, which torch saves for W (param_groups' "grads", one per intermediate node that consumes a weight).
+    The ZB paper's W needs exactly these and the layer inputs (Qi et al. 2023, arXiv 2401.10241 §2: "W ... only
+    depends on its output gradient and the input"). Per layer, in the compute dtype: the two norms' outputs
+    [tokens, h] (a sequence shard under TP), q, k and v and the MLP's inner rows (ffn, twice when gated) over the
+    whole local sequence for this TP rank's columns, wo's and w2's outputs [tokens, h] (sequence shards); a MoE
+    layer its router's logits and each routed row's expert rows. On the stage with the head: the final norm's
+    output and the loss's logits gradient [tokens, vocab/tp] of every chunk (the chunked loss's matmuls), which
+    W multiplies into the head's gradient."""
+    t, e, h = lay.tp, num.act, model.hidden
+    attn = (2 * h + model.q_width + 2 * model.kv_width + h) / t
+    if model.experts > 1:
+        mats = 2 if model.mlp != "gelu" else 1
+        routed = tokens * model.experts_per_token * (mats * model.expert_ffn + h)
+        shared = tokens * (mats * model.shared_ffn + h) if model.shared_experts else 0.0
+        per_layer = attn * tokens + tokens * model.experts + routed + shared
+    else:
+        per_layer = (attn + ((2 if model.mlp != "gelu" else 1) * model.ffn_hidden + h) / t) * tokens
+    out = per_layer * layers * e
+    if head:
+        out += (h / t + model.vocab / t) * tokens * e
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _split_moments(schedule: str, pp: int, v: int, m: int, r: int, chunk_layers: tuple[int, ...],
+                   first: bool, last: bool) -> tuple[tuple, ...]:
+    """Rank r's backward actions under a split-backward schedule (schedules.rank_order), each with what
+    _split_peak reads of the rank at its start: (kind, chunk k, its micro-batches in flight, layer-micro-batches whose
+    activations live, stage outputs kept, received inputs held, each chunk's I-done-W-pending micro-batches,
+    input gradients made so far, each chunk's backward (B or W) count, and W's pending since the chunk's last
+    I (FSDP's bf16 .grad beside its fp32 sum)). An activation lives from its F to its B or W; a stage output
+    from its F to its I or B (detached there); the first stage's I does nothing (its input needs no gradient)
+    and its W is a whole backward."""
+    held = [0] * v
+    outs = [0] * v
+    pending = [0] * v
+    done = [0] * v
+    since = [False] * v
+    live = ingrads = 0
+    out = []
+    for k, _j, kind in rank_order(schedule, pp, v, m, r):
+        stage0 = first and k == 0
+        if kind == "F":
+            held[k] += 1
+            outs[k] += 1
+            live += chunk_layers[k]
+            since[k] = False                        # FSDP's pre-forward has taken the .grad into its sum
+            continue
+        if kind == "I" and stage0:
+            continue
+        kept = sum(outs) - (outs[-1] if last else 0)
+        shared = sum(held) - (held[0] if first else 0)
+        out.append(("B" if stage0 else kind, k, held[k], live, kept, shared, tuple(pending), ingrads, tuple(done),
+                    tuple(since)))
+        if kind == "B" or stage0:
+            since = [False] * v                     # a whole backward's final callback: every unit's post-backward
+        if kind in ("B", "I"):
+            outs[k] -= 1
+            ingrads += kind == "I"             # stage_backward_input sets .grad; a whole backward returns it
+        if kind == "I":
+            pending[k] += 1
+            since[k] = False
+        else:                                       # B, or W: the activations and any held inputs go
+            held[k] -= 1
+            live -= chunk_layers[k]
+            if kind == "W" and not stage0:
+                pending[k] -= 1
+                since[k] = True
+            if kind == "W" and stage0:
+                outs[k] -= 1
+            done[k] += 1
+    return tuple(out)
+
+
+def _split_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, state: RankMemory, tokens: float,
+                per_layer: float, recomputed: float, fsdp: bool, r: int, sharded: float) -> RankMemory:
+    """The forward/backward peak of pipeline rank r under a split-backward schedule (interleaved-zero-bubble,
+    zero-bubble-v, dualpipe-v), at each backward action of its own order (_split_moments): as
+    _interleaved_peak's, with what the split adds. An I holds everything (the graph is retained) and adds the
+    micro-batch's held_dw_bytes until its W; its moments are the top of the chunk (the block's or the loss's
+    backward working set, as a full backward's) and its end. A W frees the activations and the held inputs;
+    the chunk's first W makes its whole gradient beside them (its peak: that gradient less the held inputs
+    it has released, traced), a later one one weight's gradient at a time. Each received input's gradient an I
+    makes stays in the stage's receive buffer's .grad for the whole step (stage.py clear_runtime_states runs at the
+    next step). The held inputs and the input gradients are made in backward: temporaries, as torch's tracker
+    files them. FSDP (ZeRO 2): W writes each unsharded parameter's .grad in bf16, which FSDP's post-backward,
+    run at the chunk's next I, adds into its fp32 sum."""
+    pp, v, m = lay.pp, max(1, lay.virtual_stages), lay.grad_accum
+    vee = _vee(lay)
+    first, last = _ends(lay, r)
+    chunk_layers = _chunk_layer_counts(model.layers, pp, v, r, vee)
+    layers = sum(chunk_layers)
+    c = param_counts(model)
+    embedding = c.embedding / lay.tp if first else 0.0
+    blocks = rp.blocks_dense + rp.blocks_expert
+    params = [blocks * n / max(1, layers) for n in chunk_layers]
+    params[0] += embedding
+    params[-1] += rp.root - embedding
+    # a chunk's gradient from its first backward on: FSDP's fp32 sum (ZeRO 2), or the weights' dtype (grad_dtype
+    # fp32: its buffer); under FSDP the bf16 .grad a W writes waits beside it until the post-backward that adds it
+    # in: at the chunk's next I or F, or any whole backward's end on the rank (FSDP's final callback; traced)
+    gw = 4 if fsdp or train.grad_dtype == "fp32" else num.gathered
+    loss = _loss_peak(model, train, lay, num, tokens, 0.0, 1) if last else None
+    block = {n: _block_peak(model, lay, num, tokens, 0.0, recomputed, rp.block if fsdp else 0.0, lay.zero,
+                            per_layer, rp.block_mlp if fsdp else 0.0, rp.head if fsdp else 0.0, n)
+             for n in set(chunk_layers)}
+    each, received, shares = _pipeline_buffers(model, lay, num, tokens, r)
+    base, opt = state.params, state.optimizer
+    dw = [held_dw_bytes(model, lay, num, tokens, n, last and k == v - 1) for k, n in enumerate(chunk_layers)]
+    # one weight's gradient as W makes it (a later W adds it into .grad): the chunk's largest weight
+    f = model.ffn_hidden if model.experts == 1 else model.expert_ffn
+    w_temp = num.gathered * max(model.hidden * max(f, model.q_width) / (lay.tp if model.experts == 1 else 1),
+                                model.vocab * model.hidden / lay.tp if last else 0.0)
+    best_total, best = float("-inf"), ()
+
+    def consider(parts: tuple, phase: str) -> None:
+        nonlocal best_total, best
+        total = parts[0] + parts[1] + parts[2] + parts[3] + parts[4] + parts[5]
+        if total > best_total:
+            best_total, best = total, (*parts, phase)
+
+    for kind, k, held_k, live, kept, shared, pending, ingrads, done, since in _split_moments(
+            lay.schedule, pp, v, m, r, chunk_layers, first, last):
+        n = chunk_layers[k]
+        acts = state.activations + per_layer * live + each * (received + kept - (shared if shares else 0))
+        held = sum(p * d for p, d in zip(pending, dw))
+        temps0 = held + each * ingrads
+        grads = 0.0
+        for i in range(v):
+            if done[i]:
+                grads += params[i] * gw * (sharded if fsdp and done[i] == m else 1.0) + \
+                    (num.gathered * params[i] if fsdp and since[i] else 0.0)
+        blk = block[n]
+        head_chunk = last and k == v - 1
+        if kind in ("B", "I"):
+            # the top of the chunk: the loss's backward in the head chunk, when it holds more
+            if head_chunk and loss is not None and loss[0] * held_k + sum(loss[1:4]) >= sum(blk[:4]):
+                consider((base + loss[2], grads, opt, acts + loss[0] * held_k, temps0 + loss[1], loss[3]),
+                         "forward/backward")
+            else:
+                consider((base + blk[2], grads, opt, acts + blk[0], temps0 + blk[1], blk[3]), "forward/backward")
+        if kind == "I":
+            # its end: the graph kept, this micro-batch's held inputs and input gradient made, its output freed
+            consider((base, grads, opt, acts - (0.0 if head_chunk else each), temps0 + dw[k] + each, 0.0),
+                     "end of an input-gradient step")
+        elif kind == "W":
+            if not done[k]:
+                # the chunk's gradient as W makes it, a temporary until W returns (what torch's tracker sees made
+                # in backward; verify refiles .grad as gradients after each W)
+                own = params[k] * gw
+                consider((base, grads, opt, acts, temps0 - dw[k] + own, 0.0), "first weight-gradient step")
+            elif fsdp:
+                # every weight's fresh bf16 .grad (FSDP's post-backward took the last one into its fp32 sum) as
+                # the held inputs go
+                consider((base, grads, opt, acts, temps0 + num.gathered * params[k] - dw[k], 0.0),
+                         "weight-gradient step")
+            else:
+                consider((base, grads, opt, acts, temps0 + w_temp, 0.0), "weight-gradient step")
+        elif first and k == 0:
+            # the first stage's whole backward: its end (the embedding's gradient, as _interleaved_peak's)
+            # (the first backward's embedding gradient is still the temporary there: AccumulateGrad then keeps it)
+            own = 0.0 if done[k] else params[k] * gw - gw * c.embedding / lay.tp
+            end_temps = embedding_backward_bytes(model, lay, num, tokens)
+            consider((base, grads + own, opt, acts - per_layer * n, temps0 + end_temps, 0.0), "end of backward")
+    assert best
+    return RankMemory(*best)
+
+
 def _loss_peak(model, train, lay: Layout, num: Numerics, tokens: float, acts: float,
                held: float) -> tuple[float, ...]:
     """(activations, temporaries, gathered block, comm buffers) in the chunked loss's backward: every
@@ -1349,7 +1542,7 @@ def fitting_ledger(model, train, gpu, lay: Layout, headroom: float = DEFAULT_HEA
     first rank over the limit (the busiest is at least as full), so a layout that cannot fit costs one rank."""
     limit = _limit_gb(gpu, headroom)
     busiest, peak, most = 0, None, 0.0
-    for r in _candidate_ranks(model.layers, lay.pp, max(1, lay.virtual_stages)):
+    for r in _candidate_ranks(model.layers, lay.pp, max(1, lay.virtual_stages), _vee(lay)):
         m = _rank_memory(model, train, gpu, lay, r, limit)
         if m is None:
             return None
@@ -1374,7 +1567,7 @@ def _limit_gb(gpu, headroom: float) -> float:
 
 def _ledger(model, train, gpu, lay: Layout, headroom: float, r: int, m: RankMemory) -> MemoryLedger:
     """The ledger of a plan whose busiest pipeline rank is `r` with peak `m`."""
-    worst = "first" if r == 0 else "last" if r == lay.pp - 1 else f"pp {r}"
+    worst = "first" if r == 0 else "last" if _ends(lay, r)[1] else f"pp {r}"
     num = trainer_numerics(train, gpu, lay)
     model = padded_model(model, lay.tp)
     unchunked = train.seq_len / lay.cp * lay.micro_batch * model.vocab / lay.tp * (num.act + 4)
@@ -1394,5 +1587,5 @@ def busiest_rank(model, train, gpu, lay: Layout) -> tuple[int, RankMemory]:
     count no lower-numbered middle rank holds is priced (with uneven splits, e.g. 126 layers on pp 16,
     rank 1 holds more layers than rank 0 and nearly as many micro-batches)."""
     priced = [(r, rank_memory(model, train, gpu, lay, r))
-              for r in _candidate_ranks(model.layers, lay.pp, max(1, lay.virtual_stages))]
+              for r in _candidate_ranks(model.layers, lay.pp, max(1, lay.virtual_stages), _vee(lay))]
     return max(priced, key=lambda x: x[1].total)   # on a tie the lowest rank

@@ -75,10 +75,12 @@ class Candidate:
     def complexity(self) -> tuple:
         """Simpler first: fewer model-parallel dimensions (TP, CP, PP, EP; data parallelism is the
         baseline), less CP, fewer pipeline stages, lower ZeRO stage, one shard group over all of dp (not
-        hybrid sharding), smaller TP, fewer chunks, less recompute, then more memory headroom."""
+        hybrid sharding), smaller TP, fewer chunks, a whole backward (not a split one: the zero-bubble and
+        DualPipe-V schedules), less recompute, then more memory headroom."""
         lay, led = self.layout, self.ledger
         dims = sum(d > 1 for d in (lay.tp, lay.cp, lay.pp, lay.ep))
         return (dims, lay.cp, lay.pp, lay.zero, lay.dp_replicas, lay.tp, lay.virtual_stages,
+                lay.schedule in capabilities.SPLIT_BACKWARD,
                 RECOMPUTE_ORDER.index(lay.recompute), round(led.per_gpu_gb - led.limit_gb, 1))
 
     def ranked_time(self, seq_len: int) -> float:
@@ -244,10 +246,18 @@ class Search:
     def schedule_choices(self, pp: int) -> list[tuple[str, int]]:
         if pp == 1:
             return [("none", 1)]
-        scheds = [self.par.schedule] if self.par.schedule else ["1f1b", "interleaved-1f1b", "gpipe"]
+        scheds = [self.par.schedule] if self.par.schedule else ["1f1b", "interleaved-1f1b", "gpipe",
+                                                                *capabilities.SPLIT_BACKWARD]
         out = []
         for sched in scheds:
-            if sched != "interleaved-1f1b":
+            if sched in capabilities.V_SCHEDULES:
+                # exactly 2 stages per rank, in a V (capabilities.rank_stages): 2·pp stages of layers
+                if capabilities.interleave_problem(self.model.layers, pp, 2):
+                    self.reject("layers do not split evenly over 2·pp V stages (ends one fewer)")
+                else:
+                    out.append((sched, 2))
+                continue
+            if sched not in ("interleaved-1f1b", "interleaved-zero-bubble"):
                 out.append((sched, 1))
                 continue
             # an even split, or Llama 3's uneven one: the first and last chunk, which also hold the
@@ -258,7 +268,9 @@ class Search:
                   if v == 1 or not capabilities.interleave_problem(self.model.layers, pp, v)]
             if not vs:
                 self.reject("layers do not split evenly over pp·virtual_stages (ends one fewer)")
-            out.extend((sched, v) for v in vs if v > 1 or self.par.virtual_stages is not None)
+            # interleaved-zero-bubble also runs one stage per rank (ZB-H1's layout in torch's ZB1P order)
+            out.extend((sched, v) for v in vs
+                       if v > 1 or self.par.virtual_stages is not None or sched == "interleaved-zero-bubble")
         return out
 
     def run(self) -> None:
@@ -337,36 +349,52 @@ class Search:
         shards = self.dp_shard_choices(tp, cp, pp, dp, ep, zeros)
         per_mb = sum(len(zs) for _, zs in shards) * len(recomputes)
         for sched, v in self.schedule_choices(pp):
+            # a split-backward schedule runs no ZeRO 3 over FSDP and no recompute
+            # (capabilities.split_backward_problem)
+            rcs = [rc for rc in recomputes if not capabilities.split_backward_problem(sched, 0, rc, dp * cp)]
+            sched_shards = [(ds, kept) for ds, zs in shards
+                            if (kept := [z for z in zs
+                                         if not capabilities.split_backward_problem(sched, z, "none", dp * cp)])]
+            per = sum(len(zs) for _, zs in sched_shards) * len(rcs)
+            if per < per_mb:
+                self.reject("a split-backward schedule runs no ZeRO 3 over FSDP and no recompute",
+                            (per_mb - per) * len(mbs))
+            if not per:
+                continue
             # memory never falls as the micro-batch grows (1F1B holds min(m, p)·b sequences, GPipe
             # all b·m) nor as recompute or the ZeRO stage drops: once the least memory-hungry choice
             # (most recompute, highest stage) does not fit, larger micro-batches are skipped
             too_big: set[str] = set()
             for i, mb in enumerate(mbs):
                 if (t.global_batch // dp) % mb:
-                    self.reject("global_batch not divisible by dp·micro_batch", per_mb)
+                    self.reject("global_batch not divisible by dp·micro_batch", per)
                     continue
                 ga = t.global_batch // (dp * mb)
-                if pp > 1 and sched != "gpipe" and ga < pp:
-                    self.reject("micro-batches < pipeline stages", per_mb)
+                if pp > 1 and sched in ("1f1b", "interleaved-1f1b") and ga < pp:
+                    self.reject("micro-batches < pipeline stages", per)
                     continue
                 if sched == "gpipe" and ga >= pp and p.schedule is None:
                     # the same bubble and traffic as 1F1B, holding all m micro-batches instead of p
-                    self.reject("gpipe dominated by 1f1b (same time, more memory)", per_mb)
+                    self.reject("gpipe dominated by 1f1b (same time, more memory)", per)
                     continue
-                if sched == "interleaved-1f1b" and capabilities.schedule_problem(sched, ga, pp):
-                    # torch's Interleaved1F1B: micro-batches a multiple of its rounds, max(1, m // pp)
-                    self.reject("interleaved 1F1B needs micro-batches a multiple of max(1, m // pp)", per_mb)
+                if sched in ("interleaved-1f1b", "interleaved-zero-bubble") and \
+                        capabilities.schedule_problem(sched, ga, pp):
+                    # torch's Interleaved1F1B / InterleavedZeroBubble: micro-batches a multiple of max(1, m // pp)
+                    self.reject("interleaved schedules need micro-batches a multiple of max(1, m // pp)", per)
                     continue
-                if len(too_big) == len(recomputes):
-                    self.reject("does not fit in GPU memory", per_mb * (len(mbs) - i))
+                if sched == "dualpipe-v" and capabilities.schedule_problem(sched, ga, pp):
+                    self.reject("dualpipe-v needs micro-batches >= 2·pp", per)
+                    continue
+                if len(too_big) == len(rcs):
+                    self.reject("does not fit in GPU memory", per * (len(mbs) - i))
                     break
-                for rc in reversed(recomputes):      # least memory first
+                for rc in reversed(rcs):      # least memory first
                     if rc in too_big:
                         self.reject("does not fit in GPU memory", len(zeros))
                     elif not any([self.fitting_zeros(tp, cp, pp, dp, ep, zs, rc, mb, ga, sched, v, ds)
-                                  for ds, zs in shards]):
+                                  for ds, zs in sched_shards]):
                         too_big.add(rc)
-                        too_big.update(recomputes[:recomputes.index(rc)])    # less recompute needs more
+                        too_big.update(rcs[:rcs.index(rc)])    # less recompute needs more
 
     def dp_shard_choices(self, tp: int, cp: int, pp: int, dp: int, ep: int,
                          zeros: list[int]) -> list[tuple[int | None, list[int]]]:

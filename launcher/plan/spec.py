@@ -207,7 +207,7 @@ class ParallelSpec:
     recompute: Recompute | None = bounded(None, doc="activation recomputation")
     micro_batch: int | None = bounded(None, 1, 1 << 30, doc="sequences per micro-batch")
     schedule: Schedule | None = bounded(None, doc="pipeline schedule (the zero-bubble and DualPipe-V ones split the "
-                                                  "backward: zero 0-2, recompute none or full; dualpipe-v needs "
+                                                  "backward: zero 0-2, recompute none; dualpipe-v needs "
                                                   "grad_accum >= 2·pp)")
     virtual_stages: int | None = bounded(None, 1, 1024, doc="model chunks per pipeline rank (interleaved; exactly 2 "
                                                             "under zero-bubble-v and dualpipe-v)")

@@ -76,13 +76,34 @@ def _gather_linear_setup(ctx, inputs, output) -> None:
     ctx.group, ctx.fp8 = (group_size, group_name), list(fp8)
 
 
+def _wanted(ctx) -> list[bool]:
+    """Which of the op's tensor inputs the running backward differentiates to: every one in a whole backward;
+    one side each in a split one (pipelining's input-gradient step, autograd.grad to the stage inputs, then its
+    weight step, autograd.grad to the weights: pipelining/_backward.py), where computing both would run each
+    linear's backward, and its collectives, twice. A leaf that autograd.grad differentiates to, or a call
+    outside a running backward (a trace of the op), makes torch refuse the question: wanted."""
+    out = []
+    for node, _ in ctx.next_functions:
+        try:
+            out.append(node is not None and torch._C._will_engine_execute_node(node))
+        except RuntimeError:
+            out.append(True)
+    return out
+
+
 def _gather_linear_backward(ctx, grads: list[Tensor]):
     x, *weights = ctx.saved_tensors
-    full = _gather_seq(x, *ctx.group).reshape(-1, x.shape[-1])        # gathered again (Megatron's backward)
+    want = _wanted(ctx)
     flat = [g.reshape(-1, g.shape[-1]) for g in grads]
-    cast_x = float8.column_major(full) if any(ctx.fp8) else None
-    weight_grads = [float8.weight_grad(g, full, cast_x) if f else g.t() @ full for g, f in zip(flat, ctx.fp8)]
-    del full, cast_x                                                  # before the input gradient is made
+    weight_grads: list[Tensor | None] = [None] * len(weights)
+    if any(want[1:]):
+        full = _gather_seq(x, *ctx.group).reshape(-1, x.shape[-1])    # gathered again (Megatron's backward)
+        cast_x = float8.column_major(full) if any(ctx.fp8) else None
+        weight_grads = [(float8.weight_grad(g, full, cast_x) if f else g.t() @ full) if w else None
+                        for g, f, w in zip(flat, ctx.fp8, want[1:])]
+        del full, cast_x                                              # before the input gradient is made
+    if not want[0]:
+        return None, weight_grads, None, None, None
     grad_full = _input_grad(grads[0], flat[0], weights[0], ctx.fp8[0])
     for g, gf, w, f in zip(grads[1:], flat[1:], weights[1:], ctx.fp8[1:], strict=True):
         grad_full.add_(_input_grad(g, gf, w, f))
@@ -119,11 +140,13 @@ def _linear_scatter_setup(ctx, inputs, output) -> None:
 
 def _linear_scatter_backward(ctx, grad: Tensor):
     x, w = ctx.saved_tensors
+    want_x, want_w = _wanted(ctx)
     g = _gather_seq(grad, *ctx.group)                                  # [b, s, h]
     g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
     if ctx.fp8:
-        return float8.input_grad(g2, w).view(*x.shape), float8.weight_grad(g2, x2), None, None, None
-    return g @ w, g2.t() @ x2, None, None, None
+        return (float8.input_grad(g2, w).view(*x.shape) if want_x else None,
+                float8.weight_grad(g2, x2) if want_w else None, None, None, None)
+    return g @ w if want_x else None, g2.t() @ x2 if want_w else None, None, None, None
 
 
 linear_scatter.register_autograd(_linear_scatter_backward, setup_context=_linear_scatter_setup)

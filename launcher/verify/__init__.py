@@ -19,7 +19,6 @@ from collections.abc import Callable
 from launcher.plan.model import Plan
 from launcher.verify.report import CATEGORIES, GB, RoleResult, VerifyReport, render
 from launcher.verify.roles import (
-    REPLAY_MICRO_BATCHES,
     Role,
     extend,
     extend_in_flight,
@@ -29,6 +28,7 @@ from launcher.verify.roles import (
     micro_batch_counts,
     plan_roles,
     replay_groups,
+    replay_micro_batches,
     replays,
     shared_traces,
 )
@@ -83,7 +83,7 @@ def trace_plan(plan: Plan, progress: Callable[[str], None] | None = None,
             counts, why[role.rank] = [p.grad_accum], f"all {p.grad_accum} micro-batches traced"
         group = [q for q, of in shares.items() if of == (role.pp_rank,)] if replay else None
         if replay:
-            counts = [REPLAY_MICRO_BATCHES]
+            counts = [replay_micro_batches(plan)]
         ks = None if exact else layer_variants(role, p.zero_stage, p.dp * p.cp,
                                                mixed=p.model.experts > 1 and p.model.first_dense_layers > 0)
         jobs.append((role.rank, counts, [(k, layer_plan(plan, k)) for k in ks] if ks else None, group))
@@ -121,7 +121,7 @@ def trace_plan(plan: Plan, progress: Callable[[str], None] | None = None,
 
         notes.append(ROUTING_ASSUMPTION)
     if replay:
-        notes.append(f"interleaved 1F1B: traced action by action at {REPLAY_MICRO_BATCHES} micro-batches on "
+        notes.append(f"{_shown(p.schedule)}: traced action by action at {replay_micro_batches(plan)} micro-batches on "
                      f"{', '.join(r.name for r in traced)}; every pp rank's peak at {p.grad_accum} micro-batches "
                      f"derived by replaying its own action order (torch's schedule) through the traced actions "
                      f"(identical micro-batches; {_ranges([q for q, of in shares.items() if of != (q,)]) or 'no rank'} "
@@ -138,6 +138,11 @@ def trace_plan(plan: Plan, progress: Callable[[str], None] | None = None,
     cpu = time.process_time() - c0 + sum(o.get("cpu_seconds", 0.0) for o in outcomes.values())
     return VerifyReport(plan=plan.name, world_size=plan.world_size, capacity_gb=cap, roles=results,
                         build_checks=checks, seconds=time.perf_counter() - t0, cpu_seconds=cpu, notes=notes)
+
+
+def _shown(schedule: str) -> str:
+    """A schedule as the report names it."""
+    return "interleaved 1F1B" if schedule == "interleaved-1f1b" else schedule
 
 
 def _ranges(xs: list[int]) -> str:
@@ -194,7 +199,8 @@ def _traced_result(plan: Plan, role: Role, out: dict, job: tuple, why: str, cap:
 
 
 def _replayed_result(plan: Plan, role: Role, src: Role, out: dict, job: tuple, cap: float) -> RoleResult:
-    """A role's figures under interleaved 1F1B: its own action order at the plan's micro-batches,
+    """A role's figures under a multi-stage schedule (interleaved 1F1B, the zero-bubble and DualPipe-V
+    ones): its own action order at the plan's micro-batches,
     replayed through the actions traced on `src` (itself, or the pp rank with the identical shard)."""
     _, counts, variants, _ = job
     m, n = plan.grad_accum, counts[0]
@@ -213,7 +219,7 @@ def _replayed_result(plan: Plan, role: Role, src: Role, out: dict, job: tuple, c
     derived = [t["derived"][role.pp_rank] for t in out["traces"]]
     figs = [d["figures"] for d in derived]
     how = (f"traced per action at {n} micro-batches{'' if own else f' on pp {src.pp_rank} (identical shard)'}, "
-           f"peak derived by replaying this rank's interleaved 1F1B order at {m} micro-batches")
+           f"peak derived by replaying this rank's {_shown(plan.schedule)} order at {m} micro-batches")
     at_m = figs[0]
     if variants:
         ks = [k for k, _ in variants]
@@ -223,7 +229,7 @@ def _replayed_result(plan: Plan, role: Role, src: Role, out: dict, job: tuple, c
     res.categories_gb = {c: at_m[c] / GB for c in CATEGORIES}
     res.sources = dict.fromkeys(CATEGORIES, how)
     res.micro_batches_traced = counts if own else []
-    res.schedule_note = (f"interleaved 1F1B, {m} micro-batches: peak at {derived[-1]['at']}; replayed from "
+    res.schedule_note = (f"{_shown(plan.schedule)}, {m} micro-batches: peak at {derived[-1]['at']}; replayed from "
                          f"{n} traced (the other {m - n} add their step-long receive buffers and token ids)")
     left = max(abs(d["closes"]) for d in derived)
     if left > 1e-3 * at_m["total"]:     # what the replayed step allocates and never frees: a mismatch

@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 from unittest import mock
 
 import torch
@@ -55,8 +56,10 @@ from torch.distributed.fsdp._fully_shard import _fsdp_param_group
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultReduceScatter
 from torch.utils.weak import WeakIdKeyDictionary
 
+from launcher.plan.capabilities import SPLIT_BACKWARD
 from launcher.trainer import engine as engine_mod
 from launcher.trainer import float8
+from launcher.trainer import pipeline as pipeline_mod
 from launcher.trainer import sequence_parallel as sp_ops
 from launcher.trainer.config import TrainerConfig
 from launcher.trainer.engine import Engine
@@ -151,6 +154,15 @@ class MetaBuiltTransformer(Transformer):
         matrix and shards it: seconds per rank at 405B, and nothing of it is alive at step time.)"""
         self.set_positions(self.positions)
 
+    def __call__(self, *args, **kwargs):
+        """A received activation (a leaf that requires grad) enters as a view of itself: the tracker's module
+        hooks wait for its gradient with register_multi_grad_hook, which autograd.grad refuses on a leaf (a
+        split backward's input-gradient step is one). A view allocates nothing and leaves the graph's leaf,
+        what the pipeline differentiates to, as it was."""
+        args = tuple(a.view_as(a) if isinstance(a, torch.Tensor) and a.is_leaf and a.requires_grad else a
+                     for a in args)
+        return super().__call__(*args, **kwargs)
+
 
 # --- the tracker -----------------------------------------------------------------------------
 
@@ -203,7 +215,9 @@ class RankMemTracker(FSDPMemTracker):
         self._rs_patches = [mock.patch.object(_fsdp_param_group, "foreach_reduce",
                                               self._reducing(_fsdp_param_group.foreach_reduce)),
                             mock.patch.object(DefaultReduceScatter, "allocate",
-                                              self._allocating(DefaultReduceScatter.allocate))]
+                                              self._allocating(DefaultReduceScatter.allocate)),
+                            mock.patch.object(pipeline_mod.Stage, "backward_weight_one_chunk",
+                                              self._weight_step(pipeline_mod.Stage.backward_weight_one_chunk))]
         for patch in self._rs_patches:
             patch.start()
         self._file_gathers()
@@ -280,6 +294,19 @@ class RankMemTracker(FSDPMemTracker):
 
         FSDPParamGroup.unshard = filed_unshard  # type: ignore[method-assign]
         FSDPParamGroup.wait_for_unshard = filed_wait  # type: ignore[method-assign]
+
+    def _weight_step(self, step):
+        """A split backward's weight step (pipeline.Stage), with the gradients it writes into .grad by hand
+        filed as gradients: no AccumulateGrad runs there, so neither _grad_hook nor torch's tracker sees
+        them made (torch's files them as backward temporaries)."""
+        def run(stage, *args, **kwargs):
+            out = step(stage, *args, **kwargs)
+            for q in stage.submod.parameters():
+                if q.grad is not None:
+                    self._update_and_maybe_create_winfos(q.grad, _FSDPRefType.SHARDED_GRAD)
+            return out
+
+        return run
 
     def _grad_hook(self, p: torch.Tensor) -> None:
         if p.grad is not None:
@@ -515,6 +542,65 @@ def untracked_sharding_propagation():
         yield
 
 
+def weak_module_grad_hooks(schedule: str):
+    """torch's module tracker waits for each module's input gradients with register_multi_grad_hook, whose
+    closures hold the inputs' grad_fn nodes: a split backward's input-gradient step retains the graph
+    (retain_graph=True) and its weight step frees only the nodes it runs, so those closures kept every
+    micro-batch's graph alive (430 MB of a 4-layer stage after the step; the trainer, without the tracker,
+    frees it at the weight step). Under the split-backward schedules the tracker's hooks hold weak
+    references to the inputs instead and find their nodes when the first gradient arrives."""
+    if schedule not in SPLIT_BACKWARD:
+        return contextlib.nullcontext()
+    import threading
+    import weakref
+
+    from torch.autograd.graph import _get_grad_fn_or_grad_acc, register_multi_grad_hook
+    from torch.distributed._tools import mod_tracker
+
+    def weak_hook(tensors, fn, mode="all"):
+        if mode != "all":
+            return register_multi_grad_hook(tensors, fn, mode=mode)
+        refs = [weakref.ref(t) for t in tensors]
+        count: dict[int, int] = {}
+        buffer: dict[int, tuple[list, int]] = {}
+        fired: set[int] = set()           # graph tasks whose call is made: a late gradient starts no new count
+        lock = threading.Lock()
+
+        def inner(idx: int):
+            def hook(grad):
+                gid = torch._C._current_graph_task_id()
+                with lock:
+                    if gid in fired:
+                        return
+                    cur = count[gid] = count.get(gid, 0) + 1
+                    if cur == 1:
+                        nodes = [_get_grad_fn_or_grad_acc(t) for r in refs if (t := r()) is not None]
+                        buffer[gid] = ([None] * len(refs), sum(map(torch._C._will_engine_execute_node, nodes)))
+                    grads, expected = buffer[gid]
+                    grads[idx] = grad
+                    done = cur >= expected
+                    if done:
+                        del count[gid], buffer[gid]
+                        fired.add(gid)
+                if done:
+                    fn(grads)
+            return hook
+
+        handles = [t.register_hook(inner(i)) for i, t in enumerate(tensors)]
+        return _Handles(handles)
+
+    return mock.patch.object(mod_tracker, "register_multi_grad_hook", weak_hook)
+
+
+class _Handles:
+    def __init__(self, handles: list) -> None:
+        self.handles = handles
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
 def run_fewer_micro_batches(eng: Engine, m: int) -> None:
     """Let a 1F1B schedule built for pp micro-batches run `m` < pp of them. The torch schedule refuses
     fewer than pp at construction because the other stages would starve; this rank's own order of
@@ -553,7 +639,10 @@ def make_pipeline_static(eng: Engine, cfg: TrainerConfig) -> None:
                          device=eng.mesh.device)
     stages = list(getattr(sched, "_stages", None) or [sched._stage])  # type: ignore[union-attr]
     for st in stages:
-        x = torch.zeros(p.micro_batch, seq, dtype=torch.long, device=eng.mesh.device) if st.is_first else hidden
+        # a received activation requires grad, as the previous stage's output does: the stage's backward makes
+        # its input gradient (what it sends back), and a split backward differentiates to it first
+        x = torch.zeros(p.micro_batch, seq, dtype=torch.long, device=eng.mesh.device) if st.is_first else \
+            hidden.detach().requires_grad_(True)
         y = hidden.detach().requires_grad_(True)
         st._user_meta = _StageMeta(inputs=extract_tensor_metas((x,)), outputs=extract_tensor_metas((y,)))
 
@@ -637,7 +726,7 @@ def trace_step(cfg: TrainerConfig, bf16: bool, micro_batches: int,
     (under 1F1B possibly fewer than pp: run_fewer_micro_batches); also the rank's state from its
     local shard shapes. Call inside fake_world() and real_device_meshes().
 
-    `replay` = (m, pp ranks), interleaved 1F1B only: `micro_batches` may be fewer than pp (the
+    `replay` = (m, pp ranks), multi-stage schedules only: `micro_batches` may be fewer than pp (the
     trainer's own check is skipped: torch's schedule is built for them); every action of the step
     is recorded (ActionLog) and StepTrace.segments holds, per pp rank, the figures at the peak of
     that rank's own action order at m micro-batches, replayed from the recorded actions (replay)."""
@@ -645,8 +734,6 @@ def trace_step(cfg: TrainerConfig, bf16: bool, micro_batches: int,
     fewer = pp > 1 and micro_batches < pp and cfg.plan.schedule == "1f1b"
     cfg_m = with_micro_batches(cfg, pp if fewer else micro_batches)
     mesh = mesh_for(cfg_m)
-    from launcher.trainer import pipeline as pipeline_mod
-
     allow_few = mock.patch.object(pipeline_mod, "check_microbatches", lambda *a: None) if replay else \
         contextlib.nullcontext()
     # engine.timed_sync times the wait for peers with a host sync on a one-element tensor: no peers,
@@ -654,6 +741,7 @@ def trace_step(cfg: TrainerConfig, bf16: bool, micro_batches: int,
     with FakeTensorMode(allow_non_fake_inputs=True), mock.patch.object(engine_mod, "timed_sync", lambda device: 0.0), \
             mock.patch.object(engine_mod, "Transformer", MetaBuiltTransformer), assumed_routing(), \
             untracked_sharding_propagation(), attention_as_on_the_nodes(cfg), compiled_as_traced(), \
+            weak_module_grad_hooks(cfg.plan.schedule), \
             mock.patch.object(float8, "BACKWARD_FAST_ACCUM", False):     # fp8's backward GEMMs as a GPU runs them
         with allow_few:
             eng = Engine(cfg_m, mesh, bf16=bf16)
@@ -685,11 +773,15 @@ def trace_step(cfg: TrainerConfig, bf16: bool, micro_batches: int,
         if log is not None and replay is not None:
             m, ranks = replay
             ran = list(list.__iter__(log))
-            if ran != interleaved_orders(pp, len(eng.stage_ids), micro_batches)[eng.schedule.rank]:  # type: ignore[union-attr]
+            sched_name = cfg.plan.schedule
+            if ran != schedule_orders(sched_name, pp, len(eng.stage_ids), micro_batches)[eng.schedule.rank]:  # type: ignore[union-attr]
                 raise RuntimeError("replay: torch's schedule built without stages orders this rank's actions "
                                    "otherwise than the one that ran")
-            orders = interleaved_orders(pp, len(eng.stage_ids), m)
-            derived = [{"pp_rank": r, **replay_peak(log, orders[r], m, micro_batches, per_mb, pp)} for r in ranks]
+            orders = schedule_orders(sched_name, pp, len(eng.stage_ids), m)
+            second = sched_name in SPLIT_BACKWARD
+            carried = input_grad_bytes(eng) / micro_batches
+            derived = [{"pp_rank": r, **replay_peak(log, orders[r], m, micro_batches, per_mb, pp, second, carried)}
+                       for r in ranks]
         role = RoleTrace(rank=dist.get_rank(), stage_ids=list(eng.stage_ids), state=computed_state(eng),
                          dp_mode=eng.dp_mode)
     return StepTrace(micro_batches=micro_batches, peak=total, categories=cats, detail=detail,
@@ -726,7 +818,7 @@ def with_waits(order) -> list:
     return out
 
 
-def action_keys(order, m: int, pp: int) -> list[tuple]:
+def action_keys(order, m: int, pp: int, second: bool = False) -> list[tuple]:
     """What decides each action's memory, for an action sequence with its Waits (with_waits): its kind,
     which of the rank's stages (local index), and
     - a compute, send or receive: whether its micro-batch is the first, the last or one in between
@@ -734,8 +826,11 @@ def action_keys(order, m: int, pp: int) -> list[tuple]:
       compute runs on a gathered stage whatever came before, once its Wait is its own step);
     - a RESHARD: whether the stage's last backward came before (it resharded the stage already, so the
       RESHARD frees nothing) or not (it frees the gathered parameters);
-    - an UNSHARD, a Wait, a REDUCE_GRAD: nothing more (from sharded; once per gather; once per step)."""
-    from torch.distributed.pipelining.schedules import FULL_BACKWARD, RESHARD
+    - an UNSHARD, a Wait, a REDUCE_GRAD: nothing more (from sharded; once per gather; once per step).
+    `second`: micro-batch 1 is a kind of its own (the split-backward schedules under FSDP: the second input-
+    gradient step's post-backward turns the bf16 .grad the first weight step left into the fp32 sum, a later
+    one adds into that sum), so a trace needs 4 micro-batches (roles.replay_micro_batches)."""
+    from torch.distributed.pipelining.schedules import BACKWARD_WEIGHT, FULL_BACKWARD, RESHARD
 
     done: set[int] = set()
     out: list[tuple] = []
@@ -747,8 +842,9 @@ def action_keys(order, m: int, pp: int) -> list[tuple]:
         if a.computation_type == RESHARD:
             out.append((a.computation_type.name, local, a.stage_index in done))
             continue
-        out.append((a.computation_type.name, local, None if mb is None else 0 if mb == 0 else 2 if mb == m - 1 else 1))
-        if a.computation_type == FULL_BACKWARD and mb == m - 1:
+        which = None if mb is None else 0 if mb == 0 else 2 if mb == m - 1 else 3 if second and mb == 1 else 1
+        out.append((a.computation_type.name, local, which))
+        if a.computation_type in (FULL_BACKWARD, BACKWARD_WEIGHT) and mb == m - 1:
             done.add(a.stage_index)
     return out
 
@@ -768,7 +864,7 @@ class ActionLog(list):
     def __init__(self, actions, tracker: RankMemTracker, sched) -> None:
         from torch.distributed.pipelining.schedules import RESHARD, UNSHARD, _Action
 
-        super().__init__(actions)
+        super().__init__(flat_actions(actions))
         self.tracker = tracker
         self.sched = sched
         self.stages = {st.stage_index: st for st in sched._stages}
@@ -805,22 +901,66 @@ class ActionLog(list):
 
 
 def interleaved_orders(pp: int, v: int, m: int) -> dict[int, list]:
-    """Every pp rank's lowered action list (compute, FSDP unshard/reshard, gradient reduction,
-    send/recv) of torch's interleaved 1F1B with `v` stages per rank at `m` micro-batches, by torch's own
-    schedule code (ScheduleInterleaved1F1B, built without stages: the order depends on these alone)."""
-    from torch.distributed.pipelining import ScheduleInterleaved1F1B
+    """schedule_orders of interleaved 1F1B."""
+    return schedule_orders("interleaved-1f1b", pp, v, m)
 
-    s = object.__new__(ScheduleInterleaved1F1B)
+
+def schedule_orders(schedule: str, pp: int, v: int, m: int) -> dict[int, list]:
+    """Every pp rank's lowered action list (compute, FSDP unshard/reshard, gradient reduction,
+    send/recv) of a multi-stage schedule with `v` stages per rank at `m` micro-batches, by torch's own
+    schedule code (the plan's class, built without stages: the order depends on these alone), with
+    DualPipe-V's overlapped forward+backward pairs as their two actions (flat_actions)."""
+    s = _built_without_stages(schedule, pp, v, m)
+    s._prepare_schedule_with_comms(s.pipeline_order)
+    return {r: flat_actions(a) for r, a in s.pipeline_order_with_comms.items()}
+
+
+def compute_orders(schedule: str, pp: int, v: int, m: int) -> dict[int, list]:
+    """Every pp rank's compute actions (no bubbles, no communication) of torch's schedule, flat_actions."""
+    s = _built_without_stages(schedule, pp, v, m)
+    return {r: flat_actions([a for a in acts if a is not None]) for r, acts in s.pipeline_order.items()}
+
+
+def _built_without_stages(schedule: str, pp: int, v: int, m: int):
+    """torch's schedule object for `schedule` with its pipeline_order, built without stages or a process group
+    (what __init__ does, less the stages' bookkeeping and its checks of the micro-batch count)."""
+    from torch.distributed.pipelining.schedules import (
+        ScheduleInterleavedZeroBubble,
+        generate_stage_to_rank_mapping,
+    )
+
+    from launcher.trainer.pipeline import MULTI
+
+    cls = MULTI[schedule]
+    s: Any = object.__new__(cls)         # the attributes its __init__ would set, per class
     s.pp_group_size, s.n_local_stages, s._num_stages, s._n_microbatches = pp, v, pp * v, m
+    s.num_stages = pp * v
     s._stages, s._defer_pp_recv = [], False
     s.number_of_rounds = max(1, m // pp)
     s.microbatches_per_round = m // s.number_of_rounds
+    if schedule in ("zero-bubble-v", "dualpipe-v"):
+        s.stage_index_to_group_rank = generate_stage_to_rank_mapping(pp, pp * v, style="v")
     s.pipeline_order = {r: s._calculate_single_rank_operations(r) for r in range(pp)}
-    s._prepare_schedule_with_comms(s.pipeline_order)
-    return s.pipeline_order_with_comms
+    if cls is ScheduleInterleavedZeroBubble:
+        s.pipeline_order = s._add_bubbles_to_actions(pp * v)
+    return s
 
 
-def replay_peak(log: ActionLog, order: list, m: int, n: int, per_mb: dict[str, int], pp: int) -> dict:
+def flat_actions(order) -> list:
+    """An action list with each OVERLAP_F_B as its sub-actions, in order (what torch's runtime performs for it)."""
+    from torch.distributed.pipelining.schedules import OVERLAP_F_B
+
+    out: list = []
+    for a in order:
+        if a.computation_type == OVERLAP_F_B and a.sub_actions:
+            out.extend(a.sub_actions)
+        else:
+            out.append(a)
+    return out
+
+
+def replay_peak(log: ActionLog, order: list, m: int, n: int, per_mb: dict[str, int], pp: int,
+                second: bool = False, carried: float = 0.0) -> dict:
     """The figures at the peak of one pipeline rank's step at `m` micro-batches, replayed from the
     actions traced at `n`: each action of `order` (with its Waits) moves the live bytes by what the
     traced action of the same key (action_keys) did and rises above them by what it rose; the receive
@@ -837,7 +977,7 @@ def replay_peak(log: ActionLog, order: list, m: int, n: int, per_mb: dict[str, i
         return {k: a[k] + sign * b[k] for k in keys}
 
     by_key: dict[tuple, tuple[dict, dict]] = {}
-    for seg, k in zip(log.actions, action_keys([s["action"] for s in log.actions], n, pp)):
+    for seg, k in zip(log.actions, action_keys([s["action"] for s in log.actions], n, pp, second)):
         delta, rise = add(seg["end"], seg["start"], -1), add(seg["peak"], seg["start"], -1)
         if k in by_key:
             if by_key[k][0] != delta:
@@ -851,7 +991,7 @@ def replay_peak(log: ActionLog, order: list, m: int, n: int, per_mb: dict[str, i
     best, at = add(log.head["peak"], extra), "before the first action"
     full = with_waits(order)
     i = -1
-    for a, k in zip(full, action_keys(full, m, pp)):
+    for a, k in zip(full, action_keys(full, m, pp, second)):
         if k not in by_key:
             raise RuntimeError(f"replay: action {a} ({k}) of the order at {m} micro-batches was not traced at {n}")
         i += not isinstance(a, Wait)
@@ -864,7 +1004,9 @@ def replay_peak(log: ActionLog, order: list, m: int, n: int, per_mb: dict[str, i
     tail = add(level, add(log.tail["peak"], log.tail["start"], -1))
     if tail["total"] > best["total"]:
         best, at = tail, "after the last action (gradient clipping, optimizer)"
-    closes = level["total"] - (log.tail["start"]["total"] + extra["total"])
+    # `carried`: bytes per micro-batch the step leaves for the next one to free (a split backward's input gradients
+    # in the receive buffers' .grad: stage.py clears them at the next step), made by its actions, not up front
+    closes = level["total"] - (log.tail["start"]["total"] + extra["total"] + carried * (m - n))
     return {"figures": best, "closes": closes, "at": at}
 
 
@@ -892,6 +1034,18 @@ def step_long_bytes(tracker: RankMemTracker, eng: Engine, batch: torch.Tensor, m
         for info in (*st.args_recv_info.get(0, ()), *st.grad_recv_info.get(0, ())):
             add(info.buffer)
     return out
+
+
+def input_grad_bytes(eng: Engine) -> int:
+    """What the step's input-gradient steps left in the stages' receive buffers (.grad, until the next step)."""
+    total = 0
+    for st in getattr(eng.schedule, "_stages", None) or []:
+        for infos in st.args_recv_info.values():
+            for info in infos:
+                g = getattr(info.buffer, "grad", None) if getattr(info, "buffer", None) is not None else None
+                if g is not None:
+                    total += storage_bytes([g])
+    return total
 
 
 def build_state(cfg: TrainerConfig, bf16: bool) -> dict[str, int]:

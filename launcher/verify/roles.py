@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.plan import layout
+from launcher.plan import capabilities, layout
 from launcher.plan.model import Plan
 
 
@@ -71,7 +71,7 @@ def plan_roles(plan: Plan) -> list[Role]:
     first_dense = plan.model.first_dense_layers if plan.model.experts > 1 else 0
     starts = [sum(plan.stage_layers[:s]) for s in range(len(plan.stage_layers))]
     for r in range(pp):
-        stages = tuple(r + k * pp for k in range(v))
+        stages = capabilities.rank_stages(plan.schedule, r, pp, v)
         dense = sum(max(0, min(starts[s] + plan.stage_layers[s], first_dense) - starts[s])
                     for s in stages if s < len(starts))
         out.append(Role(pp_rank=r, rank=r * stride, stages=stages,
@@ -97,6 +97,17 @@ def in_flight(schedule: str, pp: int, m: int, pp_rank: int) -> int | None:
 REPLAY_MICRO_BATCHES = 3
 
 
+def replay_micro_batches(plan: Plan) -> int:
+    """What replays traces at: REPLAY_MICRO_BATCHES; under the split-backward schedules 4, whose micro-batch 1
+    is a kind of its own (memtrace.action_keys: FSDP's post-backward at the second input-gradient step), and
+    DualPipe-V's 2·pp, or 5 at pp 2 (torch's ScheduleDualPipeV runs no fewer than 2·pp; from there every rank's
+    order has each kind of action of its micro-batches: the overlapped pairs, the zero-bubble halves, the full
+    backwards; tests/test_schedule_orders.py derives it from torch's orders)."""
+    if plan.schedule == "dualpipe-v":
+        return max(5, 2 * plan.pp)
+    return 4 if plan.schedule in capabilities.SPLIT_BACKWARD else REPLAY_MICRO_BATCHES
+
+
 def replays(plan: Plan) -> bool:
     """Whether interleaved 1F1B roles are traced action by action at REPLAY_MICRO_BATCHES and each pp
     rank's peak replayed through its own action order at the plan's micro-batches (memtrace.replay_peak).
@@ -115,8 +126,8 @@ def replays(plan: Plan) -> bool:
     block after each forward unless a backward left it gathered, which depends on the order: those
     plans are traced in full."""
     v = max(1, int(plan.virtual_stages or 1))
-    return (plan.schedule == "interleaved-1f1b" and plan.pp > 1 and v > 1 and plan.zero_stage <= 2
-            and plan.grad_accum > REPLAY_MICRO_BATCHES)
+    multi = plan.schedule in capabilities.SPLIT_BACKWARD or (plan.schedule == "interleaved-1f1b" and v > 1)
+    return multi and plan.pp > 1 and plan.zero_stage <= 2 and plan.grad_accum > replay_micro_batches(plan)
 
 
 def replay_groups(roles: list[Role]) -> dict[int, tuple[int, ...]]:
