@@ -87,17 +87,6 @@ COMPILE = True
 #: a MoE's router (router.gate) and its routed experts (torchtitan converts those only through its grouped-GEMM
 #: path) stay bf16. Under TP the sequence-parallel linears run the same recipe (sequence_parallel.py).
 FP8_LINEARS = ("auto", "all")
-#: FP8 (train.precision fp8, trainer/float8.py): torchtitan's float8 recipe, torchao's Float8Linear with dynamic
-#: rowwise scaling (recipe "rowwise": input, weight and output gradient cast to e4m3, one power-of-two scale per
-#: row of each GEMM operand along the GEMM's inner dimension, so no amax history is kept) inside a bf16 trainer:
-#: bf16 weights and activations, fp32 masters, every collective in bf16 ("for float8 with rowwise scaling, all
-#: distributed communication is done in high precision", torchtitan's float8.md). Which linears convert
-#: (train.fp8_linears, fp8_converts): auto, torchtitan's auto_filter_small_kn (torchao's _auto_filter_for_rowwise,
-#: from H100 microbenchmarks: too small a GEMM loses more to the casts than fp8 gains), or all with both dims
-#: divisible by 16 (torchtitan's module_filter_fn). The output head (torchtitan filters lm_head), the embedding,
-#: a MoE's router (router.gate) and its routed experts (torchtitan converts those only through its grouped-GEMM
-#: path) stay bf16. Under TP the sequence-parallel linears run the same recipe (sequence_parallel.py).
-FP8_LINEARS = ("auto", "all")
 
 ZeroStage = Literal[ZERO_STAGES]            # type: ignore[valid-type]
 Precision = Literal[PRECISIONS]             # type: ignore[valid-type]
