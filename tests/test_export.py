@@ -115,6 +115,7 @@ PLANS = {
     "tp2 cp2 dp2 z3 full": dict(tp=2, cp=2, pp=1, zero=3, recompute="full"),
     "pp2 v2 interleaved z2": dict(tp=1, cp=1, pp=2, zero=2, schedule="interleaved-1f1b", virtual_stages=2),
     "pp2 gpipe": dict(tp=1, cp=1, pp=2, schedule="gpipe"),
+    "pp2 zero-bubble-v z1": dict(tp=1, cp=1, pp=2, schedule="zero-bubble-v", virtual_stages=2),
     "pp3 uneven": dict(tp=1, cp=1, pp=3),
     "dp-outer order": dict(tp=2, cp=1, pp=2, mesh_order=["dp", "pp", "cp", "tp"]),
 }
@@ -162,8 +163,10 @@ def test_megatron_names_are_its_flags(plans):
 def test_schedule_names_are_torch_pipelinings():
     from torch.distributed.pipelining.schedules import get_schedule_class
 
+    from launcher.plan.capabilities import SCHEDULES
     from launcher.plan.export import TORCH_SCHEDULES
 
+    assert set(TORCH_SCHEDULES) == set(SCHEDULES), "every schedule the planner can pick has torchtitan's name"
     for ours, theirs in TORCH_SCHEDULES.items():
         assert get_schedule_class(theirs).__name__.lower().replace("schedule", "") == theirs.lower(), ours
 
@@ -212,6 +215,9 @@ def test_what_a_stack_cannot_express_is_one_line_each(plans):
     gpipe = export(plans["pp2 gpipe"], "megatron")
     assert len(gpipe.cannot) == 1 and gpipe.cannot[0].startswith("schedule gpipe")
     assert export(plans["pp2 gpipe"], "torchtitan").options["parallelism"]["pipeline_parallel_schedule"] == "GPipe"
+    zbv = plans["pp2 zero-bubble-v z1"]
+    assert export(zbv, "torchtitan").options["parallelism"]["pipeline_parallel_schedule"] == "ZBVZeroBubble"
+    assert [c for c in export(zbv, "megatron").cannot if c.startswith("schedule zero-bubble-v")]
     order = plans["dp-outer order"]
     assert export(order, "megatron").options["--use-tp-pp-dp-mapping"] is True
     assert any(c.startswith("mesh_order dp,pp,cp,tp") for c in export(order, "torchtitan").cannot)
@@ -230,7 +236,7 @@ def test_what_a_stack_cannot_express_is_one_line_each(plans):
 
 def test_launch_export_cli(tmp_path):
     launch = str(Path(sys.executable).with_name("launch"))
-    p = plan(8, tp=2, cp=1, pp=2, zero=1)
+    p = plan(8, tp=2, cp=1, pp=2, zero=1, schedule="1f1b")
     p.save(tmp_path / "plan.json")
     env = {**os.environ, "LAUNCH4D_STATE": str(tmp_path / "state")}
     r = subprocess.run([launch, "export", tmp_path / "plan.json", "--to", "megatron"], capture_output=True, text=True,

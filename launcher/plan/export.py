@@ -13,6 +13,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from launcher.plan.capabilities import SPLIT_BACKWARD
 from launcher.plan.model import Plan
 
 #: Where the option names come from.
@@ -27,7 +28,9 @@ SOURCES = {
 TARGETS = tuple(SOURCES)
 
 #: The bundled trainer's schedules by torch.distributed.pipelining's names (get_schedule_class).
-TORCH_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B"}
+TORCH_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
+                   "interleaved-zero-bubble": "InterleavedZeroBubble", "zero-bubble-v": "ZBVZeroBubble",
+                   "dualpipe-v": "DualPipeV"}
 DEFAULT_ORDER = ["pp", "dp", "cp", "tp"]
 
 
@@ -190,6 +193,10 @@ def megatron(p: Plan) -> Export:
         if lay.schedule == "gpipe":
             cannot.append("schedule gpipe: Megatron-LM runs 1F1B (interleaved with virtual stages); no GPipe "
                           "schedule (1F1B has the same bubble and holds fewer micro-batches' activations)")
+        elif lay.schedule in SPLIT_BACKWARD:
+            cannot.append(f"schedule {lay.schedule}: Megatron-LM's schedules (megatron/core/pipeline_parallel/"
+                          "schedules.py) run 1F1B and interleaved 1F1B, with no split input/weight backward; "
+                          "written instead: 1F1B (interleaved where the plan has virtual stages)")
     if lay.dp_replicas > 1:
         cannot.append(f"hybrid sharding (dp_shard {lay.dp_shard_size} of dp {lay.dp}, {lay.dp_replicas} replicas): not "
                       "written as Megatron-LM flags here; written instead: sharding over all of dp")
