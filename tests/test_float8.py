@@ -10,7 +10,8 @@ import pytest
 
 from launcher.errors import SpecError, UserError
 from launcher.plan import capabilities, presets
-from launcher.plan.capabilities import check_plan, fp8_converts, fp8_problem
+from launcher.plan.capabilities import fp8_converts, fp8_problem
+from launcher.plan.model import check_plan
 from launcher.plan.spec import resolve_gpu, spec_from_dict
 from tests.trainer_helpers import make_plan
 

@@ -1,5 +1,5 @@
 """The dependency rules of docs/architecture.md (DESIGN.md's "Dependencies run one way"), enforced
-over the source with ast, module by module; the one exception is the cycle PENDING_CYCLES names.
+over the source with ast, module by module, with no exceptions.
 
 - LAYERS: each part of launch4d imports only the parts below it (any import counts: module level,
   inside a function, under TYPE_CHECKING): formats (+ errors) underneath everything; transport and
@@ -277,16 +277,9 @@ def test_the_cycle_check_finds_a_cycle():
                                    ["checks.runners", "checks.runners.k8s"]]
 
 
-#: The one cycle left (issue 24 §1, docs/architecture.md): capabilities' checks are typed on spec.ModelSpec
-#: and model.Plan under TYPE_CHECKING while spec and model import capabilities' table. It goes when
-#: check_plan moves to plan/model.py and ModelSpec (with the MLP and position vocabulary) below
-#: capabilities; the test fails then too, so that this entry is taken out. No other cycle may appear.
-PENDING_CYCLES = [["launcher.plan.capabilities", "launcher.plan.model", "launcher.plan.spec"]]
-
-
 def test_no_import_cycles():
     """No two modules need each other, even through imports inside functions or under TYPE_CHECKING."""
-    assert import_cycles(all_imports()) == PENDING_CYCLES
+    assert import_cycles(all_imports()) == []
 
 
 def test_python_m_launcher_is_launch():

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from launcher.cli import cli
 from launcher.errors import UserError
 from launcher.plan import capabilities
-from launcher.plan.model import Plan, plan_schema
+from launcher.plan.model import Plan, check_plan, plan_schema
 from launcher.plan.planner import plan_job
 from launcher.plan.schema_doc import DOC, render_reference, updated
 from launcher.plan.spec import job_schema, load_spec, spec_from_dict
@@ -146,18 +146,18 @@ def test_planner_never_proposes_what_the_trainer_cannot_run():
         for p in [result.best] + result.alternatives:
             assert p.layout.zero in capabilities.ZERO_STAGES, (example.name, p.layout)
             assert p.train.precision in capabilities.PRECISIONS
-            capabilities.check_plan(p)      # the trainer's own start-up check accepts it
+            check_plan(p)      # the trainer's own start-up check accepts it
 
 
 def test_trainer_refuses_a_plan_outside_the_table():
     from tests.trainer_helpers import make_plan
 
     with pytest.raises(UserError, match=r"^plan.layout.zero=5 is not a ZeRO stage"):
-        capabilities.check_plan(make_plan(dp=2, zero=5))
+        check_plan(make_plan(dp=2, zero=5))
     plan = make_plan()
     fp16 = dataclasses.replace(plan, train=dataclasses.replace(plan.train, precision="fp16"))
     with pytest.raises(UserError, match=r"^plan.train.precision='fp16' is not run by the bundled trainer"):
-        capabilities.check_plan(fp16)
+        check_plan(fp16)
 
 
 def test_zero_stages_follow_the_table():
@@ -167,7 +167,7 @@ def test_zero_stages_follow_the_table():
                                                  "micro_batch": 2}))
         best = plan_job(spec, top=0).best
         assert best.layout.zero == stage
-        capabilities.check_plan(best)
+        check_plan(best)
 
 
 # --- plan.json: version, typed sections, one line for a bad plan -----------------------------------

@@ -13,57 +13,34 @@ plan.json).
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import TYPE_CHECKING, Literal
 
 from launcher.errors import UserError
+from launcher.plan.types import (
+    CP_ATTENTIONS,
+    FP8_LINEARS,
+    MLPS,
+    MULTI_STAGE,
+    OPTIMIZERS,
+    POSITIONS,
+    PRECISIONS,
+    RECOMPUTE,
+    SCHEDULES,
+    SPLIT_BACKWARD,
+    V_SCHEDULES,
+    ZERO_STAGES,
+    ModelSpec,
+)
 
-if TYPE_CHECKING:
-    from launcher.plan.model import Plan
-    from launcher.plan.spec import ModelSpec
-
-#: ZeRO stages the trainer runs as the ledger counts them: 0 replicated, 1 optimizer state sharded
-#: over dp·cp (dist_optim.py), 2 and 3 FSDP2 (fsdp.py). A stage the trainer cannot run goes into
-#: ZERO_REFUSED with the reason, and out of ZERO_STAGES: the job file and the planner follow.
-ZERO_STAGES = (0, 1, 2, 3)
+#: The value sets (ZERO_STAGES, PRECISIONS, SCHEDULES, ...) are launcher.plan.types'; what the trainer refuses
+#: of them, and how far it runs each feature, is said here.
 ZERO_REFUSED: dict[int, str] = {}
-#: Compute precisions (engine.py: bf16 weights and activations with fp32 masters — FSDP's mixed
-#: precision under ZeRO 2/3, dist_optim.py under 0/1 — or fp32; fp8: bf16 with the linears' GEMMs in fp8,
-#: FP8_LINEARS). fp16 would need loss scaling, which the trainer does not do.
-PRECISIONS = ("bf16", "fp32", "fp8")
-#: Where gradients accumulate over micro-batches without FSDP: in the weights' dtype (the seed's
-#: 2 B/param, the default), or an fp32 buffer per weight (Megatron's main_grad, 4 B/param). FSDP (ZeRO
-#: 2/3) reduces in fp32 either way. Measured (benchmarks/bf16_grads.py, 200 steps x 16 micro-batches):
-#: both follow the fp32 reference within 1.5e-3 per step, the bf16 weights dominating the difference.
-GRAD_DTYPES = ("bf16", "fp32")
 PRECISION_REFUSED = {"fp16": "is not run by the bundled trainer (no loss scaling); choose bf16 or fp32"}
-OPTIMIZERS = ("adam", "sgd", "adam8bit")
-RECOMPUTE = ("none", "selective", "full")
-#: Pipeline schedules (pipeline.py, torch.distributed.pipelining); "none" when pp = 1. The last three are torch
-#: 2.13's ScheduleInterleavedZeroBubble (ZB1P: Qi et al. 2023, arXiv 2401.10241), ScheduleZBVZeroBubble (the ZB
-#: paper's ZB-V, §6) and ScheduleDualPipeV (DeepSeek-V3's DualPipe folded into a V, arXiv 2412.19437 §3.2.1).
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zero-bubble", "zero-bubble-v", "dualpipe-v")
-#: schedules whose backward is split into the input gradient (torch's BACKWARD_INPUT, the ZB paper's B) and the
-#: weight gradient (BACKWARD_WEIGHT, W), W run later to fill the bubble (pipelining/_backward.py)
-SPLIT_BACKWARD = ("interleaved-zero-bubble", "zero-bubble-v", "dualpipe-v")
-#: V-shaped stage layouts: exactly 2 stages per rank, rank r holding stages r and 2·pp-1-r (torch's
-#: generate_rank_to_stage_mapping style "v"), so rank 0 holds the embedding and the head
-V_SCHEDULES = ("zero-bubble-v", "dualpipe-v")
-#: schedules that run several stages (virtual_stages) per rank
-MULTI_STAGE = ("interleaved-1f1b", "interleaved-zero-bubble", *V_SCHEDULES)
-MLPS = ("swiglu", "geglu", "gelu")
-#: Position encodings (model.py): rotary embeddings, or ALiBi's per-head linear biases on the attention
-#: scores (an explicit bias beside causal SDPA: no flash kernel, and any head_dim).
-POSITIONS = ("rope", "alibi")
 #: Mixture-of-experts models under TP: attention and norms tensor-parallel, the router and experts
 #: whole on every TP rank (expert TP 1), each rank routing its own sequence shard (tensor_parallel.py);
 #: experts split over dp·cp (ep). Their TP-replicated gradients are summed by the lean optimizer, so
 #: MoE with tp > 1 runs under ZeRO 0/1 (MOE_TP_ZERO).
 MOE_WITH_TP = True
 MOE_TP_ZERO = (0, 1)
-#: Context parallelism (context_parallel.py), over a load-balanced head+tail split of the sequence into 2·cp
-#: chunks: all-gather (keys and values all-gathered over the cp group, Llama 3's) or all-to-all (DeepSpeed-Ulysses:
-#: q/k/v exchanged for a group of heads over the whole sequence, heads/tp divisible by cp: cp_attention_problem).
-CP_ATTENTIONS = ("all-gather", "all-to-all")
 CP_ATTENTION = CP_ATTENTIONS[0]            # the default
 #: Hybrid sharding (parallel.dp_shard; torchtitan's dp_replicate × dp_shard, FSDP2's HSDP, MiCS): ZeRO 1-3
 #: shard over dp_shard·cp and replicate over dp / dp_shard — FSDP2 on a 2-D (replicate, shard) mesh under
@@ -76,29 +53,6 @@ HYBRID_SHARDING = True
 #: tests/test_trainer_compile.py, ZeRO 1, both CP kinds with and without recompute, PP 1F1B and ALiBi by hand;
 #: what torch 2.13 does not trace whole is refused (compile_problem), each refusal the error it raised there.
 COMPILE = True
-#: FP8 (train.precision fp8, trainer/float8.py): torchtitan's float8 recipe, torchao's Float8Linear with dynamic
-#: rowwise scaling (recipe "rowwise": input, weight and output gradient cast to e4m3, one power-of-two scale per
-#: row of each GEMM operand along the GEMM's inner dimension, so no amax history is kept) inside a bf16 trainer:
-#: bf16 weights and activations, fp32 masters, every collective in bf16 ("for float8 with rowwise scaling, all
-#: distributed communication is done in high precision", torchtitan's float8.md). Which linears convert
-#: (train.fp8_linears, fp8_converts): auto, torchtitan's auto_filter_small_kn (torchao's _auto_filter_for_rowwise,
-#: from H100 microbenchmarks: too small a GEMM loses more to the casts than fp8 gains), or all with both dims
-#: divisible by 16 (torchtitan's module_filter_fn). The output head (torchtitan filters lm_head), the embedding,
-#: a MoE's router (router.gate) and its routed experts (torchtitan converts those only through its grouped-GEMM
-#: path) stay bf16. Under TP the sequence-parallel linears run the same recipe (sequence_parallel.py).
-FP8_LINEARS = ("auto", "all")
-
-ZeroStage = Literal[ZERO_STAGES]            # type: ignore[valid-type]
-Precision = Literal[PRECISIONS]             # type: ignore[valid-type]
-GradDtype = Literal[GRAD_DTYPES]            # type: ignore[valid-type]
-Optimizer = Literal[OPTIMIZERS]             # type: ignore[valid-type]
-Recompute = Literal[RECOMPUTE]              # type: ignore[valid-type]
-Schedule = Literal[SCHEDULES]               # type: ignore[valid-type]
-PlanSchedule = Literal[("none", *SCHEDULES)]  # type: ignore[valid-type]
-Mlp = Literal[MLPS]                         # type: ignore[valid-type]
-Position = Literal[POSITIONS]               # type: ignore[valid-type]
-CpAttention = Literal[CP_ATTENTIONS]        # type: ignore[valid-type]
-Fp8Linears = Literal[FP8_LINEARS]           # type: ignore[valid-type]
 
 
 def table() -> dict:
@@ -381,59 +335,3 @@ def check_microbatches(schedule: str, n_micro: int, pp: int) -> None:
     why = schedule_problem(schedule, n_micro, pp)
     if why:
         raise UserError(f"plan.layout.grad_accum={n_micro}: schedule {why}")
-
-
-def check_plan(plan: Plan) -> None:
-    """Every check the trainer needs before a process group exists: one UserError naming the plan
-    field, so 8 ranks do not each print a traceback. (plan.json's typed loader enforces the value
-    sets too; a Plan built in memory, e.g. by a test or `launch verify`, meets them here.)"""
-    m, t, lay = plan.model, plan.train, plan.layout
-
-    def need(cond: bool, msg: str) -> None:
-        if not cond:
-            raise UserError(msg)
-
-    need(lay.zero in ZERO_STAGES, f"plan.layout.zero={lay.zero} {ZERO_REFUSED.get(lay.zero, 'is not a ZeRO stage')}")
-    need(t.precision in PRECISIONS, f"plan.train.precision={t.precision!r} "
-                                    f"{PRECISION_REFUSED.get(t.precision, 'is not a precision')}")
-    why = fp8_problem(plan.gpu) if t.precision == "fp8" else None
-    need(why is None, f"plan.train.precision=fp8 {why}")
-    bad = model_problem(m)
-    need(bad is None, f"plan.model.{bad[0]}: {bad[1]}" if bad else "")
-    need(sorted(plan.mesh_order) == sorted(("pp", "dp", "cp", "tp")),
-         f"plan.mesh_order={list(plan.mesh_order)} must order exactly pp, dp, cp, tp")
-    need(lay.world == plan.world_size,
-         f"plan.layout: tp·cp·pp·dp = {lay.world} but plan.world_size is {plan.world_size}")
-    why = tp_problem(m, lay.tp)
-    need(why is None, f"plan.layout.tp={lay.tp} {why}")
-    why = moe_tp_zero_problem(m, lay.tp, lay.zero, lay.dp * lay.cp)
-    need(why is None, f"plan.layout.zero={lay.zero} {why}")
-    why = cp_problem(t.seq_len, lay.cp, lay.tp)
-    need(why is None, f"plan.layout.cp={lay.cp} {why}")
-    need(lay.cp_attention in CP_ATTENTIONS, f"plan.layout.cp_attention={lay.cp_attention!r} is not one of "
-                                            f"{', '.join(CP_ATTENTIONS)}")
-    why = cp_attention_problem(m, lay.cp, lay.tp, lay.cp_attention)
-    need(why is None, f"plan.layout.cp_attention={lay.cp_attention} with cp={lay.cp}: {why}")
-    why = ep_problem(m, lay.ep, lay.dp, lay.cp)
-    need(why is None, f"plan.layout.ep={lay.ep} {why}")
-    why = dp_shard_problem(lay.dp_shard_size, lay.dp, lay.cp, lay.zero, lay.ep)
-    need(why is None, f"plan.layout.dp_shard={lay.dp_shard} {why}")
-    need(lay.micro_batch * lay.grad_accum * lay.dp == t.global_batch,
-         f"plan.layout: micro_batch {lay.micro_batch} × grad_accum {lay.grad_accum} × dp {lay.dp} = "
-         f"{lay.micro_batch * lay.grad_accum * lay.dp}, but train.global_batch is {t.global_batch}")
-    n_stages = lay.pp * lay.virtual_stages
-    need(len(plan.stage_layers) == n_stages,
-         f"plan.stage_layers has {len(plan.stage_layers)} entries, expected pp·virtual_stages = {n_stages}")
-    need(sum(plan.stage_layers) == m.layers,
-         f"plan.stage_layers sums to {sum(plan.stage_layers)}, but model.layers is {m.layers}")
-    need(all(x >= 0 for x in plan.stage_layers), "plan.stage_layers entries must be >= 0")
-    why = virtual_stages_problem(lay.schedule, lay.pp, lay.virtual_stages)
-    need(why is None, f"plan.layout.virtual_stages={lay.virtual_stages} {why}")
-    why = compile_problem(m, lay.schedule, lay.tp, lay.recompute) if lay.compile else None
-    need(why is None, f"plan.layout.compile: {why}")
-    why = schedule_problem(lay.schedule, lay.grad_accum, lay.pp)
-    need(why is None, f"plan.layout.grad_accum={lay.grad_accum}: schedule {why}")
-    why = v_tied_problem(lay.schedule, m.tied_embeddings) if lay.pp > 1 else None
-    need(why is None, f"plan.model.tied_embeddings: {why}")
-    bad = split_backward_problem(lay.schedule, lay.zero, lay.recompute, lay.dp * lay.cp) if lay.pp > 1 else None
-    need(bad is None, f"plan.layout.{bad[0]}={bad[1]}" if bad else "")

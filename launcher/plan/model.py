@@ -18,11 +18,21 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import SpecError, UserError
-from launcher.plan.capabilities import ZERO_REFUSED, CpAttention, PlanSchedule, Recompute, ZeroStage
+from launcher.plan import capabilities
+from launcher.plan.capabilities import ZERO_REFUSED
 from launcher.plan.layout import RankPlacement, strides
 from launcher.plan.schema import bounded, json_schema, load_dataclass, show
 from launcher.plan.spec import ClusterSpec, GpuSpec, ModelSpec, TrainSpec
 from launcher.plan.spec_backend import BackendSpec, DiagnosticsSpec
+from launcher.plan.types import (
+    CP_ATTENTIONS,
+    PRECISIONS,
+    ZERO_STAGES,
+    CpAttention,
+    PlanSchedule,
+    Recompute,
+    ZeroStage,
+)
 
 #: 2: typed sections, `layout` replaces degrees/zero_stage/recompute/... at the top level.
 PLAN_VERSION = 2
@@ -347,6 +357,62 @@ def check_rank_map(plan: Plan) -> None:
                                                f"{want}")
         if not p.coords:
             p.coords = want
+
+
+def check_plan(plan: Plan) -> None:
+    """Every check the trainer needs before a process group exists: one UserError naming the plan
+    field, so 8 ranks do not each print a traceback. (plan.json's typed loader enforces the value
+    sets too; a Plan built in memory, e.g. by a test or `launch verify`, meets them here.)"""
+    m, t, lay = plan.model, plan.train, plan.layout
+
+    def need(cond: bool, msg: str) -> None:
+        if not cond:
+            raise UserError(msg)
+
+    need(lay.zero in ZERO_STAGES, f"plan.layout.zero={lay.zero} {ZERO_REFUSED.get(lay.zero, 'is not a ZeRO stage')}")
+    need(t.precision in PRECISIONS, f"plan.train.precision={t.precision!r} "
+                                    f"{capabilities.PRECISION_REFUSED.get(t.precision, 'is not a precision')}")
+    why = capabilities.fp8_problem(plan.gpu) if t.precision == "fp8" else None
+    need(why is None, f"plan.train.precision=fp8 {why}")
+    bad = capabilities.model_problem(m)
+    need(bad is None, f"plan.model.{bad[0]}: {bad[1]}" if bad else "")
+    need(sorted(plan.mesh_order) == sorted(("pp", "dp", "cp", "tp")),
+         f"plan.mesh_order={list(plan.mesh_order)} must order exactly pp, dp, cp, tp")
+    need(lay.world == plan.world_size,
+         f"plan.layout: tp·cp·pp·dp = {lay.world} but plan.world_size is {plan.world_size}")
+    why = capabilities.tp_problem(m, lay.tp)
+    need(why is None, f"plan.layout.tp={lay.tp} {why}")
+    why = capabilities.moe_tp_zero_problem(m, lay.tp, lay.zero, lay.dp * lay.cp)
+    need(why is None, f"plan.layout.zero={lay.zero} {why}")
+    why = capabilities.cp_problem(t.seq_len, lay.cp, lay.tp)
+    need(why is None, f"plan.layout.cp={lay.cp} {why}")
+    need(lay.cp_attention in CP_ATTENTIONS, f"plan.layout.cp_attention={lay.cp_attention!r} is not one of "
+                                            f"{', '.join(CP_ATTENTIONS)}")
+    why = capabilities.cp_attention_problem(m, lay.cp, lay.tp, lay.cp_attention)
+    need(why is None, f"plan.layout.cp_attention={lay.cp_attention} with cp={lay.cp}: {why}")
+    why = capabilities.ep_problem(m, lay.ep, lay.dp, lay.cp)
+    need(why is None, f"plan.layout.ep={lay.ep} {why}")
+    why = capabilities.dp_shard_problem(lay.dp_shard_size, lay.dp, lay.cp, lay.zero, lay.ep)
+    need(why is None, f"plan.layout.dp_shard={lay.dp_shard} {why}")
+    need(lay.micro_batch * lay.grad_accum * lay.dp == t.global_batch,
+         f"plan.layout: micro_batch {lay.micro_batch} × grad_accum {lay.grad_accum} × dp {lay.dp} = "
+         f"{lay.micro_batch * lay.grad_accum * lay.dp}, but train.global_batch is {t.global_batch}")
+    n_stages = lay.pp * lay.virtual_stages
+    need(len(plan.stage_layers) == n_stages,
+         f"plan.stage_layers has {len(plan.stage_layers)} entries, expected pp·virtual_stages = {n_stages}")
+    need(sum(plan.stage_layers) == m.layers,
+         f"plan.stage_layers sums to {sum(plan.stage_layers)}, but model.layers is {m.layers}")
+    need(all(x >= 0 for x in plan.stage_layers), "plan.stage_layers entries must be >= 0")
+    why = capabilities.virtual_stages_problem(lay.schedule, lay.pp, lay.virtual_stages)
+    need(why is None, f"plan.layout.virtual_stages={lay.virtual_stages} {why}")
+    why = capabilities.compile_problem(m, lay.schedule, lay.tp, lay.recompute) if lay.compile else None
+    need(why is None, f"plan.layout.compile: {why}")
+    why = capabilities.schedule_problem(lay.schedule, lay.grad_accum, lay.pp)
+    need(why is None, f"plan.layout.grad_accum={lay.grad_accum}: schedule {why}")
+    why = capabilities.v_tied_problem(lay.schedule, m.tied_embeddings) if lay.pp > 1 else None
+    need(why is None, f"plan.model.tied_embeddings: {why}")
+    bad = capabilities.split_backward_problem(lay.schedule, lay.zero, lay.recompute, lay.dp * lay.cp) if lay.pp > 1 else None
+    need(bad is None, f"plan.layout.{bad[0]}={bad[1]}" if bad else "")
 
 
 def _dims(plan: Plan) -> list[tuple[str, int, int]]:

@@ -15,98 +15,24 @@ from typing import Any
 
 from launcher.errors import SpecError, UserError
 from launcher.plan import capabilities, presets
-from launcher.plan.capabilities import (
+from launcher.plan.entrypoint import EntrypointSpec
+from launcher.plan.schema import bounded, did_you_mean, json_schema, key_name, load_dataclass, show
+from launcher.plan.spec_backend import BackendSpec, DiagnosticsSpec
+from launcher.plan.types import (  # ModelSpec: the job file's model section, re-exported where it was
     CpAttention,
     Fp8Linears,
     GradDtype,
-    Mlp,
+    ModelSpec,
     Optimizer,
-    Position,
     Precision,
     Recompute,
     Schedule,
     ZeroStage,
 )
-from launcher.plan.entrypoint import EntrypointSpec
-from launcher.plan.schema import bounded, did_you_mean, json_schema, key_name, load_dataclass, show
-from launcher.plan.spec_backend import BackendSpec, DiagnosticsSpec
 
 MESH_DIMS = ("pp", "dp", "cp", "tp")
 MAX_STEPS = 1 << 40
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """Decoder shape. `preset` names where it came from (a preset, 'hf:<config>' or 'custom')."""
-
-    layers: int = bounded(lo=1, hi=10_000, doc="transformer blocks")
-    hidden: int = bounded(lo=1, hi=1 << 20, doc="model width")
-    heads: int = bounded(lo=1, hi=1 << 14, doc="attention heads")
-    vocab: int = bounded(lo=1, hi=1 << 24, doc="vocabulary size")
-    kv_heads: int | None = bounded(None, 1, 1 << 14, doc="key/value heads (GQA); default: heads")
-    head_dim: int | None = bounded(None, 1, 1 << 14, doc="width of one attention head; default: hidden / heads "
-                                                        "(Qwen3 and Gemma set it apart: heads·head_dim ≠ hidden)")
-    ffn_hidden: int | None = bounded(None, 1, 1 << 22, doc="MLP width (of the dense layers, in a mixture of "
-                                                           "experts); default: 4·hidden")
-    mlp: Mlp = bounded("swiglu", doc="MLP kind: swiglu (SiLU-gated), geglu (tanh-GELU-gated, Gemma's) or gelu")
-    tied_embeddings: bool = bounded(False, doc="output head shares the embedding weights")
-    experts: int = bounded(1, 1, 4096, doc="> 1: every MLP is a mixture of this many experts")
-    experts_per_token: int = bounded(1, 1, 4096, doc="experts each token is routed to (top-k)")
-    moe_ffn_hidden: int | None = bounded(None, 1, 1 << 22, doc="each expert's MLP width (experts > 1); "
-                                                               "default: ffn_hidden")
-    shared_experts: int = bounded(0, 0, 256, doc="experts every token passes through besides its routed ones, "
-                                                 "each moe_ffn_hidden wide (DeepSeek's n_shared_experts)")
-    first_dense_layers: int = bounded(0, 0, 10_000, doc="the first k layers have a dense MLP (ffn_hidden wide) "
-                                                        "instead of experts (DeepSeek's first_k_dense_replace)")
-    position: Position = bounded("rope", doc="rope (rotary, needs an even head_dim) or alibi (BLOOM's linear "
-                                             "attention biases, any head_dim)")
-    rope_theta: float = bounded(10000.0, 1.0, 1e12, doc="RoPE base frequency (Llama 3: 500000)")
-    vocab_multiple: int = bounded(128, 1, 1 << 16, doc="the embedding and output head are padded to a multiple of "
-                                                       "this × tp rows (Megatron's make-vocab-size-divisible-by); "
-                                                       "the padding's logits are masked out of the loss")
-    preset: str = bounded("custom", doc="the preset or HuggingFace config this shape came from")
-
-    def __post_init__(self) -> None:
-        if self.kv_heads is None:
-            object.__setattr__(self, "kv_heads", self.heads)
-        if self.head_dim is None:
-            object.__setattr__(self, "head_dim", self.hidden // self.heads)
-        if self.ffn_hidden is None:
-            object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
-        if self.moe_ffn_hidden is None and self.experts > 1:
-            object.__setattr__(self, "moe_ffn_hidden", self.ffn_hidden)
-
-    @property
-    def is_moe(self) -> bool:
-        return self.experts > 1
-
-    @property
-    def q_width(self) -> int:
-        """Output width of the query projection (and input width of the attention's output one)."""
-        return self.heads * self.head_dim  # type: ignore[operator]
-
-    @property
-    def kv_width(self) -> int:
-        return self.kv_heads * self.head_dim  # type: ignore[operator]
-
-    @property
-    def expert_ffn(self) -> int:
-        """One routed (or shared) expert's MLP width."""
-        return (self.moe_ffn_hidden or self.ffn_hidden) if self.is_moe else self.ffn_hidden  # type: ignore[return-value]
-
-    @property
-    def shared_ffn(self) -> int:
-        """The shared experts' width, built as one MLP (DeepSeek's: moe_ffn_hidden·shared_experts)."""
-        return self.shared_experts * self.expert_ffn if self.is_moe else 0
-
-    @property
-    def moe_layers(self) -> int:
-        """Layers whose MLP is a mixture of experts: all but the first `first_dense_layers`."""
-        return max(0, self.layers - self.first_dense_layers) if self.is_moe else 0
-
-    def is_moe_layer(self, index: int) -> bool:
-        return self.is_moe and index >= self.first_dense_layers
 
 
 @dataclass(frozen=True)

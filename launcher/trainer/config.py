@@ -2,7 +2,7 @@
 step count and the timeouts of this launch.
 
 Why not a second typed copy of the plan: plan.json is loaded by `Plan.load` into the same
-ModelSpec/TrainSpec/Layout the planner used, and `capabilities.check_plan` rejects, before a
+ModelSpec/TrainSpec/Layout the planner used, and `model.check_plan` rejects, before a
 process group exists, what the trainer cannot run, with the plan field named.
 """
 
@@ -12,8 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from launcher.errors import UserError
-from launcher.plan import capabilities
-from launcher.plan.model import Plan
+from launcher.plan.model import Plan, check_plan
 from launcher.plan.spec import ModelSpec, TrainSpec
 
 
@@ -35,7 +34,7 @@ class TrainerConfig:
 def config_from_plan(plan: Plan, steps: int | None = None, init_timeout_s: float | None = None,
                      step_timeout_s: float | None = None) -> TrainerConfig:
     """The plan as this launch runs it; UserError naming the plan field when the trainer cannot."""
-    capabilities.check_plan(plan)
+    check_plan(plan)
     if steps is not None:       # what the metrics line shows as "step i/N"
         if steps < 1:
             raise UserError(f"--steps {steps}: must be >= 1")
