@@ -125,5 +125,17 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
 
 
+def exit_now(code: int) -> None:
+    """Exit with `code`. A failed rank leaves at once (os._exit after flushing): interpreter teardown with a
+    collective library's threads still joinable (gloo's after a peer's error) can end in std::terminate, and
+    the rank's exit 1 became SIGABRT's 134."""
+    if code == 0:
+        sys.exit(0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
