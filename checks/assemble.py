@@ -4,7 +4,9 @@ Input is a PreflightResults (from orchestrate, or from checks.folder.load_dir fo
 other means); output is the BandwidthMap the planner reads, with one CheckResult per node and check,
 the pair bandwidths and the nodes to exclude. Checks (names are stable, tests and users rely on
 them): reachable, gpu_count, gpu_model, driver, topology, nvlink, ecc, xid, pcie, clocks, ib,
-nccl_node, nccl_inter, nccl_all (node "*"). Parsing is checks.parsed's, judging checks.judges'.
+nccl_node, nccl_inter, nccl_all (node "*"), and the deeper levels' (checks/judges/deep.py). Parsing is
+checks.parsed's, judging checks.judges' (Findings, folded to one verdict per node and check); here each
+verdict becomes the map's CheckResult, and the nodes' statuses, the exclusions and the medians follow.
 """
 
 from __future__ import annotations
@@ -12,8 +14,12 @@ from __future__ import annotations
 import statistics
 from datetime import datetime, timezone
 
-from checks.judges import JudgeConfig, at_least, hardware_checks, intra_checks, pair_checks, worst
-from checks.level_checks import deep_checks, record_figures
+from checks.judges.config import JudgeConfig
+from checks.judges.deep import deep_checks
+from checks.judges.figures import at_least
+from checks.judges.finding import Finding, verdict, worst
+from checks.judges.hardware import hardware_checks
+from checks.judges.nccl import intra_checks, pair_checks
 from checks.parsed import NodeData, node_data, parse_nccl_run
 from checks.results import PreflightResults
 from launcher.formats.bwmap import BandwidthMap, CheckResult, NodeReport
@@ -23,16 +29,16 @@ CLUSTER = "*"
 
 def assemble(results: PreflightResults, config: JudgeConfig | None = None) -> BandwidthMap:
     cfg = config or JudgeConfig()
-    checks: list[CheckResult] = []
+    checks: list[Finding] = []
     nodes: dict[str, NodeReport] = {}
     data: dict[str, NodeData] = {}
 
     for host in results.hosts:
         if host in results.unreachable:
-            checks.append(CheckResult(host, "reachable", "fail", None, None, results.unreachable[host]))
+            checks.append(verdict(host, "reachable", "fail", None, None, results.unreachable[host]))
             nodes[host] = NodeReport(host=host, status="fail")
             continue
-        checks.append(CheckResult(host, "reachable", "pass", None, None, "ok"))
+        checks.append(verdict(host, "reachable", "pass", None, None, "ok"))
         data[host] = node_data(host, results.probes.get(host, {}))
 
     node_runs = {r.hosts[0]: r for r in results.nccl if r.kind == "node"}
@@ -42,7 +48,7 @@ def assemble(results: PreflightResults, config: JudgeConfig | None = None) -> Ba
             t, why = parse_nccl_run(run.result, run.collective)
             nd.nccl = t
             if t is None:
-                nd.problems["nccl_node"] = CheckResult(host, "nccl_node", "fail", None, None, why or "")
+                nd.problems["nccl_node"] = verdict(host, "nccl_node", "fail", None, None, why or "")
 
     checks += hardware_checks(data, cfg)
     checks += intra_checks(data, cfg)
@@ -62,7 +68,7 @@ def assemble(results: PreflightResults, config: JudgeConfig | None = None) -> Ba
     nodes = {h: nodes[h] for h in results.hosts if h in nodes}  # in the order the hosts were given
     for c in checks:
         if c.node in nodes:
-            nodes[c.node].status = worst(nodes[c.node].status, c.status)
+            nodes[c.node].status = worst((nodes[c.node].status, c.status))
     exclude = [h for h, n in nodes.items() if n.status == "fail"]
 
     all_busbw = None
@@ -70,8 +76,8 @@ def assemble(results: PreflightResults, config: JudgeConfig | None = None) -> Ba
         t, why = parse_nccl_run(run.result, run.collective)
         hosts = ",".join(run.hosts)
         if t is None or t.failed:
-            checks.append(CheckResult(CLUSTER, "nccl_all", "fail", None, None,
-                                      f"all-node run over {hosts}: {why or '; '.join(t.errors[:3] if t else [])}"))
+            checks.append(verdict(CLUSTER, "nccl_all", "fail", None, None,
+                                  f"all-node run over {hosts}: {why or '; '.join(t.errors[:3] if t else [])}"))
             continue
         all_busbw = t.busbw_at_max_size
         c = at_least(CLUSTER, "nccl_all", all_busbw or 0.0, cfg.min_all_busbw_gbs, cfg.warn_margin)
@@ -81,7 +87,7 @@ def assemble(results: PreflightResults, config: JudgeConfig | None = None) -> Ba
     intra = [n.intra_busbw_gbs for h, n in nodes.items() if h not in exclude and n.intra_busbw_gbs]
     inter = [p.busbw_gbs for p in pair_reports if p.a not in exclude and p.b not in exclude and p.busbw_gbs > 0]
     bw = BandwidthMap(
-        nodes=nodes, pairs=sorted(pair_reports, key=lambda p: p.busbw_gbs), checks=checks,
+        nodes=nodes, pairs=sorted(pair_reports, key=lambda p: p.busbw_gbs), checks=[result(c) for c in checks],
         intra_node_busbw_gbs=round(statistics.median(intra), 2) if intra else None,
         inter_node_busbw_gbs=round(statistics.median(inter), 2) if inter else None,
         all_nodes_busbw_gbs=all_busbw, exclude=exclude, commands=list(results.commands),
@@ -91,8 +97,32 @@ def assemble(results: PreflightResults, config: JudgeConfig | None = None) -> Ba
     return bw
 
 
-def status_of(bwmap: BandwidthMap) -> str:
-    return worst(*(c.status for c in bwmap.checks)) if bwmap.checks else "pass"
+def result(f: Finding) -> CheckResult:
+    """A node's verdict on one check as the map records it."""
+    return CheckResult(f.node, f.check, f.status, f.figure, f.threshold, f.message)
+
+
+def record_figures(bw: BandwidthMap, results: PreflightResults) -> None:
+    """Put the measured all-to-all and per-NIC RDMA figures into the map (healthy nodes' medians)."""
+    bw.level = results.level
+    node_a2a, pair_a2a = [], []
+    for run in results.nccl:
+        if run.kind not in ("a2a-node", "a2a-pair"):
+            continue
+        t, _ = parse_nccl_run(run.result, "alltoall")
+        fig = t.busbw_at_max_size if t is not None and not t.failed else None
+        if not fig or any(h in bw.exclude for h in run.hosts):
+            continue
+        if run.kind == "a2a-node" and run.hosts[0] in bw.nodes:
+            bw.nodes[run.hosts[0]].alltoall_busbw_gbs = fig
+            node_a2a.append(fig)
+        elif run.kind == "a2a-pair":
+            pair_a2a.append(fig)
+    bw.alltoall_intra_busbw_gbs = round(statistics.median(node_a2a), 2) if node_a2a else None
+    bw.alltoall_inter_busbw_gbs = round(statistics.median(pair_a2a), 2) if pair_a2a else None
+    for c in bw.checks:
+        if c.check.startswith("rdma:") and c.node in bw.nodes and isinstance(c.value, (int, float)):
+            bw.nodes[c.node].rdma_gbps[c.check.split(":", 1)[1]] = c.value
 
 
 def failed_checks(bwmap: BandwidthMap) -> list[CheckResult]:

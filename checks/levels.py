@@ -9,7 +9,7 @@ long      + `dcgmi diag -r 3` instead of -r 2 (targeted stress and power, memory
           `all_to_all_perf` per node and per node pair (the measured all-to-all the EP cost uses),
           and per-NIC `ib_write_bw --use_cuda` between node pairs in rounds of disjoint pairs.
 
-What they gathered is judged in checks/level_checks.py and saved in the folder layout by
+What they gathered is judged in checks/judges/deep.py and saved in the folder layout by
 checks/folder.py; this module only says what runs (the orchestrator and `python -m checks.probe`
 read it).
 """

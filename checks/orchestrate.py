@@ -23,8 +23,8 @@ from typing import Any
 
 from checks import levels
 from checks.hosts import compress
-from checks.judges import JudgeConfig
-from checks.level_checks import rdma_checks
+from checks.judges.config import JudgeConfig
+from checks.judges.deep import rdma_checks
 from checks.pairing import NcclOptions, first_round, second_round
 from checks.parsed import parse_nccl_run
 from checks.parsers.base import ParseError

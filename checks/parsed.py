@@ -3,7 +3,8 @@
 A preflight judges the same outputs several times (orchestrate between its phases, the deeper levels,
 then assemble), so a parse is remembered per CommandResult (by identity, forgotten with the result),
 never stored on the result itself. `node_data` gathers one node's parsed probes with the probe-level
-problems (a tool that failed or printed what its parser cannot read) as CheckResults.
+problems (a tool that failed or printed what its parser cannot read) as the node's verdicts on those
+checks (checks/judges/finding.py); `parse_output` reads any other output once (the deeper levels').
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from checks.judges.finding import Finding, verdict
 from checks.parsers.base import ParseError
 from checks.parsers.gpu_query import GpuQuery, parse_gpu_query
 from checks.parsers.ibstat import IbStatus, parse_ibstat
@@ -23,7 +25,6 @@ from checks.parsers.topo import Topology, parse_topo
 from checks.parsers.xid import XidLog, parse_xid
 from checks.probe import PROBES
 from checks.results import CommandResult
-from launcher.formats.bwmap import CheckResult
 
 
 class _Memo:
@@ -58,7 +59,7 @@ class NodeData:
     ib: IbStatus | None = None
     xid: XidLog | None = None
     nccl: NcclTestResult | None = None
-    problems: dict[str, CheckResult] = field(default_factory=dict)  # probe-level failures by check
+    problems: dict[str, Finding] = field(default_factory=dict)  # probe-level failures by check
 
     @property
     def gpu_count(self) -> int | None:
@@ -101,44 +102,48 @@ def _parse_nccl_run(res: CommandResult, collective: str) -> tuple[NcclTestResult
     return t, None
 
 
+def parse_output(res: CommandResult, parse: Callable[[str], Any]) -> Any:
+    """What `parse` reads in the command's stdout, or the ParseError it raised; parsed once per result."""
+    def run() -> Any:
+        try:
+            return parse(res.stdout)
+        except ParseError as exc:
+            return exc
+
+    return _MEMO.get(res, "output:" + getattr(parse, "__name__", repr(parse)), run)
+
+
 def node_data(host: str, probes: dict[str, CommandResult]) -> NodeData:
     nd = NodeData(host)
     files = {p.name: p.file for p in PROBES}
     for kind in PARSERS:
         if kind not in probes:  # no output at all (an imported folder without that file): not measured,
             check = PROBE_CHECK[kind]  # which is no fault of the node
-            nd.problems[check] = CheckResult(host, check, "warn", None, None,
-                                             f"not measured (no {files.get(kind, kind)} for this node)")
+            nd.problems[check] = verdict(host, check, "warn", None, None,
+                                         f"not measured (no {files.get(kind, kind)} for this node)")
     for kind, res in probes.items():
         if kind not in PARSERS:
             continue
         check = PROBE_CHECK[kind]
         if kind == "ibstat" and not res.ok and not res.stdout.strip():
-            nd.problems[check] = CheckResult(host, check, "warn", None, None,
-                                             f"ibstat/ibv_devinfo gave nothing ({res.reason()}); no InfiniBand?")
+            nd.problems[check] = verdict(host, check, "warn", None, None,
+                                         f"ibstat/ibv_devinfo gave nothing ({res.reason()}); no InfiniBand?")
             continue
         if kind == "xid" and not res.ok and not res.stdout.strip():
             # no permission to read the kernel log is not a node fault, but nothing was checked either
-            nd.problems[check] = CheckResult(host, check, "warn", None, None,
-                                             f"XIDs not checked: {res.reason()}")
+            nd.problems[check] = verdict(host, check, "warn", None, None,
+                                         f"XIDs not checked: {res.reason()}")
             continue
         if not res.ok:
-            nd.problems[check] = CheckResult(host, check, "fail", None, None,
-                                             f"`{res.command.split(' 2>')[0][:60]}` failed: {res.reason()}")
+            nd.problems[check] = verdict(host, check, "fail", None, None,
+                                         f"`{res.command.split(' 2>')[0][:60]}` failed: {res.reason()}")
             continue
-        def parse(kind: str = kind, res: CommandResult = res) -> Any:
-            try:
-                return PARSERS[kind](res.stdout)
-            except ParseError as exc:
-                return exc
-
-        parsed = _MEMO.get(res, kind, parse)
+        parsed = parse_output(res, PARSERS[kind])
         if isinstance(parsed, ParseError):
-            nd.problems[check] = CheckResult(host, check, "fail", None, None, f"unparseable output: {parsed}")
+            nd.problems[check] = verdict(host, check, "fail", None, None, f"unparseable output: {parsed}")
         else:
             setattr(nd, ATTR[kind], parsed)
     return nd
-
 
 
 def hosts_in(text: str) -> list[str]:

@@ -14,18 +14,14 @@ from collections.abc import Callable
 
 import pytest
 
-from checks.health_judges import (
-    classify_xid,
-    judge_dcgm_diag,
-    judge_gpu_q,
-    judge_ibstat,
-    judge_nvbandwidth,
-    judge_nvlink_errors,
-    judge_nvlink_status,
-    judge_perftest,
-    judge_xid,
-    worst,
-)
+from checks.judges.dcgm import judge_dcgm_diag
+from checks.judges.finding import worst
+from checks.judges.ibstat import judge_ibstat
+from checks.judges.memory import judge_gpu_q
+from checks.judges.nvbandwidth import judge_nvbandwidth
+from checks.judges.nvlink import judge_nvlink_errors, judge_nvlink_status
+from checks.judges.perftest import judge_perftest
+from checks.judges.xid import classify_xid, judge_xid
 from checks.parsers.base import ParseError
 from checks.parsers.dcgm_diag import parse_dcgm_diag
 from checks.parsers.gpu_q import parse_gpu_q
@@ -279,7 +275,8 @@ def test_gpu_q_faults():
 
 
 def test_gpu_query_csv_captures_and_idle_pcie_gen1_is_not_flagged():
-    from checks.judges import JudgeConfig, gpu_health
+    from checks.judges.config import JudgeConfig
+    from checks.judges.hardware import gpu_health
 
     q = parse_gpu_query(read("nvidia-smi-query", "l40s-8gpu-query-gpu-csv-pcie-link-gen-width-idle-gen1-of-gen4-x16.txt"))
     assert [(g.pcie_gen, g.pcie_gen_max, g.pcie_width) for g in q.gpus] == [(1, 4, 16)] * 8
@@ -301,7 +298,8 @@ def test_ibstat_unused_ethernet_ports_are_not_flagged():
     assert sum(p.active for p in ib.ports) == 9
     f = judge_ibstat(ib)
     assert worst(f) == "pass" and "3 unused Ethernet ports" in f[0].message
-    from checks.judges import JudgeConfig, ib_check
+    from checks.judges.config import JudgeConfig
+    from checks.judges.hardware import ib_check
 
     best = {p.ca: p.rate_gbps for p in ib.ports if p.active}
     assert ib_check("n", ib, JudgeConfig(), best, {(p.ca, p.port) for p in ib.ports if p.active}).status == "pass"
@@ -311,7 +309,8 @@ def test_ibstat_adapter_vanishing_mid_listing():
     ib = parse_ibstat(read("ibstat", "azure-a100-8x-cx6-vf-hdr200-ibpanic-mlx5_8-missing-exit255.txt"))
     assert len(ib.cas) == 8 and ib.missing == ["mlx5_8"] and ib.errors[0].startswith("ibpanic:")
     assert bad(judge_ibstat(ib)) == [("fail", "mlx5_8")]
-    from checks.judges import JudgeConfig, ib_check
+    from checks.judges.config import JudgeConfig
+    from checks.judges.hardware import ib_check
 
     c = ib_check("vm", ib, JudgeConfig(), {}, set())
     assert c.status == "fail" and "mlx5_8 vanished" in c.message
@@ -431,7 +430,7 @@ def test_fuzz_real_captures_cut_or_garbled_never_traceback():
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    from checks.health_judges import judge_parsed
+    from checks.judges.kinds import judge_parsed
     from checks.parsers import parser_for
 
     seeds = {k: read(*v) for k, v in FUZZ_SEEDS.items()}
@@ -571,7 +570,7 @@ def test_a_stderr_line_anywhere_leaves_the_verdict_as_it_was(kind, folder, name)
     """A line from another stream (a CPU-frequency warning, a locale warning) put between any two lines
     of a capture, with CRLF line ends too: the same findings as the clean capture (it changed the
     verdict or refused the capture, issue 23)."""
-    from checks.health_judges import judge_parsed
+    from checks.judges.kinds import judge_parsed
     from checks.parsers import parser_for
 
     def verdict(text: str) -> list[tuple[str, str]]:
@@ -612,7 +611,7 @@ MUTATED_KINDS = {**CAPTURE_KINDS, "xid": "xid", "topo": "topo"}
 def test_mutated_captures_at_every_tenth_give_a_verdict_or_a_parse_error(kind):
     """Every real capture of a kind, mutated (MUTATIONS) at every 10 % of its length: the parser returns a
     parse the judges give pass / warn / fail on, or a ParseError; never another exception (issue 23)."""
-    from checks.health_judges import judge_parsed
+    from checks.judges.kinds import judge_parsed
     from checks.parsers import JUDGED_KINDS, parser_for
     from checks.parsers.base import to_jsonable
 

@@ -220,7 +220,7 @@ def test_launch_starts_without_heavy_packages(argv):
 
 
 def _resolve(name: str) -> str | None:
-    """The repository module an imported name lives in (`checks.judges.worst` -> checks.judges)."""
+    """The repository module an imported name lives in (`checks.judges.finding.worst` -> checks.judges.finding)."""
     while name and name not in sources():
         name = name.rpartition(".")[0]
     return name or None

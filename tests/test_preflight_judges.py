@@ -15,7 +15,8 @@ import pytest
 
 from checks.assemble import assemble
 from checks.folder import load_dir
-from checks.judges import JudgeConfig, JudgeConfigError, at_least, outliers
+from checks.judges.config import JudgeConfig, JudgeConfigError
+from checks.judges.figures import at_least, outliers
 from launcher.formats.bwmap import BandwidthMap
 from tests.conftest import REPO, shared_file
 from tests.replay.constructed import dmesg_xids, gpu_query_csv, ibstat_text, nvlink_status

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from checks.health_judges import judge_xid
+from checks.judges.xid import judge_xid
 from checks.parsers.xid import parse_xid
 from checks.parsers.xid_catalog import AZURE_CRITICAL, BUCKETS, CATALOG, OUT_OF_SERVICE, verdict
 from tests.conftest import fixtures_dir, shared_file

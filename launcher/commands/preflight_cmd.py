@@ -30,7 +30,7 @@ SCHEDULERS = ["slurm", "k8s"]
 
 def _judge_config(thresholds: str | None, expected_gpus: int | None, min_intra: float | None,
                   min_inter: float | None) -> Any:
-    from checks.judges import JudgeConfig, JudgeConfigError
+    from checks.judges.config import JudgeConfig, JudgeConfigError
 
     try:
         cfg = JudgeConfig.load(thresholds) if thresholds else JudgeConfig()
@@ -512,7 +512,8 @@ def parse_cmd(kind: str, file: str, node: str, against: str | None, link_rate: f
     if kind not in JUDGED_KINDS:
         emit(to_jsonable(obj), as_json, lambda: _human_parse(kind, obj))
         return 0
-    from checks.health_judges import judge_parsed, worst
+    from checks.judges.finding import worst
+    from checks.judges.kinds import judge_parsed
 
     other = load(against, "--against ") if against else None
     findings = judge_parsed(kind, obj, node=node, against=other, link_rate_gbps=link_rate, model=model)
