@@ -316,6 +316,20 @@ def test_ibstat_adapter_vanishing_mid_listing():
     assert c.status == "fail" and "mlx5_8 vanished" in c.message
 
 
+
+def test_ib_port_without_a_rate_is_not_held_to_another_nodes_rate():
+    """ibv_devinfo (the probe's fallback where ibstat is missing) prints no rate: a node read that way beside one
+    read by ibstat is judged on its port states, not crashed on (assemble raised TypeError formatting None)."""
+    from checks.judges.config import JudgeConfig
+    from checks.judges.hardware import ib_check
+
+    ib = parse_ibstat(read("ibstat", "ibv_devinfo-h100-node-12x-cx7-roce-10-active-2-PORT_DOWN.txt"))
+    active = {(p.ca, p.port) for p in ib.ports if p.active}
+    assert all(p.rate_gbps is None for p in ib.ports if p.active)
+    c = ib_check("n", ib, JudgeConfig(), {p.ca: 400.0 for p in ib.ports}, active)
+    assert c.figure == len(active) and "runs at" not in c.message
+    assert ib_check("n", ib, JudgeConfig(ib_rate_gbps=400.0), {}, active).status == c.status
+
 @pytest.mark.parametrize("name,ports,rates", [
     ("h100-12ca-roce-cx7-400g-cx6dx-100g-all-active.txt", 12, {400.0, 100.0}),
     ("h100-8x-cx7-ib-ndr400-plus-bluefield3-eth200-all-active.txt", 9, {400.0, 200.0}),

@@ -183,7 +183,7 @@ def ib_check(h: str, ib: IbStatus, cfg: JudgeConfig, best: dict[str, float],
                 merge(c, "warn", f"{name} is {p.state}/{p.physical_state} on every node (unused?)")
             continue
         want = cfg.ib_rate_gbps or best.get(p.ca)
-        if want and (p.rate_gbps or 0) < want:
+        if want and p.rate_gbps is not None and p.rate_gbps < want:  # ibv_devinfo prints no rate
             merge(c, "fail", f"{name} runs at {p.rate_gbps:g} Gb/s, expected {want:g}", threshold=want)
     c.message = c.message or f"{c.figure} ports active"
     return c
