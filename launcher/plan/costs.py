@@ -98,6 +98,8 @@ class Stack:
     glu_passes: float = 3.0           # a gated MLP's activation, per element of its width (3: silu(a)*b fused)
     fused_attention: bool = False     # cuDNN / FA3-class attention (Megatron, TE, XLA) instead of SDPA's FA2
     attention_slowdown: tuple[float, float] = (1.0, 1.0)   # (forward, backward) time of its attention kernel / FA2's
+    qkv_bias_passes: float = 0.0      # elements per q/k/v output element a bias add outside the GEMM moves (2: read,
+                                      # write; 0 where the stack fuses it or the model has no biases)
 
     def ceiling(self, gpu) -> float:
         """The efficiency ceiling on `gpu`: its generation's where the stack has one, else efficiency_max."""
@@ -120,10 +122,10 @@ STACKS: dict[str, Stack] = {
     # hide behind the compute running then (fsdp_overlap 1).
     # DP collectives across nodes run at the node's k NICs (min(intra, k·net)): llm-foundry's FSDP runs of
     # MPT-13B hold 4,767-4,811 tok/s/GPU from 8 to 64 H100s, which one NIC per GPU could not (+150%).
-    # Factor 0.925 and 200 passes (a GPT block's; a Llama block's eager traffic is 3.8x: elementwise_width):
+    # Factor 0.932 and 200 passes (a GPT block's; a Llama block's eager traffic is 3.8x: elementwise_width):
     # `benchmarks/calibrate_costs.py --fit` on all 156 rows of the family, the passes at the grid's edge.
     # The optimizer step (fused AdamW over the rank's fp32 shard, one pass) is not charged.
-    "bundled": Stack("bundled trainer (eager PyTorch, FSDP2)", efficiency_max=0.925, fsdp_overlap=1.0,
+    "bundled": Stack("bundled trainer (eager PyTorch, FSDP2)", efficiency_max=0.932, fsdp_overlap=1.0,
                      grad_sync_overlap=0.0, cp_overlap=0.0, cp_attention_factor=1.0,
                      zero2_sync_per_microbatch=True, zero1_allreduce=False, dp_collectives_per_layer=1, alpha_s=8e-6,
                      grad_reduce_bytes=4.0, dp_per_gpu_nic=False, replicated_param_bytes=2.0,
@@ -135,24 +137,22 @@ STACKS: dict[str, Stack] = {
                      # elements per input element), rotate-half RoPE (neg, cat, two products, a sum: 12), SwiGLU (5)
                      norm_passes=18.0, rope_passes=12.0, glu_passes=5.0),
     # Megatron-LM / NeMo: fused kernels (TE, cuDNN attention), distributed optimizer overlapping grad reduce
-    # and param gather with compute; factor 0.800 and 40 passes of fused elementwise work: --fit on its 54 rows
-    "megatron": Stack("Megatron-LM / NeMo", efficiency_max=0.800, fsdp_overlap=0.8, grad_sync_overlap=0.8,
+    # and param gather with compute; factor 0.834 and 60 passes of fused elementwise work: --fit on its 54 rows
+    "megatron": Stack("Megatron-LM / NeMo", efficiency_max=0.834, fsdp_overlap=0.8, grad_sync_overlap=0.8,
                       cp_overlap=0.8, cp_attention_factor=1.0, zero2_sync_per_microbatch=False,
                       zero1_allreduce=False, dp_collectives_per_layer=1, alpha_s=8e-6, grad_reduce_bytes=4.0,
-                      elementwise_passes=40.0, fused_attention=True),
+                      elementwise_passes=60.0, fused_attention=True),
     # DeepSpeed ZeRO-3 as measured in 2021 (Narayanan et al. Table 2): per-parameter collectives
     # (its collectives reach one NIC's bandwidth per GPU, and several per layer: the fit's choice)
-    "deepspeed": Stack("DeepSpeed ZeRO-3 (2021)", efficiency_max=0.759, fsdp_overlap=0.5,
+    "deepspeed": Stack("DeepSpeed ZeRO-3 (2021)", efficiency_max=0.764, fsdp_overlap=0.5,
                        grad_sync_overlap=0.5, cp_overlap=0.0, cp_attention_factor=1.0,
                        zero2_sync_per_microbatch=True, zero1_allreduce=False, dp_collectives_per_layer=4,
                        alpha_s=8e-6, grad_reduce_bytes=2.0, dp_per_gpu_nic=True, elementwise_passes=0.0),
     # JAX/XLA FSDP (MaxText, PaxML): the compiler fuses the elementwise work and schedules the FSDP
-    # all-gathers and reduce-scatters asynchronously behind the layers' compute. Factor 0.837 and 200 passes
-    # (--fit on its 10 rows, the passes at the grid's edge). Its sources disagree at the kernel level, which no
-    # term here names: the two MaxText sources predict each other (fitted on the A3 7B row, MaxText 70B's rows
-    # come out +4% median) but PaxML GPT 5B runs 20-30% slower than either predicts (its own fit: factor 0.60;
-    # TE's praxis layers with biases, LayerNorm and input dropout, under SAVE_DOT_ONLY); --cv shows it
-    "jax": Stack("JAX / XLA (MaxText, PaxML)", efficiency_max=0.837, fsdp_overlap=1.0, grad_sync_overlap=0.8,
+    # all-gathers and reduce-scatters asynchronously behind the layers' compute. Factor 0.858 and 200 passes
+    # (--fit on its 10 rows, the passes at the grid's edge). PaxML's rows run its own profile (STACKS['paxml']:
+    # TE's fused attention recomputed, the q/k/v bias outside the GEMM) and hybrid sharding; --cv prints the rest
+    "jax": Stack("JAX / XLA (MaxText, PaxML)", efficiency_max=0.858, fsdp_overlap=1.0, grad_sync_overlap=0.8,
                  cp_overlap=0.0, cp_attention_factor=1.0, zero2_sync_per_microbatch=True, zero1_allreduce=False,
                  dp_collectives_per_layer=1, alpha_s=8e-6, grad_reduce_bytes=4.0, dp_per_gpu_nic=True,
                  elementwise_passes=200.0, fused_attention=True),
@@ -184,6 +184,17 @@ STACKS["llmfoundry"] = replace(BUNDLED, name="llm-foundry (Composer FSDP1, Trito
 # matmul parameters a layer: o 67.1M + gate/up 469.8M repeated (0.627); q, k, v 83.9M saved, down 234.9M dead
 STACKS["maxtext"] = replace(STACKS["jax"], name="MaxText (remat save_qkv_proj)", selective_matmul_recompute=0.627,
                             selective_attention_recompute=1.0)
+# PaxML's GPT with Transformer Engine's layers (dgxc-benchmarking paxml/configure.sh: ENABLE_TE=1, NVTE_FUSED_ATTN=1;
+# JAX-Toolbox's praxis PR-36 patch swaps praxis' transformer layer for TE's, LayerNorm, biased linears, GELU) under
+# remat SAVE_DOT_ONLY (paxml_mod_configs.py: jax.checkpoint_policies.checkpoint_dots). TE's BF16 linears are plain
+# dot_generals (transformer_engine/jax/dot.py type_safe_dot_general @9b2fed5, the container's TE): saved, no matmul
+# repeats. Its fused attention is a custom call, no dot: backward recomputes it (the patch's check_checkpoint_policy
+# says as much: with dropout only policies that save the context are allowed, "it's necessary to bypass recomputation
+# in the attention layer"), selective in Megatron's sense. The q/k/v bias (flax/module.py: `x += bias` after the
+# dot) is added outside the GEMM and its sum written for the custom call to read: 2 elements per element; the
+# other biases fuse into the GELU and the residual adds that follow them.
+STACKS["paxml"] = replace(STACKS["jax"], name="PaxML (praxis + TE layers, SAVE_DOT_ONLY)",
+                          selective_matmul_recompute=0.0, selective_attention_recompute=1.0, qkv_bias_passes=2.0)
 
 
 @dataclass(frozen=True)
@@ -385,6 +396,49 @@ def gemm_calls_per_layer(model, lay: Layout) -> int:
     return 4 + mlp
 
 
+def block_gemms(model, tp: int, ep: int, tokens: float) -> list[tuple[float, float, float, float]]:
+    """(m, n, k, layers) of every GEMM of one block's forward on one rank: m rows (tokens), the [k, n] weight's
+    shard, and the share of the model's layers that have it. `tokens`: the rank's tokens a dense linear sees
+    (b·s/cp, all-gathered under TP's sequence parallelism). Column-parallel linears (q, k, v, the MLP's first)
+    split n by tp, row-parallel ones (o, the MLP's last) split k. A MoE block routes each TP rank's own sequence
+    shard (tokens/tp): the router and shared experts whole on it, and each of the E/ep local experts the tokens the
+    ep ranks send it, ep·(tokens/tp)·top-k/E on average (balanced routing). The FLOPs add up to
+    forward_flops_per_sequence's matmuls (its norm weights aside)."""
+    h, q, kv = model.hidden, model.q_width, model.kv_width
+    gated = model.mlp != "gelu"
+    out = [(tokens, q / tp, h, 1.0), (tokens, kv / tp, h, 1.0), (tokens, kv / tp, h, 1.0), (tokens, h, q / tp, 1.0)]
+
+    def mlp(m: float, width: float, split: int, share: float, calls: float = 1.0) -> None:
+        out.extend([(m, width / split, h, share * calls)] * (2 if gated else 1))
+        out.append((m, h, width / split, share * calls))
+
+    moe_share = model.moe_layers / model.layers
+    if moe_share < 1:
+        mlp(tokens, model.ffn_hidden, tp, 1 - moe_share)
+    if moe_share > 0:
+        local = tokens / tp
+        out.append((local, model.experts, h, moe_share))                           # the router
+        if model.shared_experts:
+            mlp(local, model.shared_ffn, 1, moe_share)
+        experts = max(1, model.experts // max(ep, 1))
+        mlp(local * model.experts_per_token * max(ep, 1) / model.experts, model.expert_ffn, 1, moe_share, experts)
+    return out
+
+
+def gemm_seconds(model, lay: Layout, tokens: float, gpu, layers: float, passes: float, logits: bool) -> float:
+    """Seconds of a micro-batch's GEMMs on one rank, each by its shape (kernels.Kernels.gemm_seconds): `layers`
+    blocks, `passes` times each block's forward GEMMs (3: forward, input gradient, weight gradient, which have the
+    same three sizes, [m, k]·[k, n], [m, n]·[n, k] and [k, m]·[m, n], and so the same time in this model; more under
+    recompute), and the logits' three (vocabulary split by tp) when `logits`."""
+    k, peak = kernels(gpu), gpu.peak_tflops * 1e12
+    block = sum(share * k.gemm_seconds(m, n, kk, peak) for m, n, kk, share in block_gemms(model, lay.tp, lay.ep,
+                                                                                            tokens))
+    seconds = block * passes * layers
+    if logits:
+        seconds += 3 * k.gemm_seconds(tokens, model.vocab / lay.tp, model.hidden, peak)
+    return seconds
+
+
 #: Elements a GPT block's forward moves per token through memory-bound ops, in hidden widths: two residual
 #: adds (3 each), two fused LayerNorms (2 each), GELU over 4h (2 per element), attention's output copy (2).
 GPT_BLOCK_ELEMENTWISE = 20.0
@@ -400,14 +454,15 @@ def elementwise_width(model, stack: Stack) -> float:
         model.moe_ffn_hidden * (model.experts_per_token + model.shared_experts)
     act = 2.0 * ffn if model.mlp == "gelu" else stack.glu_passes * ffn
     rope = stack.rope_passes * (qw + model.kv_width) if model.position == "rope" else 0.0
-    return (6 * h + 2 * stack.norm_passes * h + act + rope + 2 * qw) / GPT_BLOCK_ELEMENTWISE
+    bias = stack.qkv_bias_passes * (qw + 2 * model.kv_width)
+    return (6 * h + 2 * stack.norm_passes * h + act + rope + 2 * qw + bias) / GPT_BLOCK_ELEMENTWISE
 
 
 def compute_seconds(model, lay: Layout, seq_len: int, gpu, stack: Stack = BUNDLED, layers: float = 1.0,
                     logits: bool = False, factor: float | None = None, fp8: str | None = None) -> tuple[float, float]:
     """(seconds, hardware FLOPs) of one micro-batch's forward + backward (+ recompute) on one rank for
-    `layers` blocks (and the logits when `logits`): every GEMM at the GPU's maximum achievable matmul
-    rate plus a fixed time per call (kernels.py, from public GEMM benchmarks), attention at the
+    `layers` blocks (and the logits when `logits`): every GEMM by its shape (gemm_seconds: kernels.py's model
+    fitted to public GEMM benchmarks per GPU), attention at the
     flash-attention rate on the causal half (its backward FLASH_BACKWARD forwards, as FlashAttention counts it), elementwise work at HBM speed (the stack's passes over
     the activations), all divided by the stack's fitted factor (or `factor`: cluster.compute_efficiency /
     `launch calibrate`'s, which scales this kernel-level time). `fp8`: train.fp8_linears under precision fp8 (the
@@ -419,10 +474,8 @@ def compute_seconds(model, lay: Layout, seq_len: int, gpu, stack: Stack = BUNDLE
     rc_mm = {"none": 0.0, "selective": stack.selective_matmul_recompute, "full": 1.0}[lay.recompute]
     rc_attn = {"none": 0.0, "selective": stack.selective_attention_recompute, "full": 1.0}[lay.recompute]
     mm = fwd["matmul"] / model.layers * (3 + rc_mm) * share * layers
-    calls = gemm_calls_per_layer(model, lay) * (3 + rc_mm) * layers
     if logits:
         mm += 3 * fwd["logits"] * share
-        calls += 3
     attn = fwd["attention"] / model.layers * (3 + rc_attn) * share * layers
     if lay.cp > 1:
         attn *= stack.cp_attention_factor
@@ -439,11 +492,12 @@ def compute_seconds(model, lay: Layout, seq_len: int, gpu, stack: Stack = BUNDLE
         fp8_mm, fp8_bytes = min(mm, per_layer * layers), fp8_bytes * layers
     if lay.compile:
         elem_bytes *= compiled_elementwise(gpu)     # compiled blocks fuse it; the GEMMs and attention are as eager
-    seconds = (k.gemm_seconds(mm - fp8_mm, calls, peak) + attn_work * CAUSAL_WORK / (peak * attn_rate)
-               + (elem_bytes + fp8_bytes) / (k.hbm_tbs * 1e12))
+    seconds = (gemm_seconds(model, lay, tokens, gpu, layers, 3 + rc_mm, logits)
+               + attn_work * CAUSAL_WORK / (peak * attn_rate) + (elem_bytes + fp8_bytes) / (k.hbm_tbs * 1e12))
     if fp8_mm:
-        # the converted GEMMs at the FP8 peak, at the share of it the BF16 ones reach (launcher/plan/fp8.py)
-        seconds += fp8_mm / (gpu.fp8_tflops * 1e12 * k.gemm)
+        # the converted GEMMs' compute at the FP8 peak instead, at the share of it the BF16 ones reach
+        # (launcher/plan/fp8.py); their launch and operand terms as in bf16
+        seconds += fp8_mm / (gpu.fp8_tflops * 1e12 * k.gemm) - fp8_mm / (peak * k.gemm)
     return seconds / (factor or stack.ceiling(gpu)), mm + attn
 
 
