@@ -146,6 +146,7 @@ def load_cases(path: Path = DATA) -> list[Case]:
         for r in csv.DictReader(f):
             layout: dict = {k: int(r[k]) for k in ("tp", "cp", "pp", "v", "dp", "ep", "mb", "zero")}
             layout["recompute"] = r["recompute"]
+            layout["dp_shard"] = int(r["dp_shard"]) if r.get("dp_shard") else None
             out.append(Case(label=r["label"], source=r["source"], family=r["family"], model_name=r["model"],
                             gpu=r["gpu"], seq=int(r["seq"]), gbs=int(r["gbs"]), layout=layout,
                             published=float(r["published"]), unit=r["unit"], stack=r["stack"], url=r["url"],
@@ -167,7 +168,8 @@ def layout_of(case: Case) -> Layout:
     dp, mb, v = kw["dp"], kw["mb"], kw["v"]
     return Layout(tp=kw["tp"], cp=kw["cp"], pp=kw["pp"], dp=dp, ep=kw["ep"], zero=kw["zero"],
                   recompute=kw["recompute"], micro_batch=mb, grad_accum=max(1, case.gbs // (dp * mb)),
-                  schedule="none" if kw["pp"] == 1 else "interleaved-1f1b" if v > 1 else "1f1b", virtual_stages=v)
+                  schedule="none" if kw["pp"] == 1 else "interleaved-1f1b" if v > 1 else "1f1b", virtual_stages=v,
+                  dp_shard=kw.get("dp_shard"))
 
 
 def model_step(case: Case, stack: Stack) -> float:
