@@ -9,7 +9,7 @@ By stage, probe -> run -> parse -> judge -> assemble:
             runners/      how commands reach hosts: local, ssh (launcher.transport), srun, slurm_job (sbatch), k8s
             orchestrate   phases: every node alone, node pairs in rounds, all healthy nodes
             slurm_pairs   the node-pair phase inside the Slurm preflight job
-            results.py    what running produced (CommandResult, NcclRun, PreflightResults)
+            results.py    what running produced (NcclRun, PreflightResults; a command's result is launcher.transport's Completed)
             folder.py     that, saved and read back as a folder (load_dir / save_dir, `launch preflight import`);
                           level_runs.py the deeper levels' part of it
   parse     parsers/      pure text -> dataclass parsers, one per tool (ParseError names the line)

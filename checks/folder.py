@@ -18,7 +18,8 @@ from typing import Any
 from checks.level_runs import load_runs, save_runs
 from checks.parsed import hosts_in
 from checks.probe import EXTRA_FILES, META_FILE, NCCL_NODE_FILE, PROBES, Probe
-from checks.results import CommandResult, NcclRun, PreflightResults
+from checks.results import NcclRun, PreflightResults
+from launcher.transport import Completed
 
 UNREACHABLE_FILE = "unreachable.json"
 BWMAP_FILE = "bwmap.json"  # where the Slurm preflight job leaves its BandwidthMap
@@ -46,19 +47,18 @@ def load_dir(path: str | Path) -> PreflightResults:
         host = d.name
         res.hosts.append(host)
         meta = _probe_meta(d / META_FILE) if (d / META_FILE).exists() else {}
-        probes: dict[str, CommandResult] = {}
+        probes: dict[str, Completed] = {}
         for fname, probe in files.items():
             if (d / fname).exists():
                 m = meta.get(probe.name, {})
                 out = read_text(d / fname, "probe output", errors="replace")
-                probes[probe.name] = CommandResult(host, m.get("command", probe.command), out, m.get("stderr", ""),
-                                                   m.get("rc", 0), bool(m.get("timed_out")), m.get("error"))
+                probes[probe.name] = Completed(m.get("rc", 0), out, m.get("stderr", ""), bool(m.get("timed_out")), host=host,
+                                               command=m.get("command", probe.command), error=m.get("error"))
         res.probes[host] = probes
         if (d / NCCL_NODE_FILE).exists():
             m = meta.get("nccl-node", {})
-            r = CommandResult(host, m.get("command", f"(from {d / NCCL_NODE_FILE})"),
-                              read_text(d / NCCL_NODE_FILE, "nccl-tests output", errors="replace"), "", m.get("rc", 0),
-                              bool(m.get("timed_out")))
+            r = Completed(m.get("rc", 0), read_text(d / NCCL_NODE_FILE, "nccl-tests output", errors="replace"), "",
+                          bool(m.get("timed_out")), host=host, command=m.get("command", f"(from {d / NCCL_NODE_FILE})"))
             res.nccl.append(NcclRun("node", [host], "all_reduce", r))
             res.commands.append(f"[{host}] {r.command}")
     if (root / UNREACHABLE_FILE).exists():
@@ -77,7 +77,7 @@ def load_dir(path: str | Path) -> PreflightResults:
             hosts = named if named and all(h in res.hosts for h in named) else (hosts_in(text) or named)
             if kind == "pairs" and len(hosts) != 2:
                 continue
-            r = CommandResult(hosts[0], f"(from {f})", text, "", 0)
+            r = Completed(0, text, host=hosts[0], command=f"(from {f})")
             res.nccl.append(NcclRun("pair" if kind == "pairs" else "all", hosts, "all_reduce", r))
     load_runs(root, res)
     return res

@@ -12,7 +12,8 @@ from typing import Any
 
 from checks.levels import TOOLS, RdmaRun
 from checks.probe import META_FILE, RUN_FILES, TIMEOUTS_KEY
-from checks.results import CommandResult, NcclRun, PreflightResults
+from checks.results import NcclRun, PreflightResults
+from launcher.transport import Completed
 
 A2A_NODE_FILE = RUN_FILES["a2a-node"]
 A2A_PAIRS_DIR = "alltoall-pairs"
@@ -74,15 +75,15 @@ def load_runs(root: Path, res: PreflightResults) -> None:
         if f.is_file():
             m = _meta(root / host).get("a2a-node")  # written by `python -m checks.probe --level long`
             m = m if isinstance(m, dict) else {}
-            res.nccl.append(NcclRun("a2a-node", [host], "alltoall", CommandResult(
-                host, m.get("command", f"(from {f})"), read_text(f, "all_to_all_perf output", errors="replace"),
-                m.get("stderr", ""), m.get("rc", 0), bool(m.get("timed_out")), m.get("error"))))
+            res.nccl.append(NcclRun("a2a-node", [host], "alltoall", Completed(
+                m.get("rc", 0), read_text(f, "all_to_all_perf output", errors="replace"), m.get("stderr", ""),
+                bool(m.get("timed_out")), host=host, command=m.get("command", f"(from {f})"), error=m.get("error"))))
     for f in sorted((root / A2A_PAIRS_DIR).glob("*.txt")) if (root / A2A_PAIRS_DIR).is_dir() else []:
         hosts = f.stem.split("+")
         if len(hosts) == 2:
             res.nccl.append(NcclRun("a2a-pair", hosts, "alltoall",
-                                    CommandResult(hosts[0], f"(from {f})", read_text(f, "all_to_all_perf output",
-                                                                                      errors="replace"), "", 0)))
+                                    Completed(0, read_text(f, "all_to_all_perf output", errors="replace"),
+                                              host=hosts[0], command=f"(from {f})")))
     idx = root / RDMA_DIR / RDMA_INDEX
     if idx.is_file():
         try:
@@ -94,8 +95,8 @@ def load_runs(root: Path, res: PreflightResults) -> None:
                 f = root / RDMA_DIR / Path(str(e["file"])).name
                 out = read_text(f, "ib_write_bw output", errors="replace")
                 res.rdma.append(RdmaRun(str(e["client"]), str(e["server"]), str(e["nic"]), e.get("gpu"),
-                                        e.get("link_gbps"), CommandResult(str(e["client"]), str(e.get("command", "")),
-                                                                          out, "", e.get("rc", 0))))
+                                        e.get("link_gbps"), Completed(e.get("rc", 0), out, host=str(e["client"]),
+                                                                      command=str(e.get("command", "")))))
             except (KeyError, TypeError, OSError):
                 continue
     if res.rdma or any(r.kind.startswith("a2a") for r in res.nccl):

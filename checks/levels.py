@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from checks.results import CommandResult
+from launcher.transport import Completed
 
 LEVELS = ("quick", "standard", "long")
 NVB_TESTS = "host_to_device_memcpy_ce device_to_host_memcpy_ce device_to_device_memcpy_read_ce"
@@ -105,8 +105,8 @@ class RdmaRun:
     nic: str
     gpu: int | None
     link_gbps: float | None
-    result: CommandResult  # the client's output (it prints the figure)
-    server_result: CommandResult | None = None
+    result: Completed  # the client's output (it prints the figure)
+    server_result: Completed | None = None
 
 
 def tool_of(command: str) -> str:

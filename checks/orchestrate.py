@@ -31,8 +31,9 @@ from checks.parsers.base import ParseError
 from checks.parsers.gpu_query import parse_gpu_query
 from checks.parsers.topo import parse_topo
 from checks.probe import PROBES, Probe, nccl_command
-from checks.results import CommandResult, NcclRun, PreflightResults
+from checks.results import NcclRun, PreflightResults
 from checks.runners.base import Runner
+from launcher.transport import Completed
 
 # NCCL_DEBUG=INFO: the log then says which transport each channel used (NET/IB vs a NET/Socket fallback)
 MPI_TEMPLATE = "mpirun --allow-run-as-root -np {np} -H {hosts_slots} --bind-to none -x NCCL_DEBUG=INFO {cmd}"
@@ -82,7 +83,7 @@ def multi_command(opts: NcclOptions, runner: Runner, hosts: Sequence[str], gpus:
                            hostlist=shlex.quote(compress(list(hosts))), nnodes=len(hosts), gpus=gpus, cmd=cmd)
 
 
-def gpu_count(probes: dict[str, CommandResult]) -> int | None:
+def gpu_count(probes: dict[str, Completed]) -> int | None:
     for kind, parse in (("gpu-query", lambda t: parse_gpu_query(t).count), ("topo", lambda t: parse_topo(t).gpu_count)):
         r = probes.get(kind)
         if r is not None and r.ok:

@@ -1,7 +1,7 @@
 """Parsed probe outputs: which parser reads which probe's output, each output parsed once.
 
 A preflight judges the same outputs several times (orchestrate between its phases, the deeper levels,
-then assemble), so a parse is remembered per CommandResult (by identity, forgotten with the result),
+then assemble), so a parse is remembered per Completed (by identity, forgotten with the result),
 never stored on the result itself. `node_data` gathers one node's parsed probes with the probe-level
 problems (a tool that failed or printed what its parser cannot read) as the node's verdicts on those
 checks (checks/judges/finding.py); `parse_output` reads any other output once (the deeper levels').
@@ -24,17 +24,17 @@ from checks.parsers.nvlink import NvlinkStatus, parse_nvlink_status
 from checks.parsers.topo import Topology, parse_topo
 from checks.parsers.xid import XidLog, parse_xid
 from checks.probe import PROBES
-from checks.results import CommandResult
+from launcher.transport import Completed
 
 
 class _Memo:
-    """Parsed outputs by the CommandResult they came from: kept while the result lives."""
+    """Parsed outputs by the Completed they came from: kept while the result lives."""
 
     def __init__(self) -> None:
         self._by_result: dict[int, dict[str, Any]] = {}
         self._lock = threading.Lock()  # orchestrate judges from several threads
 
-    def get(self, res: CommandResult, key: str, parse: Callable[[], Any]) -> Any:
+    def get(self, res: Completed, key: str, parse: Callable[[], Any]) -> Any:
         with self._lock:
             slot = self._by_result.get(id(res))
             if slot is None:
@@ -82,12 +82,12 @@ PARSERS = {"topo": parse_topo, "gpu-query": parse_gpu_query, "nvlink": parse_nvl
 ATTR = {"topo": "topo", "gpu-query": "gpu", "nvlink": "nvlink", "ibstat": "ib", "xid": "xid"}
 
 
-def parse_nccl_run(res: CommandResult, collective: str) -> tuple[NcclTestResult | None, str | None]:
+def parse_nccl_run(res: Completed, collective: str) -> tuple[NcclTestResult | None, str | None]:
     """The parsed test, or None and why not (died, hung, unparseable)."""
     return _MEMO.get(res, "nccl:" + collective, lambda: _parse_nccl_run(res, collective))
 
 
-def _parse_nccl_run(res: CommandResult, collective: str) -> tuple[NcclTestResult | None, str | None]:
+def _parse_nccl_run(res: Completed, collective: str) -> tuple[NcclTestResult | None, str | None]:
     if res.error:
         return None, res.error
     try:
@@ -102,7 +102,7 @@ def _parse_nccl_run(res: CommandResult, collective: str) -> tuple[NcclTestResult
     return t, None
 
 
-def parse_output(res: CommandResult, parse: Callable[[str], Any]) -> Any:
+def parse_output(res: Completed, parse: Callable[[str], Any]) -> Any:
     """What `parse` reads in the command's stdout, or the ParseError it raised; parsed once per result."""
     def run() -> Any:
         try:
@@ -113,7 +113,7 @@ def parse_output(res: CommandResult, parse: Callable[[str], Any]) -> Any:
     return _MEMO.get(res, "output:" + getattr(parse, "__name__", repr(parse)), run)
 
 
-def node_data(host: str, probes: dict[str, CommandResult]) -> NodeData:
+def node_data(host: str, probes: dict[str, Completed]) -> NodeData:
     nd = NodeData(host)
     files = {p.name: p.file for p in PROBES}
     for kind in PARSERS:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from checks.parsers.gpu_query import QUERY_FIELDS
-from checks.results import OUTPUT_LIMIT, CommandResult, over_limit
+from launcher.transport import OUTPUT_LIMIT, Completed, over_limit
 from launcher.transport.local import run_process
 
 _NEW = ",".join(QUERY_FIELDS)
@@ -71,14 +71,16 @@ def standalone_env() -> dict[str, str]:
 
 
 def run_local(command: str, timeout: float, host: str = "localhost",
-              env: dict[str, str] | None = None, limit: int = OUTPUT_LIMIT) -> CommandResult:
+              env: dict[str, str] | None = None, limit: int = OUTPUT_LIMIT) -> Completed:
     """`bash -c command` here (launcher.transport's one local runner: own session, bounded output)."""
     c = run_process(command, timeout, env=env, limit=limit)
-    return CommandResult(host, command, c.stdout, c.stderr, c.rc, timed_out=c.timed_out,
-                         error=over_limit(limit) if c.flooded else None, seconds=c.seconds)
+    c.host, c.command = host, command
+    if c.flooded:
+        c.error = over_limit(limit)
+    return c
 
 
-def save(out_dir: Path, host: str, results: dict[str, CommandResult], timeouts: dict[str, float] | None = None) -> Path:
+def save(out_dir: Path, host: str, results: dict[str, Completed], timeouts: dict[str, float] | None = None) -> Path:
     """Write outputs as DIR/<host>/<file> and their metadata as probe.json (with the deeper tools'
     timeouts, so a tool that timed out is reported with its limit when the folder is judged)."""
     d = out_dir / host

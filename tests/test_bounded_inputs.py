@@ -248,8 +248,8 @@ def test_ctrl_c_during_preflight_does_not_wait_for_a_host_that_never_answers():
     import threading
 
     from checks.orchestrate import PreflightOptions, run_preflight
-    from checks.results import CommandResult
     from checks.runners.base import Runner
+    from launcher.transport import Completed
 
     class Hung(Runner):
         launcher = None
@@ -265,7 +265,7 @@ def test_ctrl_c_during_preflight_does_not_wait_for_a_host_that_never_answers():
                 raise KeyboardInterrupt        # Ctrl-C arrives while "hung" is still connecting
             self.connecting.set()
             self.released_by_close.append(self.closed.wait(60))   # bounded: a regression fails, not hangs
-            return CommandResult(host, command, error="connection closed")
+            return Completed(host=host, command=command, error="connection closed")
 
         def close(self):
             self.closed.set()

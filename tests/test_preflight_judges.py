@@ -216,12 +216,13 @@ def test_two_nodes_one_missing_a_gpu_blames_the_smaller(tmp_path):
 
 
 def _results(texts_by_host: dict[str, dict[str, str]]):
-    from checks.results import CommandResult, NcclRun, PreflightResults
+    from checks.results import NcclRun, PreflightResults
+    from launcher.transport import Completed
 
     res = PreflightResults(hosts=list(texts_by_host))
     for h, files in texts_by_host.items():
-        res.probes[h] = {k: CommandResult(h, k, v, "", 0) for k, v in files.items() if k != "nccl"}
-        res.nccl.append(NcclRun("node", [h], "all_reduce", CommandResult(h, "nccl", files["nccl"], "", 0)))
+        res.probes[h] = {k: Completed(0, v, host=h, command=k) for k, v in files.items() if k != "nccl"}
+        res.nccl.append(NcclRun("node", [h], "all_reduce", Completed(0, files["nccl"], host=h, command="nccl")))
     return res
 
 

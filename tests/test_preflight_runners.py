@@ -20,7 +20,6 @@ import pytest
 from checks.hosts import HostsError, expand, from_allocation, from_file
 from checks.orchestrate import PreflightOptions, multi_command, run_preflight
 from checks.pairing import NcclOptions, first_round, ring_rounds, second_round
-from checks.results import CommandResult
 from checks.runners.base import probe_script, split_probe_output
 from checks.runners.k8s import K8sRunner, render_pod
 from checks.runners.local import LocalRunner
@@ -28,6 +27,7 @@ from checks.runners.slurm_job import SlurmJobError, SlurmJobOptions, render
 from checks.runners.srun import SrunRunner
 from launcher.backends.kubernetes import KubernetesBackend
 from launcher.render import render_template
+from launcher.transport import Completed
 from tests.conftest import REPO, fixtures_dir, shared_file
 from tests.replay import install
 from tests.replay.constructed import gpu_query_csv, ibstat_text, nvlink_status
@@ -112,12 +112,12 @@ def test_probe_script_runs_and_splits_with_rc_and_timeouts(tmp_path):
               Probe("nvlink", "n.txt", "sleep 5"), Probe("ibstat", "i.txt", "echo ok")]
     script, marker = probe_script(probes, timeout=1)
     p = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
-    out = split_probe_output(CommandResult("h", "script", p.stdout, p.stderr, p.returncode), probes, marker)
+    out = split_probe_output(Completed(p.returncode, p.stdout, p.stderr, host="h", command="script"), probes, marker)
     assert out["topo"].stdout == "a\nb" and out["topo"].ok
     assert out["gpu-query"].rc == 3 and out["gpu-query"].stderr == "err"
     assert out["nvlink"].timed_out and not out["nvlink"].ok
     assert out["ibstat"].stdout == "ok\n" and out["ibstat"].ok
-    dead = split_probe_output(CommandResult("h", "script", error="connection refused"), probes, marker)
+    dead = split_probe_output(Completed(host="h", command="script", error="connection refused"), probes, marker)
     assert all(r.error == "connection refused" for r in dead.values())
 
 

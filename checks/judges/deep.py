@@ -24,12 +24,13 @@ from checks.parsers.dcgm_diag import parse_dcgm_diag
 from checks.parsers.nvbandwidth import parse_nvbandwidth
 from checks.parsers.nvlink_errors import parse_nvlink_errors
 from checks.parsers.perftest import parse_perftest
-from checks.results import CommandResult, PreflightResults
+from checks.results import PreflightResults
+from launcher.transport import Completed
 
 NOT_FOUND_RC = 127  # what a shell returns for a command it cannot find
 
 
-def _not_measured(host: str, check: str, res: CommandResult,
+def _not_measured(host: str, check: str, res: Completed,
                   timeouts: Mapping[str, float] = {}) -> Finding | None:  # noqa: B006 - read only
     if res.rc == NOT_FOUND_RC and not res.stdout.strip():
         tool = (res.command.split() or ["the tool"])[0]
@@ -46,7 +47,7 @@ def _not_measured(host: str, check: str, res: CommandResult,
     return None
 
 
-def _judged(host: str, check: str, res: CommandResult, parse: Callable[[str], Any],
+def _judged(host: str, check: str, res: Completed, parse: Callable[[str], Any],
             judge: Callable[[Any], list[Finding]], timeouts: Mapping[str, float]) -> list[Finding]:
     gone = _not_measured(host, check, res, timeouts)
     if gone is not None:

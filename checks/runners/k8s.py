@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from checks.results import CommandResult
 from checks.runners.base import Renderer, Runner
 from launcher.formats.k8snames import RFC1123_SUBDOMAIN
+from launcher.transport import Completed, Transport, TransportError
 
 TEMPLATE = "k8s/preflight-pod.yaml.j2"  # rendered by launcher.render's one environment
 
@@ -61,7 +61,11 @@ class K8sRunner(Runner):
         self.run_id = secrets.token_hex(4)
         self._n = 0
 
-    def run(self, host: str, command: str, timeout: float) -> CommandResult:
+    def transport(self, host: str) -> Transport:
+        """A pod is not a machine one logs in to: `run` goes through the Kubernetes backend instead."""
+        raise TransportError(f"{host}: the k8s backend reaches nodes through pods, not a transport")
+
+    def run(self, host: str, command: str, timeout: float) -> Completed:
         start = time.monotonic()
         self._n += 1
         marker = f"__launch4d_stderr_{secrets.token_hex(4)}__"
@@ -75,8 +79,8 @@ class K8sRunner(Runner):
                              service_account=self.service_account)
             handle = self.kube.submit(self.kube.pod_request(pod))
         except Exception as exc:  # noqa: BLE001 - API errors become the host's reason
-            return CommandResult(host, command, error=f"cannot create pod on {host}: {exc}",
-                                 seconds=time.monotonic() - start)
+            return Completed(host=host, command=command, error=f"cannot create pod on {host}: {exc}",
+                             seconds=time.monotonic() - start)
         try:
             if self.on_submit is not None:
                 self.on_submit(handle)
@@ -87,23 +91,23 @@ class K8sRunner(Runner):
                     break
                 time.sleep(self.poll_s)
             if st is None:
-                return CommandResult(host, command, error=f"pod {name} disappeared before it ended",
-                                     seconds=time.monotonic() - start)
+                return Completed(host=host, command=command, error=f"pod {name} disappeared before it ended",
+                                 seconds=time.monotonic() - start)
             if not st.done:
-                return CommandResult(host, command, rc=None, timed_out=True, seconds=time.monotonic() - start,
-                                     stderr=f"pod {name} still {st.state} after {timeout:.0f}s")
+                return Completed(None, "", f"pod {name} still {st.state} after {timeout:.0f}s", timed_out=True,
+                                 seconds=time.monotonic() - start, host=host, command=command)
             log = "".join(f"{line}\n" for line in self.kube.log_iter(handle))
             out, _, err = log.partition(f"\n{marker}\n")
-            return CommandResult(host, command, out, err.strip("\n"), st.exit_code,
-                                 seconds=time.monotonic() - start)
+            return Completed(st.exit_code, out, err.strip("\n"), seconds=time.monotonic() - start, host=host,
+                             command=command)
         except Exception as exc:  # noqa: BLE001
-            return CommandResult(host, command, error=f"pod {name}: {exc}", seconds=time.monotonic() - start)
+            return Completed(host=host, command=command, error=f"pod {name}: {exc}", seconds=time.monotonic() - start)
         finally:
             try:
                 self.kube.cancel(handle)
             except Exception:  # noqa: BLE001 - best effort; pods carry a deadline anyway
                 pass
 
-    def run_multi(self, hosts: Sequence[str], command: str, timeout: float) -> CommandResult:
-        return CommandResult(hosts[0], command, error="multi-node nccl-tests need an MPI job on Kubernetes; "
-                                                      "not run by the k8s backend")
+    def run_multi(self, hosts: Sequence[str], command: str, timeout: float) -> Completed:
+        return Completed(host=hosts[0], command=command, error="multi-node nccl-tests need an MPI job on Kubernetes; "
+                                                                  "not run by the k8s backend")

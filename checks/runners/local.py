@@ -6,9 +6,9 @@ import os
 import socket
 from collections.abc import Sequence
 
-from checks.probe import run_local
-from checks.results import CommandResult
 from checks.runners.base import Runner
+from launcher.transport import Completed, ConnectError, Transport
+from launcher.transport.local import LocalTransport
 
 
 def local_names() -> set[str]:
@@ -20,11 +20,14 @@ def local_names() -> set[str]:
 class LocalRunner(Runner):
     name = "local"
 
-    def run(self, host: str, command: str, timeout: float) -> CommandResult:
-        if host not in local_names():
-            return CommandResult(host, command, error=f"the local backend runs on this machine only "
-                                                      f"({socket.gethostname()}), not {host}")
-        return run_local(command, timeout, host)
+    def __init__(self) -> None:
+        self.here = LocalTransport()
 
-    def run_multi(self, hosts: Sequence[str], command: str, timeout: float) -> CommandResult:
-        return run_local(command, timeout, hosts[0])
+    def transport(self, host: str) -> Transport:
+        if host not in local_names():
+            raise ConnectError(f"the local backend runs on this machine only ({socket.gethostname()}), not {host}",
+                               "unreachable")
+        return self.here
+
+    def run_multi(self, hosts: Sequence[str], command: str, timeout: float) -> Completed:
+        return self.run_on(self.here, hosts[0], command, timeout)

@@ -6,9 +6,8 @@ host is kept and reused across phases; a host that cannot be reached becomes tha
 
 from __future__ import annotations
 
-from checks.results import OUTPUT_LIMIT, CommandResult, over_limit
 from checks.runners.base import Runner
-from launcher.transport import ConnectError
+from launcher.transport import OUTPUT_LIMIT, ConnectError, Transport
 
 
 class SSHRunner(Runner):
@@ -23,18 +22,14 @@ class SSHRunner(Runner):
         self.hosts = SSHHosts(SSHOptions(user=user, port=port, identity_file=identity_file, known_hosts=known_hosts,
                                          accept_new_hosts=accept_new_hosts, jump=jump, ssh_config=ssh_config,
                                          connect_timeout=connect_timeout, use_agent=use_agent))
-        self.output_limit = output_limit  # bytes kept of a command's stdout / stderr each
+        self.output_limit = output_limit
 
-    def run(self, host: str, command: str, timeout: float) -> CommandResult:
-        try:
-            c = self.hosts.transport(host).run(command, timeout=timeout, limit=self.output_limit)
-        except ConnectError as exc:
-            why = str(exc)
-            if exc.kind == "unknown-host-key":
-                why += ". Add it to known_hosts or pass --accept-new-hosts"
-            return CommandResult(host, command, error=why)
-        return CommandResult(host, command, c.stdout, c.stderr, c.rc, timed_out=c.timed_out,
-                             error=over_limit(self.output_limit) if c.flooded else None, seconds=c.seconds)
+    def transport(self, host: str) -> Transport:
+        return self.hosts.transport(host)  # connects on its first command (that raises ConnectError)
+
+    def unreachable(self, host: str, exc: ConnectError) -> str:
+        why = str(exc)
+        return why + ". Add it to known_hosts or pass --accept-new-hosts" if exc.kind == "unknown-host-key" else why
 
     def close(self) -> None:
         self.hosts.close()

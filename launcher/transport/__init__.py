@@ -51,18 +51,37 @@ class ConnectError(TransportError, ConnectionError):
 
 @dataclass
 class Completed:
-    """What one command did. rc is None when it was stopped (timed out, or flooded its output)."""
+    """What one command did: the one result type of every way launch4d runs a command (a
+    transport's run, and a preflight Runner's fan-out over transports, which also says on which
+    `host` and which `command`). rc is None when it was stopped (timed out, flooded its output) or
+    never ran; `error` says why a host could not run it at all (unreachable, auth, host key)."""
 
-    rc: int | None
+    rc: int | None = None
     stdout: str = ""
     stderr: str = ""
     timed_out: bool = False
     flooded: bool = False
     seconds: float = 0.0
+    host: str = ""
+    command: str = ""
+    error: str | None = None
 
     @property
     def ok(self) -> bool:
-        return self.rc == 0 and not self.timed_out and not self.flooded
+        return self.error is None and self.rc == 0 and not self.timed_out and not self.flooded
+
+    def reason(self) -> str:
+        """One line saying why the command did not succeed."""
+        if self.error:
+            return self.error
+        if self.timed_out:
+            return f"timed out after {self.seconds:.0f}s"
+        if self.flooded:
+            return over_limit()
+        if self.rc != 0:
+            tail = (self.stderr.strip() or self.stdout.strip()).splitlines()
+            return f"exit status {self.rc}" + (f": {tail[-1][:200]}" if tail else "")
+        return "ok"
 
 
 Command = str | Sequence[str]  # a shell command line (bash -c), or an argv (quoted for the shell)
