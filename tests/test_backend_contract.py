@@ -314,6 +314,23 @@ def test_dryrun_is_inspectable_and_side_effect_free(harness):
     assert harness.traces(req) == before                               # nothing written, started or sent
 
 
+def test_dryrun_refuses_an_option_the_backend_does_not_take(harness):
+    """Options are typed per backend (Backend.Options): one it does not take, or a value of the wrong
+    type, is one line naming it (a UserError: exit 2), never silently ignored; None is not given."""
+    from launcher.errors import UserError
+
+    be, rd = harness.backend, harness.run_dir("opts")
+    with pytest.raises(UserError, match=rf"^no_such_option: not an option of the {be.name} backend \(its options: "):
+        be.dryrun(harness.spec, harness.plan, rd, no_such_option=1)
+    assert be.dryrun(harness.spec, harness.plan, rd, no_such_option=None).command
+    taken = [f.name for f in __import__("dataclasses").fields(be.Options)]
+    with pytest.raises(UserError, match=rf"^{taken[0]}: the {be.name} backend takes "):
+        be.dryrun(harness.spec, harness.plan, rd, **{taken[0]: object()})
+    other = {"local": "templates", "slurm": "keep_fds", "k8s": "resume"}[harness.kind]
+    with pytest.raises(UserError, match=rf"^{other}: not an option of the {be.name} backend"):
+        be.dryrun(harness.spec, harness.plan, rd, **{other: "x"})
+
+
 def test_submit_describe_logs_wait_then_cancel_is_a_no_op(harness):
     be = harness.backend
     req = harness.quick(be.dryrun(harness.spec, harness.plan, harness.run_dir("quick")))

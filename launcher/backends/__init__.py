@@ -17,9 +17,12 @@ recorder, timeouts, the user's backend.env).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import re
 import time
+import types
+import typing
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -181,6 +184,48 @@ class Request:
                 "warnings": self.warnings}
 
 
+@dataclass(frozen=True)
+class BackendOptions:
+    """A backend's own dryrun options, one typed field each (torchx's runopts). parse() refuses an
+    option the backend does not take, or a value of the wrong type, in one line (exit 2); an option
+    given as None is one not given."""
+
+    @classmethod
+    def parse(cls: type[OptionsT], backend: str, given: dict[str, Any]) -> OptionsT:
+        hints = typing.get_type_hints(cls)
+        known = [f.name for f in dataclasses.fields(cls)]
+        for name, value in given.items():
+            if value is None:
+                continue
+            if name not in hints:
+                takes = ", ".join(known) or "none"
+                raise UserError(f"{name}: not an option of the {backend} backend (its options: {takes})")
+            if not _is_a(value, hints[name]):
+                raise UserError(f"{name}: the {backend} backend takes {_type_name(hints[name])}, "
+                                f"not {type(value).__name__} ({value!r})")
+        return cls(**{k: v for k, v in given.items() if v is not None})
+
+
+def _is_a(value: Any, hint: Any) -> bool:
+    """isinstance against a type hint: unions and parameterised collections by their outer type."""
+    if hint is Any:
+        return True
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return any(_is_a(value, h) for h in typing.get_args(hint))
+    origin = typing.get_origin(hint) or hint
+    if origin is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, origin)
+
+
+def _type_name(hint: Any) -> str:
+    return " or ".join(getattr(h, "__name__", str(h)) for h in
+                       (typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)) if h is not type(None))
+
+
+OptionsT = TypeVar("OptionsT", bound="BackendOptions")
+
+
 class Backend(ABC):
     """One place jobs run. Subclasses say how to build, send, read and stop a job; waiting (with
     backoff and a retry budget for a scheduler that is away) is the same everywhere, so it is here."""
@@ -192,10 +237,20 @@ class Backend(ABC):
     #: Told of each retry while the scheduler does not answer (the CLI prints a warning).
     on_retry: Callable[[TransientError, float, int], None] | None = None
 
+    #: The options this backend's dryrun takes beyond the job's own data (torchx's runopts).
+    Options: type[BackendOptions]
+
     @abstractmethod
-    def dryrun(self, job: JobSpec, plan: Plan, run_dir: str | Path | None = None, **options: Any) -> Request:
-        """The request, built without side effects: nothing written, started or sent. Options a
-        backend has no use for (templates, exclude, node_order, job_text, resume) are ignored."""
+    def dryrun(self, job: JobSpec, plan: Plan, run_dir: str | Path | None = None, *, job_text: str | None = None,
+               exclude: list[str] | None = None, node_order: list[str] | None = None, **options: Any) -> Request:
+        """The request, built without side effects: nothing written, started or sent. The job's own
+        data (its text, the nodes a preflight left out, the measured node order) every backend takes,
+        using what applies to it; `options` are the backend's own (self.Options) and one it does not
+        know is refused (UserError naming it)."""
+
+    def options(self, given: dict[str, Any]) -> Any:
+        """`given` as this backend's typed options (self.Options.parse)."""
+        return self.Options.parse(self.name, given)
 
     @abstractmethod
     def submit(self, request: Request) -> JobHandle:

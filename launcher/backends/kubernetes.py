@@ -25,6 +25,7 @@ from launcher.backends import (
     RUNNING,
     SUCCEEDED,
     Backend,
+    BackendOptions,
     JobHandle,
     JobStatus,
     Request,
@@ -112,8 +113,15 @@ def _api_error(exc: Exception, what: str) -> UserError:
     return UserError(f"{what}: API answered {status} ({message})")
 
 
+@dataclass(frozen=True)
+class K8sOptions(BackendOptions):
+    templates: str | None = None          # a directory whose templates override ours
+    preflight_plan: float | None = None   # the in-job gate's tolerance (None: no gate)
+
+
 class KubernetesBackend(Backend):
     name = "k8s"
+    Options = K8sOptions
 
     def __init__(self, api_client=None, kubeconfig: str | None = None, context: str | None = None,
                  core_api: Any = None):
@@ -146,13 +154,15 @@ class KubernetesBackend(Backend):
         return client.CustomObjectsApi(self.api)
 
     # submit -----------------------------------------------------------------------------------
-    def dryrun(self, job: JobSpec, plan: Plan, run_dir: str | Path | None = None, templates: str | None = None,
-               exclude: list[str] | None = None, **options: Any) -> Request:
+    def dryrun(self, job: JobSpec, plan: Plan, run_dir: str | Path | None = None, *, job_text: str | None = None,
+               exclude: list[str] | None = None, node_order: list[str] | None = None, **options: Any) -> Request:
         """The manifest (ConfigMap with plan.json, then the job's objects), nothing sent: no client is
-        even built. `run_dir` is where the job is recorded here; the pods' run dir is the manifest's."""
+        even built. `run_dir` is where the job is recorded here; the pods' run dir is the manifest's.
+        The scheduler places the pods, so `node_order` does not apply; the job file's text is not sent."""
         from launcher.render.k8s import parse_manifests, render_k8s
 
-        rendered = render_k8s(job, plan, None, templates, exclude, options.get("preflight_plan"))
+        opts = self.options(options)
+        rendered = render_k8s(job, plan, None, opts.templates, exclude, opts.preflight_plan)
         configmap, *objects = parse_manifests(rendered.files["manifest.yaml"])
         head = objects[-1]
         ns = head["metadata"]["namespace"]
@@ -161,7 +171,7 @@ class KubernetesBackend(Backend):
                  "nodes": plan.nodes, "pod_run_dir": rendered.run_dir, "kubeconfig": k.kubeconfig,
                  "context": k.context, "kind": head["kind"],
                  "owned": [[o["kind"], o["metadata"]["name"]] for o in objects[:-1]]}
-        if options.get("preflight_plan") is not None:   # `launch logs` shows the gate's init container first
+        if opts.preflight_plan is not None:   # `launch logs` shows the gate's init container first
             from launcher.render.groupprobe import PROBE_CONTAINER
 
             extra["probe_container"] = PROBE_CONTAINER

@@ -32,6 +32,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,7 @@ from launcher.backends import (
     RUNNING,
     UNKNOWN,
     Backend,
+    BackendOptions,
     JobHandle,
     JobStatus,
     Request,
@@ -116,8 +118,18 @@ def job_exit_code(torchrun_rc: int, log_text: str, run_dir: Path | None = None,
     return torchrun_rc
 
 
+@dataclass(frozen=True)
+class LocalOptions(BackendOptions):
+    resume: str | None = None              # the trainer's --resume: auto | never | a checkpoint
+    keep_fds: tuple[int, ...] = ()         # descriptors the job's processes inherit (the run dir's lock)
+
+
 class LocalBackend(Backend):
+    """The job on this machine. Of the job's data it uses the text (job.yaml); one node has nothing
+    to leave out or order, so `exclude` and `node_order` do not apply."""
+
     name = "local"
+    Options = LocalOptions
     poll_start_s, poll_max_s = 0.2, 2.0  # a job on this machine is cheap to look at
 
     def __init__(self) -> None:
@@ -156,12 +168,13 @@ class LocalBackend(Backend):
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, order))
         return env
 
-    def dryrun(self, job: JobSpec, plan: Plan, run_dir: str | Path | None = None, resume: str | None = None,
-               job_text: str | None = None, keep_fds: tuple[int, ...] = (), **options: Any) -> Request:
-        """torchrun's command and environment, plan.json and job.yaml: nothing written or started.
-        `keep_fds`: descriptors the job's processes inherit (the run dir's lock)."""
+    def dryrun(self, job: JobSpec, plan: Plan, run_dir: str | Path | None = None, *, job_text: str | None = None,
+               exclude: list[str] | None = None, node_order: list[str] | None = None, **options: Any) -> Request:
+        """torchrun's command and environment, plan.json and job.yaml: nothing written or started."""
         from launcher.backends import default_run_dir
 
+        opts = self.options(options)
+        resume, keep_fds = opts.resume, opts.keep_fds
         if plan.nodes != 1:
             raise UserError(f"cluster.nodes: the local backend runs on this machine only, but the plan has "
                             f"{plan.nodes} nodes; use backend.kind slurm or k8s, or set cluster.nodes: 1")

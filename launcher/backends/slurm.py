@@ -29,6 +29,7 @@ from launcher.backends import (
     TERMINAL,
     UNKNOWN,
     Backend,
+    BackendOptions,
     JobHandle,
     JobStatus,
     Request,
@@ -202,8 +203,16 @@ def ssh_target_from(record_or_spec: Any) -> SSHTarget | None:
 
 
 # --- the backend ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SlurmOptions(BackendOptions):
+    templates: str | None = None                 # a directory whose templates override ours
+    measured_env: dict[str, str] | None = None   # NCCL settings a preflight measured
+    preflight_plan: float | None = None          # the in-job gate's tolerance (None: no gate)
+
+
 class SlurmBackend(Backend):
     name = "slurm"
+    Options = SlurmOptions
 
     def __init__(self, transport_factory: Callable[[SSHTarget | None], Transport] | None = None):
         self._factory = transport_factory or open_transport
@@ -213,21 +222,21 @@ class SlurmBackend(Backend):
         return self._factory(target)
 
     # submit -----------------------------------------------------------------------------------
-    def dryrun(self, job: JobSpec, plan: Plan, run_dir: str | Path | None = None, templates: str | None = None,
-               exclude: list[str] | None = None, measured_env: dict[str, str] | None = None,
-               job_text: str | None = None, node_order: list[str] | None = None, **options: Any) -> Request:
+    def dryrun(self, job: JobSpec, plan: Plan, run_dir: str | Path | None = None, *, job_text: str | None = None,
+               exclude: list[str] | None = None, node_order: list[str] | None = None, **options: Any) -> Request:
         """The sbatch script (and plan.json, job.yaml) for the run dir and the sbatch command, nothing
         written. Over SSH the run dir is on the login node (<remote_dir>/<run dir's name>); a relative
         remote_dir asks the login node for $HOME, read only."""
         from launcher.formats.files import child_path
         from launcher.render.sbatch import render_slurm, site_options
 
+        opts = self.options(options)
         target = ssh_target_from(job.backend.slurm)
         if run_dir is None:
             run_dir = child_path(Path(job.backend.log_dir).expanduser().resolve(), job.name, "name")
         rd = self._job_dir(job, run_dir, target)
-        rendered = render_slurm(job, plan, rd, templates, exclude, measured_env, node_order,
-                                preflight_plan=options.get("preflight_plan"))
+        rendered = render_slurm(job, plan, rd, opts.templates, exclude, opts.measured_env, node_order,
+                                preflight_plan=opts.preflight_plan)
         files = dict(rendered.files)
         if job_text is not None:
             files[rundir.JOB] = job_text
