@@ -58,8 +58,7 @@ from launcher.errors import UserError
 from launcher.formats import nofollow, rundir
 from launcher.formats.files import read_text
 from launcher.plan.spec_backend import split_env
-from launcher.transport import CHUNK_LIMIT
-from launcher.transport.lines import LineSplitter
+from launcher.transport.local import LocalTransport
 
 if TYPE_CHECKING:
     from launcher.plan.model import Plan
@@ -134,6 +133,7 @@ class LocalBackend(Backend):
 
     def __init__(self) -> None:
         self._procs: dict[str, subprocess.Popen] = {}
+        self.here = LocalTransport()  # files and commands on this machine
 
     # --- submit ----------------------------------------------------------------------------------
     def command(self, plan: Plan, run_dir: Path, resume: str | None = None) -> list[str]:
@@ -229,13 +229,14 @@ class LocalBackend(Backend):
             raise UserError(str(exc)) from None
         except OSError as exc:
             raise UserError(f"{log}: cannot write the job's log ({exc.strerror})") from None
-        with open(log_fd, "ab") as out:
-            out.write(f"{rundir.LOCAL_RUN_HEADER}{time.strftime('%Y-%m-%dT%H:%M:%S')}: {shlex.join(cmd)}\n".encode())
-            out.flush()
-            offset = out.tell()  # this submission's output starts here (the file is appended to)
-            proc = subprocess.Popen(["bash", "-c", wrapper], stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, env={**os.environ, **env},
-                                    pass_fds=tuple(request.extra.get("keep_fds", ())))  # the run dir's lock
+        try:
+            os.write(log_fd, f"{rundir.LOCAL_RUN_HEADER}{time.strftime('%Y-%m-%dT%H:%M:%S')}: "
+                             f"{shlex.join(cmd)}\n".encode())
+            offset = os.lseek(log_fd, 0, os.SEEK_END)  # this submission's output starts here (appended to)
+            proc = self.here.spawn(["bash", "-c", wrapper], output_fd=log_fd, env=env,
+                                   pass_fds=tuple(request.extra.get("keep_fds", ())))  # the run dir's lock
+        finally:
+            os.close(log_fd)
         # Popen returns once the exec has begun, before the kernel has laid out the new environment:
         # until the marker shows in /proc/PID/environ the wrapper would not be known as the job's.
         until = time.monotonic() + 10
@@ -260,7 +261,7 @@ class LocalBackend(Backend):
             proc.poll()
         exit_file = Path(handle.extra.get("exit_file", rundir.RunDir(handle.run_dir).exit_code))
         for _ in range(2):  # the exit code, else a live wrapper; again: it may have ended in between
-            if exit_file.exists():
+            if self.here.exists(str(exit_file)):
                 return self._ended(handle, exit_file)
             if self._wrapper_alive(handle):
                 return JobStatus(RUNNING)
@@ -270,7 +271,7 @@ class LocalBackend(Backend):
 
     def _ended(self, handle: JobHandle, exit_file: Path) -> JobStatus:
         try:
-            rc = int(exit_file.read_text().strip())
+            rc = int((self.here.get(str(exit_file)) or b"").decode(errors="replace").strip())
         except ValueError:
             rc = 1
         text = self._log_text(handle)
@@ -295,12 +296,10 @@ class LocalBackend(Backend):
         return "the job's process is gone without an exit code (killed with SIGKILL, or the machine restarted?)"
 
     def _log_tail(self, handle: JobHandle, size: int = 1 << 16) -> str:
-        try:
-            with open(handle.log_path or "", "rb") as f:
-                f.seek(max(int(handle.extra.get("log_offset", 0)), os.fstat(f.fileno()).st_size - size))
-                return f.read(size).decode(errors="replace")
-        except OSError:
-            return ""
+        from launcher.backends.tail import read_tail
+
+        tail = read_tail(self.here, handle.log_path or "", size, int(handle.extra.get("log_offset", 0))) or b""
+        return tail[-size:].decode(errors="replace")
 
     # --- which processes are the job's --------------------------------------------------------------
     @staticmethod
@@ -320,12 +319,10 @@ class LocalBackend(Backend):
     def _log_text(self, handle: JobHandle) -> str:
         """This submission's part of node0.log: from its offset to the next submission's header (a run dir
         reused by a resume appends another run after it)."""
-        try:
-            with open(handle.log_path or "", "rb") as f:
-                f.seek(int(handle.extra.get("log_offset") or 0))
-                text = f.read().decode(errors="replace")
-        except OSError:
-            return ""
+        from launcher.backends.tail import read_from
+
+        text = (read_from(self.here, handle.log_path or "", int(handle.extra.get("log_offset") or 0))
+                or b"").decode(errors="replace")
         nxt = text.find("\n" + rundir.LOCAL_RUN_HEADER)
         return text if nxt < 0 else text[:nxt + 1]
 
@@ -337,29 +334,19 @@ class LocalBackend(Backend):
         return skip_lines(lines, since)
 
     def _lines(self, handle: JobHandle, follow: bool, poll_s: float = 0.2) -> Iterator[str]:
+        """The log through launcher.backends.tail's one loop; a job here is cheap to look at, so
+        whether it has ended is asked at every idle poll."""
+        from launcher.backends.tail import LogTail
+
         path = Path(handle.log_path or rundir.RunDir(handle.run_dir).node_log())
-        offset = int(handle.extra.get("log_offset", 0))
-        split = LineSplitter()
-        while True:
-            st = self.status(handle) if follow else None
-            done = st is None or st.done or st.state == UNKNOWN
-            try:
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    chunk = f.read(CHUNK_LIMIT)
-            except OSError:
-                chunk = b""
-            offset += len(chunk)
-            yield from split.feed(chunk)
-            if len(chunk) == CHUNK_LIMIT:
-                continue  # more is there already
-            if done:
-                last = split.rest()
-                if last is not None:
-                    yield last
-                return
-            if not chunk:
-                time.sleep(poll_s)
+
+        def ended() -> bool:
+            st = self.status(handle)
+            return st.done or st.state == UNKNOWN
+
+        tail = LogTail(self.here, str(path), int(handle.extra.get("log_offset", 0)), ended=ended, poll_s=poll_s,
+                       check_start=0.0, check_cap=0.0)
+        return tail.lines(follow)
 
     # --- cancel -----------------------------------------------------------------------------------
     def workers(self, handle: JobHandle) -> list[int]:
@@ -419,13 +406,10 @@ class LocalBackend(Backend):
             head = rundir.stack_header(rank, host, pid, reason)
             try:  # never through a link planted in the run dir (the trainer, writing the same file, stops at it)
                 if spy is not None:
-                    try:
-                        r = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, timeout=30)
-                    except (OSError, subprocess.TimeoutExpired):
-                        r = None
-                    if r is not None and r.returncode == 0 and r.stdout:
+                    r = self.here.run([spy, "dump", "--pid", str(pid)], timeout=30, limit=1 << 20)
+                    if r.rc == 0 and r.stdout:
                         with nofollow.open_append(rd.root, rd.stack_file(rank)) as f:
-                            f.write(head + r.stdout[: 1 << 20].decode(errors="replace") + "\n")
+                            f.write(head + r.stdout + "\n")
                         asked.append(rank)
                         continue
                 if procs.catches(pid, rundir.STACK_SIGNAL):

@@ -12,8 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,15 +33,14 @@ from launcher.backends import (
     JobStatus,
     Request,
     TransientError,
-    backoff,
     filter_rank,
     skip_lines,
     with_retries,
 )
+from launcher.backends.tail import LogTail, read_tail
 from launcher.errors import UserError
 from launcher.formats import rundir
-from launcher.transport import CHUNK_LIMIT, ConnectError, Transport, over_limit
-from launcher.transport.lines import LineSplitter
+from launcher.transport import ConnectError, Transport, over_limit
 from launcher.transport.local import LocalTransport
 
 if TYPE_CHECKING:
@@ -68,6 +66,11 @@ SHORT_STATES = {"PD": "PENDING", "CF": "CONFIGURING", "RQ": "REQUEUED", "RF": "R
                 "BF": "BOOT_FAIL", "NF": "NODE_FAIL", "OOM": "OUT_OF_MEMORY", "TO": "TIMEOUT",
                 "DL": "DEADLINE", "RV": "REVOKED", "CA": "CANCELLED"}
 STEP_DONE = re.compile(r"launch4d: step finished with exit code (\d+)")
+
+
+def LAST_WORDS(chunk: bytes) -> bool:  # noqa: N802 - a constant predicate
+    """The batch script's words at a step's end, a requeue or a node left out: ask squeue at once."""
+    return b"launch4d: step finished" in chunk or b"launch4d: requeueing" in chunk or b"left out:" in chunk
 # What Slurm's client commands print when the controller (or the network to it) is away for a moment.
 TRANSIENT = re.compile(r"Unable to contact slurm controller|Socket timed out|Connection refused|"
                        r"Connection timed out|Zero Bytes were transmitted|Communication connection failure|"
@@ -177,17 +180,6 @@ def run(t: Transport, argv: list[str], cwd: str | None = None, timeout: float = 
         raise UserError(f"{argv[0]} not found on PATH: install Slurm's client commands here, or set "
                         "backend.slurm.login_host to submit over SSH")
     return c.rc, c.stdout, c.stderr
-
-
-def read_tail(t: Transport, path: str, keep: int = CHUNK_LIMIT) -> bytes | None:
-    """At most the last `keep` bytes (plus one chunk) of a file, read chunk by chunk; None if absent."""
-    offset, tail = 0, None
-    while (chunk := t.get(path, offset)) is not None:
-        tail = (tail or b"")[-keep:] + chunk
-        offset += len(chunk)
-        if len(chunk) < CHUNK_LIMIT:
-            break
-    return tail
 
 
 def ssh_target_from(record_or_spec: Any) -> SSHTarget | None:
@@ -502,54 +494,11 @@ class SlurmBackend(Backend):
         words), tolerating a controller that is away for up to `budget_s`."""
         transport = self.transport(ssh_target_from(handle))
         path = f"{log_dir(handle)}/slurm-{handle.id}.{stream}"
-        offset, split = 0, LineSplitter()
-        deadline = time.monotonic() + timeout_s if timeout_s else None
-        delays = backoff()
-        next_check = time.monotonic() + next(delays)
-        failing_since: float | None = None
-        tries = 0
+        tail = LogTail(transport, path, ended=lambda: self._status(transport, handle).done, last_words=LAST_WORDS,
+                       poll_s=poll_s, budget_s=budget_s, on_retry=on_retry)
         try:
-            while True:
-                chunk = transport.get(path, offset)
-                if chunk:
-                    offset += len(chunk)
-                    yield from ranked(split.feed(chunk), rank)
-                    if b"launch4d: step finished" in chunk or b"launch4d: requeueing" in chunk \
-                            or b"left out:" in chunk:
-                        next_check = time.monotonic()
-                    if len(chunk) >= CHUNK_LIMIT:
-                        continue  # more is there already: read it before anything else
-                if not follow or (deadline and time.monotonic() > deadline):
-                    break
-                now = time.monotonic()
-                if chunk:
-                    delays = backoff()
-                elif now >= next_check:
-                    delay = next(delays)
-                    next_check = now + delay
-                    try:
-                        done = self._status(transport, handle).done
-                        failing_since, tries = None, 0
-                    except TransientError as exc:
-                        failing_since = failing_since or now
-                        tries += 1
-                        if now - failing_since >= budget_s:
-                            raise UserError(f"{exc}; still failing after {tries} tries over "
-                                            f"{now - failing_since:.0f} s (retry budget {budget_s:.0f} s)") from None
-                        if on_retry:
-                            on_retry(exc, delay, tries)
-                        done = False
-                    if done:
-                        while tail := transport.get(path, offset):
-                            offset += len(tail)
-                            yield from ranked(split.feed(tail), rank)
-                        break
-                if not chunk:
-                    time.sleep(poll_s)
-            last = split.rest()
-            if last is not None:
-                yield from ranked([last], rank)
-            if offset == 0 and not follow:
+            yield from ranked(tail.lines(follow, timeout_s), rank)
+            if tail.offset == 0 and not follow:
                 raise UserError(f"no log yet at {path}" + (f" on {transport.host}" if transport.host else "")
                                 + " (is the job still pending?)")
         finally:
@@ -604,7 +553,7 @@ def _optional(transport: Transport, argv: list[str]) -> tuple[int, str, str]:
         return 127, "", str(exc)
 
 
-def ranked(lines: list[str], rank: int | None) -> Iterator[str]:
+def ranked(lines: Iterable[str], rank: int | None) -> Iterator[str]:
     """The lines (all, or with `rank` that rank's text only: filter_rank)."""
     for line in lines:
         text = filter_rank(line, rank)

@@ -120,6 +120,15 @@ class LocalTransport(Transport):
             proc.wait()
             proc.stdout.close()  # type: ignore[union-attr]
 
+    def spawn(self, command: Command, *, output_fd: int, env: dict[str, str] | None = None,
+              pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+        """Start `command` detached, in its own session (Ctrl-C here does not reach it, and it
+        outlives this process), stdout and stderr appended to the open `output_fd`; `env` is added to
+        this environment, `pass_fds` are inherited (a lock held for the job's life)."""
+        log.debug("start here: %s", command)
+        return subprocess.Popen(_argv(command), stdout=output_fd, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env={**os.environ, **(env or {})}, pass_fds=pass_fds)
+
     def put(self, path: str, data: str | bytes, mode: int = 0o644) -> None:
         atomic_write(path, data, "job file", mode)
 
