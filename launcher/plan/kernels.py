@@ -40,6 +40,7 @@ GPUs without a published figure say so (`assumed`); the kernels of an unknown pr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 #: H100's fitted launch time per GEMM (benchmarks/fit_gemm.py), the figure GPUs without a table take.
 GEMM_FIXED_S = 5.68e-6
@@ -68,7 +69,7 @@ class Kernels:
 
 
 _FA2_A100, _FA2_H100, _FA3_H100 = 0.6, 0.35, 0.75
-_H100 = dict(gemm=0.803, gemm_bw=GEMM_BW, gemm_fixed_s=GEMM_FIXED_S)
+_H100: dict[str, Any] = dict(gemm=0.803, gemm_bw=GEMM_BW, gemm_fixed_s=GEMM_FIXED_S)
 KERNELS: dict[str, Kernels] = {
     "a100-80gb": Kernels(gemm=0.869, attention=_FA2_A100, attention_fused=_FA2_A100, hbm_tbs=2.039,
                          assumed="GEMM shapes (H100's bandwidth multiple and launch time)"),
