@@ -267,9 +267,28 @@ def test_wait_polls_with_backoff_while_the_job_runs():
     assert len([c for c in r.calls if c[0] == "squeue"]) < 20          # not 300 polls at 2 s
 
 
+def test_wait_keeps_one_transport_for_every_poll():
+    """`status --wait` over SSH logs in once, not at every poll: wait() looks through one
+    backend.watching(), which opens the login node's transport at the first look and closes it at the end."""
+    from launcher.backends import wait
+
+    class Counted(FlakyRunner):
+        closed = 0
+
+        def close(self):
+            Counted.closed += 1
+
+    r, opened = Counted(2, "42|COMPLETED|None|n1|0:10\n"), []
+    be = SlurmBackend(transport_factory=lambda target: opened.append(target) or r)
+    clock = FakeClock()
+    st = wait(be, handle(), sleep=clock.sleep, clock=clock)
+    assert st.slurm_state == "COMPLETED" and len([c for c in r.calls if c[0] == "squeue"]) == 3
+    assert len(opened) == 1 and Counted.closed == 1
+
+
 def test_logs_follow_asks_the_scheduler_rarely_when_idle(monkeypatch):
     """An idle log is read every poll; squeue is asked at 2, 4, 8 ... s of idleness, not each poll."""
-    import launcher.backends.tail as tail_mod  # the one tail loop of Slurm and local logs
+    import launcher.backends.tail as tail_mod   # the one tail loop of Slurm and local logs
 
     clock = FakeClock()
     monkeypatch.setattr(tail_mod.time, "monotonic", clock)

@@ -17,6 +17,7 @@ recorder, timeouts, the user's backend.env).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import re
@@ -102,24 +103,26 @@ def wait(backend: Backend, handle: JobHandle, timeout: float | None = None, budg
          sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> JobStatus:
     """Poll until the job is done or `timeout` passes (None: no limit; 0: one look): every 2, 4, 8 ... `cap` s (back to `start`
     when the state changes), tolerating transient scheduler errors for `budget_s` at a time. A job
-    the backend does not know (describe: None) ends the wait at once, as UNKNOWN."""
+    the backend does not know (describe: None) ends the wait at once, as UNKNOWN. Every look goes
+    through one backend.watching(): over SSH, one connection for the whole wait."""
     deadline = clock() + timeout if timeout is not None else None   # 0: one look, no wait
     last = None
     delays = backoff(start, cap)
-    while True:
-        found = with_retries(lambda: backend.describe(handle), budget_s, on_retry, sleep, clock, start, cap)
-        st = found if found is not None else unknown(handle)
-        if on_status:
-            on_status(st)
-        if st.done or found is None or (deadline is not None and clock() >= deadline):
-            return st
-        if st.state != last:
-            delays = backoff(start, cap)
-            last = st.state
-        delay = next(delays)
-        if deadline is not None:
-            delay = max(min(delay, deadline - clock()), 0.0)
-        sleep(delay)
+    with backend.watching() as describe:
+        while True:
+            found = with_retries(lambda: describe(handle), budget_s, on_retry, sleep, clock, start, cap)
+            st = found if found is not None else unknown(handle)
+            if on_status:
+                on_status(st)
+            if st.done or found is None or (deadline is not None and clock() >= deadline):
+                return st
+            if st.state != last:
+                delays = backoff(start, cap)
+                last = st.state
+            delay = next(delays)
+            if deadline is not None:
+                delay = max(min(delay, deadline - clock()), 0.0)
+            sleep(delay)
 
 
 @dataclass
@@ -270,6 +273,12 @@ class Backend(ABC):
     @abstractmethod
     def cancel(self, handle: JobHandle) -> bool:
         """Stop the job. Idempotent: a job that has already ended (or is gone) is no error: False."""
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[Callable[[JobHandle], JobStatus | None]]:
+        """describe(), for many looks in a row (a wait, a follow): a backend that reaches its scheduler
+        through a connection (Slurm over SSH) keeps one open for all of them and closes it after."""
+        yield self.describe
 
     def status(self, handle: JobHandle) -> JobStatus:
         """describe(), with an unknown job as an UNKNOWN status."""

@@ -9,6 +9,7 @@ partition, missing sbatch, unreachable login node) leaves no run dir behind. Sta
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -359,6 +360,28 @@ class SlurmBackend(Backend):
         """status(), or None when neither squeue, sacct nor a job log knows the job."""
         st = self.status(handle)
         return None if st.source == "none" else st
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[Callable[[JobHandle], SlurmJobStatus | None]]:
+        """describe() over one transport per login host, opened at the first look (so a login node
+        that cannot be reached yet is retried like any look) and closed at the end: `status --wait`
+        over SSH does not log in again at every poll. A connection that breaks meanwhile is made again
+        by the transport itself (launcher.transport.ssh forgets a broken client)."""
+        held: dict[str | None, Transport] = {}
+
+        def describe(handle: JobHandle) -> SlurmJobStatus | None:
+            target = ssh_target_from(handle)
+            key = target.where if target else None
+            if key not in held:
+                held[key] = self.transport(target)
+            st = self._status(held[key], handle)
+            return None if st.source == "none" else st
+
+        try:
+            yield describe
+        finally:
+            for t in held.values():
+                t.close()
 
     def statuses(self, handles: list[JobHandle]) -> dict[str, JobStatus]:
         """Many jobs at once: one squeue per login host for all of them; sacct or the job log only
