@@ -331,6 +331,26 @@ def test_dryrun_refuses_an_option_the_backend_does_not_take(harness):
         be.dryrun(harness.spec, harness.plan, rd, **{other: "x"})
 
 
+def test_other_kinds_of_request_go_through_the_interface(harness):
+    """What is not a planned job (a preflight's batch script, its pods) is a kind of request the backend
+    builds (Backend.request) or refuses in one line; every backend answers tasks() and dump_stacks()."""
+    from launcher.errors import UserError
+    from launcher.formats.requests import BatchScript, Manifests
+
+    be = harness.backend
+    script = BatchScript("pf", str(harness.run_dir("pf")), "preflight.sbatch", "#!/bin/bash\ntrue\n", 1)
+    pod = Manifests([{"kind": "Pod", "metadata": {"name": "p", "namespace": "ml"}, "spec": {}}])
+    for what, runs in ((script, "slurm"), (pod, "k8s")):
+        if harness.kind == runs:
+            req = be.request(what)
+            assert req.backend == be.name and req.main in req.files and req.command
+        else:
+            with pytest.raises(UserError, match=rf"^the {be.name} backend cannot run a {type(what).__name__}$"):
+                be.request(what)
+    h = harness.unknown()
+    assert be.tasks(h) == [h]
+
+
 def test_submit_describe_logs_wait_then_cancel_is_a_no_op(harness):
     be = harness.backend
     req = harness.quick(be.dryrun(harness.spec, harness.plan, harness.run_dir("quick")))

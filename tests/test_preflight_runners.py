@@ -224,14 +224,15 @@ def submit_preflight_job(script: str, out: Path, bin_dir: Path, nodes: int) -> s
     """The batch job as `launch preflight --backend slurm` submits it (through the Slurm backend), with
     the replayed tools first on the PATH the job inherits from sbatch."""
     from launcher.backends.slurm import SlurmBackend
+    from launcher.formats.requests import BatchScript
 
     backend = SlurmBackend()
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
         mp.setenv("PYTHONPATH", str(REPO))
         mp.chdir(REPO)
-        return backend.submit(backend.script_request("launch4d-preflight", str(out), "preflight.sbatch",
-                                                     script, nodes)).id
+        return backend.submit(backend.request(BatchScript("launch4d-preflight", str(out), "preflight.sbatch",
+                                                          script, nodes))).id
 
 
 def _final_state(cluster, job: str, timeout: float) -> str | None:

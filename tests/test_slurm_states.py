@@ -288,7 +288,7 @@ def test_wait_keeps_one_transport_for_every_poll():
 
 def test_logs_follow_asks_the_scheduler_rarely_when_idle(monkeypatch):
     """An idle log is read every poll; squeue is asked at 2, 4, 8 ... s of idleness, not each poll."""
-    import launcher.backends.tail as tail_mod   # the one tail loop of Slurm and local logs
+    import launcher.backends.tail as tail_mod  # the one tail loop of Slurm and local logs
 
     clock = FakeClock()
     monkeypatch.setattr(tail_mod.time, "monotonic", clock)

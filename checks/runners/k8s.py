@@ -18,6 +18,7 @@ from typing import Any
 
 from checks.runners.base import Renderer, Runner
 from launcher.formats.k8snames import RFC1123_SUBDOMAIN
+from launcher.formats.requests import Manifests
 from launcher.transport import Completed, Transport, TransportError
 
 TEMPLATE = "k8s/preflight-pod.yaml.j2"  # rendered by launcher.render's one environment
@@ -39,7 +40,7 @@ def render_pod(render: Renderer, *, name: str, namespace: str, node: str, image:
 class K8sRunner(Runner):
     """Each command is a pod rendered through `render` (launcher.render.render_template) and submitted
     through `kube`, launcher's KubernetesBackend (both passed in by the command layer, which checks may
-    not import): pod_request -> submit, describe until it ends, log_iter, then cancel (the pod is
+    not import): request(Manifests([pod])) -> submit, describe until it ends, log_iter, then cancel (the pod is
     deleted). `on_submit(handle)` is told of each pod (the CLI records it, so `launch
     status|logs|cancel <pod>` follow it while it runs)."""
 
@@ -77,7 +78,7 @@ class K8sRunner(Runner):
             pod = render_pod(self.render, name=name, namespace=self.namespace, node=host, image=self.image,
                              command=wrapped, run_id=self.run_id, gpus=self.gpus, deadline=int(timeout) + 60,
                              service_account=self.service_account)
-            handle = self.kube.submit(self.kube.pod_request(pod))
+            handle = self.kube.submit(self.kube.request(Manifests([pod])))
         except Exception as exc:  # noqa: BLE001 - API errors become the host's reason
             return Completed(host=host, command=command, error=f"cannot create pod on {host}: {exc}",
                              seconds=time.monotonic() - start)

@@ -160,6 +160,21 @@ Status = JobStatus
 
 
 @dataclass
+class JobArray:
+    """Several plans of one job as one submission (`launch plan --benchmark` on Slurm): plan i runs in
+    <base>/<names[i]>; Backend.tasks(handle) gives one handle per plan."""
+
+    spec: JobSpec
+    plans: list[Plan]
+    base: str | Path
+    names: list[str]
+    templates: str | None = None
+    exclude: list[str] | None = None
+    node_order: list[str] | None = None
+    job_text: str | None = None
+
+
+@dataclass
 class Request:
     """What submit() sends, made by dryrun() with nothing sent or written: the files that go into the
     run dir (script or manifest, plan.json, job.yaml) and the command that starts the job. Printing
@@ -251,6 +266,25 @@ class Backend(ABC):
         using what applies to it; `options` are the backend's own (self.Options) and one it does not
         know is refused (UserError naming it)."""
 
+    def request(self, what: Any) -> Request:
+        """A request of another kind than a planned job (launcher.formats.requests: a BatchScript, a
+        Manifests; here a JobArray), built without side effects like dryrun's; submit() sends it."""
+        raise UserError(f"the {self.name} backend cannot run a {type(what).__name__}")
+
+    def tasks(self, handle: JobHandle) -> list[JobHandle]:
+        """The jobs one submission made: an array's tasks, each followed on its own; else the job itself."""
+        return [handle]
+
+    def sweep(self, handle: JobHandle) -> list[int]:
+        """After the job's end: stop any of its processes still running here; the pids that were (a
+        scheduler cleans up its own jobs: none)."""
+        return []
+
+    def dump_stacks(self, handle: JobHandle, reason: str) -> list[int]:
+        """Ask the job's trainers for their Python stacks (into the run dir's logs/stacks/); the ranks
+        asked. A backend that cannot reach the job's processes from here asks none."""
+        return []
+
     def options(self, given: dict[str, Any]) -> Any:
         """`given` as this backend's typed options (self.Options.parse)."""
         return self.Options.parse(self.name, given)
@@ -271,8 +305,10 @@ class Backend(ABC):
         `stream` "err": Slurm's separate stderr file; elsewhere the one combined log."""
 
     @abstractmethod
-    def cancel(self, handle: JobHandle) -> bool:
-        """Stop the job. Idempotent: a job that has already ended (or is gone) is no error: False."""
+    def cancel(self, handle: JobHandle, force: bool = False) -> bool:
+        """Stop the job. Idempotent: a job that has already ended (or is gone) is no error: False.
+        `force`: stop every process of it now, without letting the trainers checkpoint (where the
+        scheduler's own stop, scancel or a deletion, does not do that already)."""
 
     @contextlib.contextmanager
     def watching(self) -> Iterator[Callable[[JobHandle], JobStatus | None]]:

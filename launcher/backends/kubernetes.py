@@ -180,7 +180,19 @@ class KubernetesBackend(Backend):
         return Request(self.name, job.name, str(run_dir or rendered.run_dir), command,
                        dict(rendered.files), main="manifest.yaml", warnings=rendered.warnings, extra=extra)
 
-    def pod_request(self, pod: dict[str, Any], run_dir: str = "") -> Request:
+    def request(self, what: Any) -> Request:
+        """Objects made elsewhere (launcher.formats.requests.Manifests): one Pod, or a Service and its pods."""
+        from launcher.formats.requests import Manifests
+
+        if isinstance(what, Manifests):
+            if len(what.docs) == 1 and what.docs[0].get("kind") == "Pod":
+                return self._pod_request(what.docs[0], what.run_dir)
+            if what.docs and what.docs[0].get("kind") == "Service":
+                return self._gang_request(what.docs, what.run_dir, what.gpus_per_node)
+            raise UserError("Manifests: one Pod, or a Service then its Pods")
+        return super().request(what)
+
+    def _pod_request(self, pod: dict[str, Any], run_dir: str = "") -> Request:
         """A pod manifest made elsewhere (preflight's node checks) as a request: submitted, followed
         and cancelled like any job (status: the pod's phase and exit code; logs: its log)."""
         import yaml
@@ -192,7 +204,7 @@ class KubernetesBackend(Backend):
                        extra={"namespace": ns, "kind": "Pod", "kubeconfig": self._kubeconfig,
                               "context": self._context})
 
-    def gang_request(self, docs: list[dict[str, Any]], run_dir: str = "", gpus_per_node: int = 1) -> Request:
+    def _gang_request(self, docs: list[dict[str, Any]], run_dir: str = "", gpus_per_node: int = 1) -> Request:
         """A headless Service and its pods made elsewhere (`launch preflight --plan --backend k8s`: one pod
         per node of the plan) as one request: submitted, followed (status: every pod's phase, a failed
         one's exit code; logs: the pod of the node asked for, node 0's by default) and cancelled (pods
@@ -519,8 +531,8 @@ class KubernetesBackend(Backend):
         yield from _stream_lines(resp)
 
     # cancel -----------------------------------------------------------------------------------
-    def cancel(self, handle: JobHandle) -> bool:
-        """Delete the job (its pods go with it), then what was created with it. Idempotent: a job
+    def cancel(self, handle: JobHandle, force: bool = False) -> bool:
+        """Delete the job (its pods go with it; `force` changes nothing), then what was created with it. Idempotent: a job
         already gone (404) or already finished is not an error (False: nothing was stopped), and its
         ConfigMap and runtime are still removed."""
         self._use(handle.extra)

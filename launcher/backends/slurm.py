@@ -45,6 +45,8 @@ from launcher.transport import ConnectError, Transport, over_limit
 from launcher.transport.local import LocalTransport
 
 if TYPE_CHECKING:
+    from launcher.backends import JobArray
+    from launcher.formats.requests import BatchScript
     from launcher.plan.model import Plan
     from launcher.plan.spec import JobSpec
 
@@ -258,50 +260,63 @@ class SlurmBackend(Backend):
         return JobHandle(self.name, job_id, request.name, request.run_dir, log_path=extra["log_path"],
                          request=request.text(), extra=extra)
 
-    def script_request(self, name: str, run_dir: str, script_name: str, script: str, nodes: int) -> Request:
-        """A batch script made elsewhere (preflight's) as a request: submitted, followed and cancelled
-        like any job. It writes its own output into `run_dir` (no logs/ folder there)."""
-        rd = str(Path(run_dir).expanduser().resolve())
-        return Request(self.name, name, rd, f"cd {shlex.quote(rd)} && sbatch --parsable {shlex.quote(script_name)}",
-                       {script_name: script}, main=script_name,
-                       extra={"ssh": None, "remote_dir": None, "host": None, "nodes": nodes, "requeue": False,
+    def request(self, what: Any) -> Request:
+        """A preflight's batch script (BatchScript) or several plans as one job array (JobArray)."""
+        from launcher.backends import JobArray
+        from launcher.formats.requests import BatchScript
+
+        if isinstance(what, BatchScript):
+            return self._script_request(what)
+        if isinstance(what, JobArray):
+            return self._array_request(what)
+        return super().request(what)
+
+    def _script_request(self, s: BatchScript) -> Request:
+        rd = str(Path(s.run_dir).expanduser().resolve())
+        return Request(self.name, s.name, rd, f"cd {shlex.quote(rd)} && sbatch --parsable {shlex.quote(s.script_name)}",
+                       {s.script_name: s.script, **s.files}, main=s.script_name,
+                       extra={"ssh": None, "remote_dir": None, "host": None, "nodes": s.nodes, "requeue": False,
                               "log_dir": rd, "dirs": [rd]})
 
-    def submit_array(self, spec: JobSpec, plans: list[Plan], base: str | Path, names: list[str],
-                     templates: str | None = None, exclude: list[str] | None = None,
-                     node_order: list[str] | None = None, job_text: str | None = None) -> list[JobHandle]:
-        """Several plans of one job as one Slurm job array (`--array`): task i runs plan i in its own
-        run dir <base>/<names[i]>; its logs are <base>/logs/slurm-<job>_<i>.out. One handle per
-        task, id "<job>_<i>", which squeue, scancel, status and logs take as they are."""
+    def _array_request(self, a: JobArray) -> Request:
+        """Task i runs plan i in its own run dir <base>/<names[i]>; its logs are
+        <base>/logs/slurm-<job>_<i>.out. Over SSH the base is on the login node (its $HOME asked)."""
         from launcher.render.sbatch import render_slurm_array, site_options
 
-        target = ssh_target_from(spec.backend.slurm)
-        transport = self.transport(target)
-        try:
-            rd = self._job_dir(spec, base, target, transport)
-            dirs = [f"{rd}/{n}" for n in names]
-            flags = {f: path for f, _, path in site_options(spec)}
-            script, tasks = render_slurm_array(spec, plans, rd, dirs, templates, exclude, node_order)
-            files = {"array.sbatch": script}
-            for name, task in zip(names, tasks):
-                files.update({f"{name}/{f}": text for f, text in task.files.items()})
-                if job_text is not None:
-                    files[f"{name}/{rundir.JOB}"] = job_text
-            request = (f"cd {shlex.quote(rd)} && sbatch --parsable array.sbatch"
-                       f"{' (on ' + target.host + ')' if target else ''}\n\n{script}")
-            job_id = self._sbatch(flags, transport, target, rd, files, "array.sbatch",
-                                  [rundir.remote(d, rundir.LOGS) for d in (rd, *dirs)])
-            out = []
-            for i, (plan, d) in enumerate(zip(plans, dirs)):
-                extra: dict[str, Any] = {"ssh": asdict(target) if target else None, "remote_dir": d if target else None,
-                         "host": target.host if target else None, "gpus_per_node": plan.gpus_per_node,
-                         "nodes": plan.nodes, "requeue": spec.backend.slurm.requeue, "log_dir": rundir.remote(rd, rundir.LOGS),
-                         "array_job": job_id, "array_task": i, "log_path": rundir.slurm_log(rd, job_id, i)}
-                out.append(JobHandle(self.name, f"{job_id}_{i}", f"{spec.name}[{i}]", d, log_path=extra["log_path"],
-                                     request=request, extra=extra))
-            return out
-        finally:
-            transport.close()
+        target = ssh_target_from(a.spec.backend.slurm)
+        rd = self._job_dir(a.spec, a.base, target)
+        dirs = [f"{rd}/{n}" for n in a.names]
+        script, tasks = render_slurm_array(a.spec, a.plans, rd, dirs, a.templates, a.exclude, a.node_order)
+        files = {"array.sbatch": script}
+        for name, task in zip(a.names, tasks):
+            files.update({f"{name}/{f}": text for f, text in task.files.items()})
+            if a.job_text is not None:
+                files[f"{name}/{rundir.JOB}"] = a.job_text
+        logs = rundir.remote(rd, rundir.LOGS)
+        extra: dict[str, Any] = {
+            "ssh": asdict(target) if target else None, "remote_dir": rd if target else None,
+            "host": target.host if target else None, "requeue": a.spec.backend.slurm.requeue, "log_dir": logs,
+            "site_flags": {f: path for f, _, path in site_options(a.spec)},
+            "dirs": [rundir.remote(d, rundir.LOGS) for d in (rd, *dirs)],
+            "array_tasks": [{"name": f"{a.spec.name}[{i}]", "run_dir": d, "gpus_per_node": p.gpus_per_node,
+                             "nodes": p.nodes} for i, (p, d) in enumerate(zip(a.plans, dirs))]}
+        return Request(self.name, a.spec.name, rd, f"cd {shlex.quote(rd)} && sbatch --parsable array.sbatch", files,
+                       main="array.sbatch", host=target.host if target else None, extra=extra)
+
+    def tasks(self, handle: JobHandle) -> list[JobHandle]:
+        """A job array's tasks, id "<job>_<i>", which squeue, scancel, status and logs take as they are."""
+        tasks = handle.extra.get("array_tasks")
+        if not tasks:
+            return [handle]
+        base = {k: v for k, v in handle.extra.items() if k not in ("array_tasks", "log_path", "remote_dir")}
+        out = []
+        for i, t in enumerate(tasks):
+            extra = {**base, "remote_dir": t["run_dir"] if base.get("ssh") else None,
+                     "gpus_per_node": t["gpus_per_node"], "nodes": t["nodes"], "array_job": handle.id,
+                     "array_task": i, "log_path": rundir.slurm_log(handle.run_dir, handle.id, i)}
+            out.append(JobHandle(self.name, f"{handle.id}_{i}", t["name"], t["run_dir"], log_path=extra["log_path"],
+                                 request=handle.request, extra=extra))
+        return out
 
     def _sbatch(self, site_flags: dict[str, str], transport, target: SSHTarget | None, rd: str,
                 files: dict[str, str], script: str, dirs: list[str]) -> str:
@@ -528,8 +543,9 @@ class SlurmBackend(Backend):
             transport.close()
 
     # cancel -----------------------------------------------------------------------------------
-    def cancel(self, handle: JobHandle) -> bool:
-        """scancel the job. Idempotent: a job that has already ended is left alone (False)."""
+    def cancel(self, handle: JobHandle, force: bool = False) -> bool:
+        """scancel the job (it ends every step's processes: `force` changes nothing). Idempotent: a job
+        that has already ended is left alone (False)."""
         transport = self.transport(ssh_target_from(handle))
         try:
             before = with_retries(lambda: self._status(transport, handle))

@@ -80,7 +80,7 @@ def measure(run_dir: Path) -> tuple[float | None, float | None, float | None, in
 def run_benchmark(spec, plans: list, base: Path, job_text: str | None, as_json: bool,
                   timeout_s: float | None = None) -> list[Measured]:
     """Run each plan in turn through the job's backend (local: torchrun here) and measure it."""
-    from launcher.backends.local import LocalBackend
+    from launcher.backends import get_backend
     from launcher.commands import progress
     from launcher.commands.run_cmd import _start, check_devices, check_host_memory
 
@@ -89,7 +89,7 @@ def run_benchmark(spec, plans: list, base: Path, job_text: str | None, as_json: 
     if spec.backend.kind != "local":
         raise UserError(f"backend.kind: {spec.backend.kind!r} cannot wait for a job here; "
                         "--benchmark runs with kind local or slurm")
-    backend = LocalBackend()
+    backend = get_backend("local")
     out = []
     for i, plan in enumerate(plans):
         name = describe(plan)
@@ -124,17 +124,16 @@ def run_benchmark_slurm(spec, plans: list, base: Path, job_text: str | None,
     """All the plans as one Slurm job array (one submission; Slurm runs the tasks as nodes free up),
     task i in <base>/<i>-<layout>, then measured as above. The tasks are recorded, so
     `launch status|logs <job>_<i>` follow each one."""
-    from launcher.backends import wait
+    from launcher.backends import JobArray, get_backend, wait
     from launcher.backends.jobstate import record_handle
-    from launcher.backends.slurm import SlurmBackend
     from launcher.commands import progress
 
     if spec.backend.slurm.login_host:
         raise UserError("--benchmark with backend.slurm.login_host: the runs' metrics would stay on the "
                         "cluster's filesystem; run `launch plan --benchmark` on the login node")
-    backend = SlurmBackend()
+    backend = get_backend("slurm")
     names = [f"{i}-{describe(p)}" for i, p in enumerate(plans)]
-    handles = backend.submit_array(spec, plans, base, names, job_text=job_text)
+    handles = backend.tasks(backend.submit(backend.request(JobArray(spec, plans, base, names, job_text=job_text))))
     for h in handles:
         record_handle(h, h.extra["log_dir"])
     progress(f"launch: benchmark: Slurm job array {handles[0].extra['array_job']}, {len(plans)} tasks "

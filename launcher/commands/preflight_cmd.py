@@ -409,8 +409,9 @@ def _slurm_job(hosts: list[str], nccl: Any, out_dir: str | None, partition: str 
                nccl_timeout: float, dry_run: bool, as_json: bool, level: str, tool_timeouts: list[str]) -> int:
     from checks.folder import BWMAP_FILE
     from checks.runners.slurm_job import SlurmJobError, SlurmJobOptions, render
+    from launcher.backends import get_backend
     from launcher.backends.jobstate import check_state, record_handle
-    from launcher.backends.slurm import SlurmBackend
+    from launcher.formats.requests import BatchScript
     from launcher.render import render_template
 
     out = Path(out_dir or f"preflight-{datetime.now():%Y%m%d-%H%M%S}").resolve()
@@ -424,8 +425,8 @@ def _slurm_job(hosts: list[str], nccl: Any, out_dir: str | None, partition: str 
         raise UserError(f"--backend slurm: {exc}") from None
     # The job goes through the Slurm backend like a training job: recorded, so `launch status|logs|cancel
     # <id>` follow it.
-    be = SlurmBackend()
-    req = be.script_request(opts.job_name, str(out), "preflight.sbatch", script, len(hosts))
+    be = get_backend("slurm")
+    req = be.request(BatchScript(opts.job_name, str(out), "preflight.sbatch", script, len(hosts)))
     if dry_run:
         emit({"script": script, "out_dir": str(out), "command": req.command}, as_json, lambda: script)
         return 0

@@ -131,10 +131,12 @@ def _slurm_job(plan: Any, spec: GroupProbe, timeout_s: float, o: dict[str, Any])
     script = render_template("slurm/preflight-plan.sbatch.j2", ctx)
     bash_syntax_check(script, "plan preflight batch script")
     be = SlurmBackend()
-    req = be.script_request(ctx["job_name"], str(out), "preflight-plan.sbatch", script, plan.nodes)
     import json
 
-    req.files[rundir.PREFLIGHT_PLAN_SPEC] = json.dumps(spec.to_dict(), indent=1) + "\n"
+    from launcher.formats.requests import BatchScript
+
+    req = be.request(BatchScript(ctx["job_name"], str(out), "preflight-plan.sbatch", script, plan.nodes,
+                                 {rundir.PREFLIGHT_PLAN_SPEC: json.dumps(spec.to_dict(), indent=1) + "\n"}))
     check_state()
     handle = be.submit(req)
     try:
@@ -216,8 +218,9 @@ def _k8s_gang(plan: Any, spec: GroupProbe, hosts: list[str] | None, timeout_s: f
         emit({"dry_run": True, "namespace": ns, "documents": docs}, as_json, lambda: text.rstrip("\n"))
         return None
     from launcher.backends.jobstate import record_handle
+    from launcher.formats.requests import Manifests
 
-    handle = be.submit(be.gang_request(docs, gpus_per_node=plan.gpus_per_node))
+    handle = be.submit(be.request(Manifests(docs, gpus_per_node=plan.gpus_per_node)))
     try:
         record_handle(handle, "")
     except UserError as exc:

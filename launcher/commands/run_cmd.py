@@ -267,7 +267,7 @@ def run(job: str, plan_path: str | None, run_dir: str | None, nproc: int | None,
         dry_run: bool, as_json: bool) -> int:
     """Plan JOB (a job file; or run a plan.json as it is) and run it here with torchrun; exit with the
     job's status."""
-    from launcher.backends.local import LocalBackend
+    from launcher.backends import get_backend
     from launcher.commands.sources import load_launch
 
     if resume not in ("auto", "never"):
@@ -290,7 +290,7 @@ def run(job: str, plan_path: str | None, run_dir: str | None, nproc: int | None,
     from launcher.backends import default_run_dir
 
     rd = Path(run_dir) if run_dir else default_run_dir(spec)
-    backend = LocalBackend()
+    backend = get_backend("local")  # `launch run` is this machine by definition
     if dry_run:
         req = backend.dryrun(spec, plan, rd, resume=resume, job_text=text)
         emit({"run_dir": req.run_dir, "plan": plan.to_dict(), "command": req.command, "request": req.to_dict()},
