@@ -4,11 +4,16 @@ which one it talks to.
     be = get_backend("local")                    # or "slurm", "k8s"
     req = be.dryrun(spec, plan, run_dir)         # Request: the files and the command; nothing sent
     print(req.text())                            # what every --dry-run prints
-    h = be.submit(req)                           # Handle (JobHandle)
-    be.describe(h) -> Status | None              # None: the backend does not know this job
+    h = be.submit(req)                           # JobHandle
+    be.describe(h) -> JobStatus | None           # None: the backend does not know this job
     be.log_iter(h, rank=None, follow=False, since=None)   # lines; since N: skip the first N
     be.cancel(h) -> bool                         # False: it had already ended (idempotent)
     be.wait(h, timeout)                          # written once here: backoff 2..60 s, retry budget
+    be.request(BatchScript | Manifests | JobArray) -> Request   # other kinds: preflight's, arrays
+    be.tasks(h), be.dump_stacks(h, why), be.sweep(h)            # an array's tasks; stacks; leftovers
+
+Options: the job's own data (job_text, exclude, node_order) every backend takes; its own are typed
+(Backend.Options, a BackendOptions dataclass) and one it does not take is refused (UserError).
 
 Also here, because every backend needs them: the run directory (plan.json, job.yaml, logs/,
 heartbeat/, checkpoints/) and the environment the trainer runs under (NCCL debug files, flight
@@ -154,9 +159,6 @@ class JobStatus:
 def unknown(handle: JobHandle) -> JobStatus:
     return JobStatus(UNKNOWN, None, f"{handle.backend} has no job {handle.id} (never submitted, or forgotten)")
 
-
-Handle = JobHandle
-Status = JobStatus
 
 
 @dataclass
