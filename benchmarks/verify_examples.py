@@ -56,23 +56,25 @@ def layout(path: Path) -> str:
         return f"no plan: {exc}"
     lay = p.layout
     sched = f" {lay.schedule}" + (f" v{lay.virtual_stages}" if lay.virtual_stages > 1 else "") if lay.pp > 1 else ""
-    return (f"tp{lay.tp} cp{lay.cp} pp{lay.pp}{sched} dp{lay.dp}" + (f" ep{lay.ep}" if lay.ep > 1 else "")
-            + f" z{lay.zero} {lay.recompute} {p.train.precision}")
+    return (f"tp{lay.tp} cp{lay.cp}" + (" a2a" if lay.cp > 1 and lay.cp_attention == "all-to-all" else "")
+            + f" pp{lay.pp}{sched} dp{lay.dp}" + (f" shard{lay.dp_shard}" if lay.dp_shard else "")
+            + (f" ep{lay.ep}" if lay.ep > 1 else "") + f" z{lay.zero} {lay.recompute} {p.train.precision}"
+            + (" compiled" if lay.compile else ""))
 
 
 def render(rows: list[dict]) -> str:
-    out = [f"{'example':32} {'ranks':>6} {'layout':44} {'exit':>4} {'verdict':13} {'roles':>9} "
+    out = [f"{'example':32} {'ranks':>6} {'layout':52} {'exit':>4} {'verdict':13} {'roles':>9} "
            f"{'traced/ledger, worst':>22} {'wall s':>7} {'CPU s':>7}"]
     for r in rows:
         if "why" in r:
-            out.append(f"{r['example']:32} {'':>6} {r['layout']:44} {r['exit']:>4} cannot verify: {r['why']}")
+            out.append(f"{r['example']:32} {'':>6} {r['layout']:52} {r['exit']:>4} cannot verify: {r['why']}")
             continue
         traced = sum(not x["shared"] and x["status"] == "traced" for x in r["roles"])
         verdict = "fits" if r["fits"] else ("DOES NOT BUILD" if not r["builds"] else "DOES NOT FIT")
         diffs = [(x["peak_gb"], x["ledger_gb"]) for x in r["roles"] if x["peak_gb"] and x["ledger_gb"]]
         worst = max(diffs, key=lambda d: abs(d[1] / d[0] - 1), default=None)
         w = f"{worst[0]:.3g}/{worst[1]:.3g} GB {worst[1] / worst[0] - 1:+.0%}" if worst else "-"
-        out.append(f"{r['example']:32} {r['world']:>6} {r['layout']:44} {r['exit']:>4} {verdict:13} "
+        out.append(f"{r['example']:32} {r['world']:>6} {r['layout']:52} {r['exit']:>4} {verdict:13} "
                    f"{traced:>3}/{len(r['roles']):<5} {w:>22} {r['wall_s']:>7.1f} {r['cpu_s']:>7.1f}")
     out.append(f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; roles: traced / all pipeline ranks; "
                f"traced/ledger: the peak of the role whose ledger total is furthest from it, and the ledger's difference)")
