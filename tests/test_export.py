@@ -167,8 +167,11 @@ def test_schedule_names_are_torch_pipelinings():
     from launcher.plan.export import TORCH_SCHEDULES
 
     assert set(TORCH_SCHEDULES) == set(SCHEDULES), "every schedule the planner can pick has torchtitan's name"
+    from launcher.trainer.pipeline import MULTI, SINGLE
+
     for ours, theirs in TORCH_SCHEDULES.items():
         assert get_schedule_class(theirs).__name__.lower().replace("schedule", "") == theirs.lower(), ours
+        assert get_schedule_class(theirs) is {**SINGLE, **MULTI}[ours], f"{ours}: the trainer runs another class"
 
 
 def test_the_layout_is_what_the_plan_says(plans):
