@@ -28,10 +28,13 @@ demo: install
 	$(VENV)/bin/launch plan examples/llama3-70b-64xh100.yaml --top 3
 	$(VENV)/bin/launch run examples/tiny-cpu.yaml
 
-test: install
-	bash .ci/setup-services.sh
+# ruff over every Python folder, mypy over the files pyproject's [tool.mypy] names
+lint: install
 	$(VENV)/bin/ruff check launcher checks tests benchmarks
 	$(VENV)/bin/mypy
+
+test: lint
+	bash .ci/setup-services.sh
 	$(PY) -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) --dist loadfile
 
 bench: install
