@@ -10,8 +10,9 @@ The evidence each pair follows:
   PyTorch FSDP (arXiv 2304.11277) §3.2.2, hybrid sharding for slow inter-node links, full sharding the default.
 - all-to-all CP: DeepSpeed-Ulysses (arXiv 2309.14509) §3.2, traffic per GPU falling with the CP degree; USP
   (arXiv 2405.07719) §4, Ulysses inside a node, ring with GQA; no published run below 32k tokens used CP.
-- fp8: torchtitan's benchmarks/llama3_h100_202412_torchtitan.md Table 1, Llama 3.1 8B on 8 H100, FSDP + compile:
-  6,667 tokens/s/GPU, + Float8 8,532 (1.28x); no FP8 tensor cores before Hopper.
+- fp8: torchao's torchao/float8/README.md "Training benchmarks", Llama 3 8B on 8 H100, FSDP + compile: rowwise (the
+  trainer's recipe) +10.05%, tensorwise +25.03%; torchtitan's benchmarks/llama3_h100_202412_torchtitan.md Table 1,
+  6,667 -> 8,532 tokens/s/GPU (1.28x, tensorwise); no FP8 tensor cores before Hopper.
 - compiled blocks: the same table, 5,762 eager -> 6,667 compiled; torch's split backward refuses compiled stages.
 """
 
@@ -147,26 +148,22 @@ def test_all_gather_or_no_cp_where_ulysses_should_not_be_used(change, why):
 COMPILE = "llama3-8b-compile-8xh100.yaml"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "time model: launcher/plan/fp8.py charges every fp8 cast at eager cost (CAST_BYTES 33 B/element, plus "
-    "RESCALE_BYTES) even inside compiled blocks, where inductor fuses them (torchao's float8 is benchmarked "
-    "compiled); costs.compute_seconds scales only the blocks' own elementwise bytes by compiled_elementwise. It "
-    "predicts about 7,700 -> 5,600 tokens/s/GPU here against the published 6,667 -> 8,532. Owned by the time model "
-    "(costs.py / fp8.py); remove this mark when it is fixed."))
 def test_fp8_is_faster_than_bf16_on_torchtitans_h100_shape():
-    """Llama 3 8B on 8 H100, FSDP, selective recompute, compiled blocks: fp8 linears at least 10% faster than bf16
-    (published 1.28x; the time model's error is ±6%)."""
+    """Llama 3 8B on 8 H100, FSDP, selective recompute, compiled blocks: the planner keeps the layout and fp8 linears
+    (the rowwise recipe the trainer runs) are faster than bf16 by about torchao's published figure for that recipe
+    on this shape (+10%: launcher/plan/fp8.py), at least 5% and less than the tensorwise recipe's +28% (torchtitan's
+    6,667 -> 8,532)."""
     bf16 = example(COMPILE)
     fp8 = copy.deepcopy(bf16)
     fp8["train"] |= {"precision": "fp8", "fp8_linears": "auto"}
     assert pick(fp8).best.layout == pick(bf16).best.layout
-    assert step(pick(bf16)) > 1.10 * step(pick(fp8))
+    assert 1.05 < step(pick(bf16)) / step(pick(fp8)) < 1.28
 
 
 def test_fp8_is_refused_without_fp8_tensor_cores_and_skips_small_linears():
     """An A100 has no FP8 tensor cores: one line naming train.precision. On an H100 the auto filter leaves Llama 3
     8B's k and v projections (1,024 x 4,096, below torchao's thresholds) in bf16, and converting them too
-    (fp8_linears all) is no faster."""
+    (fp8_linears all) gains nothing material: their compiled casts cost about what their faster GEMMs save."""
     job = example(COMPILE)
     job["train"] |= {"precision": "fp8"}
     with pytest.raises(SpecError, match=r"^train.precision: .*FP8 tensor cores"):
@@ -177,7 +174,19 @@ def test_fp8_is_refused_without_fp8_tensor_cores_and_skips_small_linears():
     auto_job = pick(job)
     all_job = copy.deepcopy(job)
     all_job["train"]["fp8_linears"] = "all"
-    assert step(pick(all_job)) >= step(auto_job)
+    assert step(pick(all_job)) > 0.995 * step(auto_job)
+
+
+def test_fp8_is_slower_where_its_casts_dominate():
+    """Llama 3 1B in the same layout (micro-batch 1) at 1,024 tokens a sequence: every GEMM has 1,024 rows, so the
+    weights' casts (per micro-batch, whatever its size) outweigh what the fp8 GEMMs save and fp8 is the slower plan
+    (torchao's float8 README: a linear with M, K, N = 1024, 2048, 1024 runs at 0.80x of bf16)."""
+    bf16 = example(COMPILE) | {"model": "llama3-1b"}
+    bf16["train"] |= {"seq_len": 1024, "global_batch": 64}
+    fp8 = copy.deepcopy(bf16)
+    fp8["train"] |= {"precision": "fp8", "fp8_linears": "auto"}
+    assert pick(fp8).best.layout == pick(bf16).best.layout
+    assert step(pick(fp8)) > step(pick(bf16))
 
 
 # --- §5 compiled blocks ------------------------------------------------------------------------------------------

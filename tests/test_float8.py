@@ -6,6 +6,8 @@ torch._scaled_mm has a CPU kernel in torch 2.13, so all of it runs here.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from launcher.errors import SpecError, UserError
@@ -132,6 +134,13 @@ def test_the_time_model_runs_the_converted_gemms_at_the_fp8_rate_and_charges_the
     assert fp8_s * costs.BUNDLED.ceiling(gpu) == pytest.approx(bf16_s * costs.BUNDLED.ceiling(gpu) - gemm_saved + casts)
     # eager casts (33 B an element, several per GEMM) outweigh the faster GEMMs at this shape: the model says so
     assert casts > gemm_saved
+    # compiled blocks fuse them (torchao's roofline bytes): the same shape gains, and compute_seconds charges exactly that
+    compiled = dataclasses.replace(lay, compile=True)
+    _, fused = fp8.fp8_terms(m, 8, 8192, "auto", 0.0, compiled=True)
+    assert fused / (k.hbm_tbs * 1e12) < gemm_saved
+    bf16_c = costs.compute_seconds(m, compiled, 8192, gpu)[0] * costs.BUNDLED.ceiling(gpu)
+    assert costs.compute_seconds(m, compiled, 8192, gpu, fp8="auto")[0] * costs.BUNDLED.ceiling(gpu) == \
+        pytest.approx(bf16_c - gemm_saved + fused / (k.hbm_tbs * 1e12))
     monkeypatch.setattr(fp8, "CAST_BYTES", 0.0)
     monkeypatch.setattr(fp8, "COPY_BYTES", 0.0)
     monkeypatch.setattr(fp8, "RESCALE_BYTES", 0.0)

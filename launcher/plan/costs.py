@@ -488,7 +488,7 @@ def compute_seconds(model, lay: Layout, seq_len: int, gpu, stack: Stack = BUNDLE
         * (3 + rc_mm) / 3
     fp8_mm = fp8_bytes = 0.0
     if fp8:
-        per_layer, fp8_bytes = fp8_terms(model, lay.tp, tokens, fp8, rc_mm)
+        per_layer, fp8_bytes = fp8_terms(model, lay.tp, tokens, fp8, rc_mm, compiled=lay.compile)
         fp8_mm, fp8_bytes = min(mm, per_layer * layers), fp8_bytes * layers
     if lay.compile:
         elem_bytes *= compiled_elementwise(gpu)     # compiled blocks fuse it; the GEMMs and attention are as eager
