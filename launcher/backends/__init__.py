@@ -287,6 +287,11 @@ class Backend(ABC):
         asked. A backend that cannot reach the job's processes from here asks none."""
         return []
 
+    def check_access(self) -> None:  # noqa: B027 - optional hook: most backends find out at first use
+        """Fail now, in one line (UserError), when the scheduler cannot be reached with what this
+        backend was given (no Kubernetes credentials): before a command says or makes anything.
+        A backend that finds out at its first command checks nothing here."""
+
     def options(self, given: dict[str, Any]) -> Any:
         """`given` as this backend's typed options (self.Options.parse)."""
         return self.Options.parse(self.name, given)
@@ -337,7 +342,8 @@ class Backend(ABC):
         return wait(self, handle, timeout, on_status=on_status, **options)
 
 
-def get_backend(kind: str) -> Backend:
+def get_backend(kind: str, **how: Any) -> Backend:
+    """The backend for a kind; `how` is how it reaches its scheduler (k8s: kubeconfig, context)."""
     if kind not in BACKENDS:
         raise UserError(f"backend.kind: {kind!r} is not one of {', '.join(BACKENDS)}")
     module, attr = BACKENDS[kind].split(":")
@@ -345,7 +351,7 @@ def get_backend(kind: str) -> Backend:
         cls = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError):
         raise UserError(f"backend {kind!r} is not available in this installation") from None
-    return cls()
+    return cls(**how)
 
 
 # --- run directory ----------------------------------------------------------------------------

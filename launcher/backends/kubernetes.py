@@ -137,9 +137,13 @@ class KubernetesBackend(Backend):
 
     @property
     def api(self):
+        self.check_access()
+        return self._api
+
+    def check_access(self) -> None:
+        """The kubeconfig (or in-cluster credentials) loaded now, once."""
         if self._api is None:
             self._api = load_api_client(self._kubeconfig, self._context)
-        return self._api
 
     def _core(self):
         if self._core_api is not None:

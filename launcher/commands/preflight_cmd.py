@@ -327,15 +327,16 @@ def _plan_preflight(plan_file: str, hosts_expr: str | None, hostfile: str | None
 
 def _k8s_backend(context: str | None) -> Any:
     """The Kubernetes backend preflight's pods are submitted through (credentials checked now)."""
+    from launcher.backends import get_backend
     from launcher.backends.jobstate import check_state
-    from launcher.backends.kubernetes import KubernetesBackend, load_api_client
 
+    be = get_backend("k8s", context=context)
     try:
-        api = load_api_client(None, context)
+        be.check_access()
     except UserError as exc:
         raise UserError(f"--backend k8s: {exc}") from None
     check_state()
-    return KubernetesBackend(api, context=context)
+    return be
 
 
 def _record_pod(handle: Any) -> None:

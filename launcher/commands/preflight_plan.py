@@ -106,9 +106,8 @@ def _slurm_job(plan: Any, spec: GroupProbe, timeout_s: float, o: dict[str, Any])
     followed like any job until it ends; then its result."""
     from datetime import datetime
 
-    from launcher.backends import wait
+    from launcher.backends import get_backend, wait
     from launcher.backends.jobstate import check_state, record_handle
-    from launcher.backends.slurm import SlurmBackend
     from launcher.formats import rundir
     from launcher.render import bash_syntax_check, render_template
     from launcher.render.rendered import gpu_lists
@@ -130,7 +129,7 @@ def _slurm_job(plan: Any, spec: GroupProbe, timeout_s: float, o: dict[str, Any])
            "probe": probe}
     script = render_template("slurm/preflight-plan.sbatch.j2", ctx)
     bash_syntax_check(script, "plan preflight batch script")
-    be = SlurmBackend()
+    be = get_backend("slurm")
     import json
 
     from launcher.formats.requests import BatchScript
@@ -160,14 +159,15 @@ def _slurm_job(plan: Any, spec: GroupProbe, timeout_s: float, o: dict[str, Any])
 def _k8s_backend(plan: Any, o: dict[str, Any]) -> Any:
     """The Kubernetes backend the gang goes through, its credentials loaded now (the plan's kubeconfig
     and context, --kube-context first)."""
+    from launcher.backends import get_backend
     from launcher.backends.jobstate import check_state
-    from launcher.backends.kubernetes import KubernetesBackend, load_api_client
 
     k = plan.backend.k8s if plan.backend is not None else None
-    context = o.get("context") or (k.context if k is not None else None)
-    api = load_api_client(k.kubeconfig if k is not None else None, context)
+    be = get_backend("k8s", kubeconfig=k.kubeconfig if k is not None else None,
+                     context=o.get("context") or (k.context if k is not None else None))
+    be.check_access()
     check_state()
-    return KubernetesBackend(api, context=context)
+    return be
 
 
 def _k8s_gang(plan: Any, spec: GroupProbe, hosts: list[str] | None, timeout_s: float, o: dict[str, Any],
