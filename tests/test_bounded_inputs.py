@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tracemalloc
 from pathlib import Path
 
@@ -18,15 +17,10 @@ import pytest
 from launcher.backends import procs
 from launcher.diagnose import diagnose
 from launcher.diagnose.collect import read_sources
+from tests.cli_helpers import LAUNCH, launch
 from tests.job_helpers import wait_until
 
 pytestmark = pytest.mark.unit
-
-LAUNCH = str(Path(sys.executable).with_name("launch"))
-
-
-def launch(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([LAUNCH, *args], capture_output=True, text=True, timeout=timeout)
 
 
 def test_local_runner_stops_a_flooding_command_and_its_children():
@@ -40,19 +34,19 @@ def test_local_runner_stops_a_flooding_command_and_its_children():
 
 
 def test_preflight_parse_refuses_devices_and_never_waits_on_a_fifo(tmp_path):
-    r = launch("preflight", "parse", "topo", "/dev/zero")
+    r = launch("preflight", "parse", "topo", "/dev/zero", timeout=60)
     assert r.returncode == 2 and r.stderr.startswith("error: /dev/zero: cannot read") \
         and "character device" in r.stderr and len(r.stderr.splitlines()) == 1
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
-    r = launch("preflight", "parse", "topo", str(fifo))  # no writer: empty, not a hang
+    r = launch("preflight", "parse", "topo", str(fifo), timeout=60)  # no writer: empty, not a hang
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
 
 
 def test_diagnose_refuses_a_fifo_and_reports_what_it_could_not_read(tmp_path):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
-    r = launch("diagnose", str(fifo))
+    r = launch("diagnose", str(fifo), timeout=60)
     assert r.returncode == 2 and r.stderr.startswith(f"error: {fifo}: not a regular file or a directory")
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -122,7 +116,7 @@ def test_import_without_an_nvlink_file_excludes_nobody(tmp_path):
     assert bw.exclude == []
     nv = [c for c in bw.checks if c.check == "nvlink"]
     assert len(nv) == len(HOSTS) and all(c.status == "warn" and c.message.startswith("not measured") for c in nv)
-    r = launch("preflight", "import", str(d), "--json")
+    r = launch("preflight", "import", str(d), "--json", timeout=60)
     assert json.loads(r.stdout)["exclude"] == [], r.stderr
 
 

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
-from launcher.cli import cli
 from launcher.plan.calibrate import base_params, predict
 from launcher.plan.planner import plan_job
 from launcher.plan.spec import spec_from_dict
+from tests.cli_helpers import invoke
 
 pytestmark = pytest.mark.unit
 
@@ -42,16 +41,12 @@ def run_dir(tmp: Path, name: str, spec: dict, truth: dict[str, float] | None, st
     return d
 
 
-def launch(*args) -> object:
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
 def test_compute_bound_runs_fit_the_efficiency_ceiling_only_and_plans_use_it(tmp_path):
     truth = {"compute_efficiency": 0.3}
     dirs = [run_dir(tmp_path, f"r{i}", job(1, tp=tp, zero=z, micro_batch=1), truth)
             for i, (tp, z) in enumerate([(1, 3), (1, 2), (1, 1)])]
     out = tmp_path / "profile.json"
-    res = launch("calibrate", *dirs, "-o", out, "--json")
+    res = invoke("calibrate", *dirs, "-o", out, "--json")
     assert res.exit_code == 0, res.output
     prof = json.loads(res.output)
     assert list(prof["params"]) == ["compute_efficiency"]
@@ -66,9 +61,9 @@ def test_compute_bound_runs_fit_the_efficiency_ceiling_only_and_plans_use_it(tmp
     spec["cluster"]["profile"] = str(out)
     jf = tmp_path / "job.yaml"
     jf.write_text(yaml.safe_dump(spec))
-    human = launch("plan", jf)
+    human = invoke("plan", jf)
     assert human.exit_code == 0 and f"calibrated cluster profile {out}" in human.output, human.output
-    planned = json.loads(launch("plan", jf, "--json").output)
+    planned = json.loads(invoke("plan", jf, "--json").output)
     assert planned["calibration"]["params"] == prof["params"]
     assert planned["best"]["estimate"]["step_time_s"] == pytest.approx(prof["runs"][0]["measured_step_s"], rel=0.02)
 
@@ -79,7 +74,7 @@ def test_runs_that_stress_the_network_identify_its_bandwidth(tmp_path):
     # last backward nothing hides: the network bounds DP across nodes
     dirs = [run_dir(tmp_path, "one-node", job(1, "a100-80gb", tp=1, zero=3, micro_batch=1), truth),
             run_dir(tmp_path, "eight-nodes", job(8, "a100-80gb", tp=1, zero=1, micro_batch=1), truth)]
-    res = launch("calibrate", *dirs, "-o", tmp_path / "p.json", "--json")
+    res = invoke("calibrate", *dirs, "-o", tmp_path / "p.json", "--json")
     assert res.exit_code == 0, res.output
     params = json.loads(res.output)["params"]
     assert set(params) == {"compute_efficiency", "net_per_gpu_gbs"}
@@ -96,18 +91,18 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path):
     for args, why in [((no_metrics,), "no metrics.jsonl"), ((short,), "more than the 1 warm-up"),
                       ((good, a100), "calibrate runs of one cluster and GPU type together"),
                       ((tmp_path / "absent",), "no plan.json")]:
-        res = launch("calibrate", *args, "-o", out)
+        res = invoke("calibrate", *args, "-o", out)
         assert res.exit_code == 2 and why in res.output, res.output
         assert len(res.output.strip().splitlines()) == 1
         assert not out.exists()
 
     # a profile from one GPU type is refused for another
-    assert launch("calibrate", good, "-o", out).exit_code == 0
+    assert invoke("calibrate", good, "-o", out).exit_code == 0
     spec = job(1, gpu="a100-80gb", tp=1, zero=3, micro_batch=1)
     spec["cluster"]["profile"] = str(out)
     jf = tmp_path / "job.yaml"
     jf.write_text(yaml.safe_dump(spec))
-    res = launch("plan", jf)
+    res = invoke("plan", jf)
     assert res.exit_code == 2 and "was fitted on GPU 'h100-sxm'" in res.output, res.output
 
 
