@@ -31,7 +31,8 @@ import pytest
 import urllib3
 import yaml
 
-from launcher.backends import CANCELLED, PENDING, RUNNING, SUCCEEDED, Backend, JobHandle, Request, procs
+from launcher.backends import CANCELLED, PENDING, RUNNING, SUCCEEDED, Backend, Request, procs
+from launcher.formats.jobs import JobRecord
 from tests.conftest import EXAMPLES
 from tests.services.slurm import slurm_cluster  # noqa: F401  (session fixture)
 
@@ -72,8 +73,8 @@ class LocalHarness:
     def traces(self, req: Request) -> Any:
         return Path(req.run_dir).exists(), procs.marked(("LAUNCH4D_RUN_DIR", req.run_dir))
 
-    def unknown(self) -> JobHandle:
-        return JobHandle("local", "local-4194304", "nope", str(self.tmp / "never"),
+    def unknown(self) -> JobRecord:
+        return JobRecord("local", "local-4194304", "nope", str(self.tmp / "never"),
                          extra={"pid": 4194304, "marker": "never-submitted"})
 
     def running(self, st) -> bool:
@@ -125,8 +126,8 @@ class SlurmHarness:
         jobs = self.cluster.run("squeue", "-h", "-t", "all", "-o", "%i").stdout.split()
         return Path(req.run_dir).exists(), sorted(jobs)
 
-    def unknown(self) -> JobHandle:
-        return JobHandle("slurm", "999999", "nope", str(self.tmp / "never"), extra={})
+    def unknown(self) -> JobRecord:
+        return JobRecord("slurm", "999999", "nope", str(self.tmp / "never"), extra={})
 
     def running(self, st) -> bool:
         return st is not None and st.state == RUNNING
@@ -271,8 +272,8 @@ class K8sHarness:
     def traces(self, req: Request) -> Any:
         return Path(req.run_dir).exists(), list(self.api.calls), len(self.built)
 
-    def unknown(self) -> JobHandle:
-        return JobHandle("k8s", "never-submitted", "nope", str(self.tmp / "never"),
+    def unknown(self) -> JobRecord:
+        return JobRecord("k8s", "never-submitted", "nope", str(self.tmp / "never"),
                          extra={"namespace": NS, "kind": "PyTorchJob"})
 
     def running(self, st) -> bool:
@@ -295,7 +296,7 @@ def harness(request, tmp_path, monkeypatch):
     h.close()
 
 
-def submit(h, req: Request) -> JobHandle:
+def submit(h, req: Request) -> JobRecord:
     handle = h.backend.submit(req)
     if h.kind == "slurm":
         h.submitted.append(handle.id)

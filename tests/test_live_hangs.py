@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from launcher.backends import JobHandle, procs
+from launcher.backends import procs
 from launcher.backends.local import LocalBackend
 from launcher.diagnose import diagnose
 from launcher.diagnose.heartbeat import Beat
 from launcher.diagnose.stacks import Stacks
 from launcher.diagnose.stragglers import stragglers
+from launcher.formats.jobs import JobRecord
 from tests.conftest import EXAMPLES, REPO
 from tests.job_helpers import assert_nothing_left, reaped, recorded_marker, tiny_plan, wait_until
 
@@ -118,9 +119,9 @@ def test_launch_asks_a_live_process_for_its_stack_with_sigquit(tmp_path):
     try:
         assert wait_until(lambda: (tmp_path / "heartbeat" / "rank3.json").exists()
                           and procs.catches(proc.pid, signal.SIGQUIT), 60)
-        h = JobHandle("local", f"local-{proc.pid}", "t", str(tmp_path), None, extra={"pid": proc.pid,
+        h = JobRecord("local", f"local-{proc.pid}", "t", str(tmp_path), None, extra={"pid": proc.pid,
                                                                                       "marker": "dumps"})
-        stranger = JobHandle("local", "x", "t", str(tmp_path), None, extra={"pid": proc.pid, "marker": "other"})
+        stranger = JobRecord("local", "x", "t", str(tmp_path), None, extra={"pid": proc.pid, "marker": "other"})
         assert LocalBackend().dump_stacks(stranger, "test", py_spy="") == []
         assert LocalBackend().dump_stacks(h, "asked by a test", py_spy="") == [3]  # the signal path
         out = tmp_path / "logs" / "stacks" / "rank3.txt"
@@ -147,7 +148,7 @@ def test_launch_does_not_write_a_stack_request_through_a_planted_link(tmp_path):
         out = tmp_path / "logs" / "stacks" / "rank3.txt"
         out.unlink()
         out.symlink_to(victim)
-        h = JobHandle("local", f"local-{proc.pid}", "t", str(tmp_path), None, extra={"pid": proc.pid,
+        h = JobRecord("local", f"local-{proc.pid}", "t", str(tmp_path), None, extra={"pid": proc.pid,
                                                                                       "marker": "dumps"})
         assert LocalBackend().dump_stacks(h, "asked by a test", py_spy="") == []
         assert victim.read_text() == "precious\n" and proc.poll() is None
@@ -166,7 +167,7 @@ def test_launch_uses_py_spy_where_installed(tmp_path):
     proc = sleeper(tmp_path)
     try:
         assert wait_until(lambda: (tmp_path / "heartbeat" / "rank3.json").exists(), 60)
-        h = JobHandle("local", f"local-{proc.pid}", "t", str(tmp_path), None, extra={"pid": proc.pid,
+        h = JobRecord("local", f"local-{proc.pid}", "t", str(tmp_path), None, extra={"pid": proc.pid,
                                                                                       "marker": "dumps"})
         assert LocalBackend().dump_stacks(h, "asked by py-spy", py_spy=spy) == [3]
         text = (tmp_path / "logs" / "stacks" / "rank3.txt").read_text()
@@ -202,7 +203,7 @@ def test_stalled_trainer_dumps_its_stacks_and_diagnose_names_the_frame(tmp_path)
         assert (rd / "logs" / "flight" / "rank_0").exists()  # the flight recorder, dumped beside the stacks
         # asked from outside with the dump signal, the real trainers (checkpoint handlers installed) write
         # their stacks again and go on: the dump signal is not a checkpoint signal
-        h = JobHandle("local", f"local-{agent.pid}", "t", str(rd), None, extra={"pid": agent.pid, "marker": token})
+        h = JobRecord("local", f"local-{agent.pid}", "t", str(rd), None, extra={"pid": agent.pid, "marker": token})
         assert sorted(LocalBackend().dump_stacks(h, "asked by the test", py_spy="")) == [0, 1]
         assert wait_until(lambda: all(p.read_text().count("in train") >= 2 for p in stacks), 30)
         assert all("asked by the test" in p.read_text() for p in stacks)

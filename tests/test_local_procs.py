@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.backends import JobHandle, procs
-from launcher.backends.jobstate import JobRecord, record
+from launcher.backends import procs
+from launcher.backends.jobstate import record
 from launcher.backends.local import LocalBackend
+from launcher.formats.jobs import JobRecord
 from tests.conftest import REPO
 from tests.job_helpers import assert_nothing_left, reaped, recorded_marker, tiny_plan, wait_until
 
@@ -26,8 +27,8 @@ pytestmark = pytest.mark.integration
 LAUNCH = str(Path(sys.executable).with_name("launch"))
 
 
-def handle_for(pid: int, run_dir: Path, marker: str, ticks: int | None) -> JobHandle:
-    return JobHandle("local", f"local-{pid}", "t", str(run_dir), str(run_dir / "node0.log"),
+def handle_for(pid: int, run_dir: Path, marker: str, ticks: int | None) -> JobRecord:
+    return JobRecord("local", f"local-{pid}", "t", str(run_dir), str(run_dir / "node0.log"),
                      extra={"pid": pid, "marker": marker, "start_ticks": ticks,
                             "exit_file": str(run_dir / "exit_code"), "log_path": str(run_dir / "node0.log")})
 

@@ -481,7 +481,6 @@ def test_the_fields_status_asks_for_are_ones_this_slurm_has(slurm_cluster, tmp_p
     """The real squeue and sacct judge our field lists: squeue takes our format (an unknown one is
     refused); sacct is probed once with --helpformat and, where accounting exists, takes exactly
     the fields we would ask for. Here (no slurmdbd) sacct refuses everything, which status says."""
-    from launcher.backends import JobHandle
     from launcher.backends.slurm import (
         _SACCT_FIELDS,
         SACCT_WANTED,
@@ -489,6 +488,7 @@ def test_the_fields_status_asks_for_are_ones_this_slurm_has(slurm_cluster, tmp_p
         SlurmBackend,
         sacct_fields,
     )
+    from launcher.formats.jobs import JobRecord
     from launcher.transport.local import LocalTransport
 
     ours = slurm_cluster.run("squeue", "-h", "-r", "-t", "all", "-o", SQUEUE_FORMAT, check=False)
@@ -499,7 +499,7 @@ def test_the_fields_status_asks_for_are_ones_this_slurm_has(slurm_cluster, tmp_p
     fields, why = sacct_fields(LocalTransport())
     if fields is None:
         assert "accounting storage is disabled" in why or "database" in why, why
-        st = SlurmBackend().status(JobHandle("slurm", "999999", "gone", str(tmp_path), extra={}))
+        st = SlurmBackend().status(JobRecord("slurm", "999999", "gone", str(tmp_path), extra={}))
         assert st.state == "UNKNOWN" and "no Slurm accounting here" in st.detail
         assert "squeue/scontrol and the job log only" in st.detail
     else:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.backends import JobHandle
 from launcher.backends.slurm import (
     _SACCT_FIELDS,
     SHORT_STATES,
@@ -22,6 +21,7 @@ from launcher.backends.slurm import (
     state_of,
 )
 from launcher.errors import UserError
+from launcher.formats.jobs import JobRecord
 from launcher.transport import CHUNK_LIMIT, Completed
 
 pytestmark = pytest.mark.unit
@@ -64,8 +64,8 @@ def _fresh_sacct_probe():
     _SACCT_FIELDS.clear()
 
 
-def handle(requeue: bool = True) -> JobHandle:
-    return JobHandle("slurm", "42", "job", "/runs/job", extra={"requeue": requeue})
+def handle(requeue: bool = True) -> JobRecord:
+    return JobRecord("slurm", "42", "job", "/runs/job", extra={"requeue": requeue})
 
 
 def backend(runner: FakeRunner) -> SlurmBackend:

@@ -4,7 +4,7 @@ which one it talks to.
     be = get_backend("local")                    # or "slurm", "k8s"
     req = be.dryrun(spec, plan, run_dir)         # Request: the files and the command; nothing sent
     print(req.text())                            # what every --dry-run prints
-    h = be.submit(req)                           # JobHandle
+    h = be.submit(req)                           # JobRecord (launcher.formats.jobs), as jobstate keeps it
     be.describe(h) -> JobStatus | None           # None: the backend does not know this job
     be.log_iter(h, rank=None, follow=False, since=None)   # lines; since N: skip the first N
     be.cancel(h) -> bool                         # False: it had already ended (idempotent)
@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from launcher.errors import UserError
 from launcher.formats.exitcodes import PREEMPT_EXIT_CODE
+from launcher.formats.jobs import JobRecord
 
 if TYPE_CHECKING:
     from launcher.plan.model import Plan
@@ -101,7 +102,7 @@ def with_retries(call: Callable[[], T], budget_s: float = RETRY_BUDGET_S,
             sleep(delay)
 
 
-def wait(backend: Backend, handle: JobHandle, timeout: float | None = None, budget_s: float = RETRY_BUDGET_S,
+def wait(backend: Backend, handle: JobRecord, timeout: float | None = None, budget_s: float = RETRY_BUDGET_S,
          on_status: Callable[[JobStatus], None] | None = None,
          on_retry: Callable[[TransientError, float, int], None] | None = None,
          start: float = POLL_START_S, cap: float = POLL_MAX_S,
@@ -131,21 +132,6 @@ def wait(backend: Backend, handle: JobHandle, timeout: float | None = None, budg
 
 
 @dataclass
-class JobHandle:
-    """What submit returns and describe/log_iter/cancel take (rebuilt from the job record in another
-    shell). `request` is the submitted Request's text: the exact command and script or manifest."""
-
-    backend: str
-    id: str
-    name: str
-    run_dir: str
-    log_path: str | None = None
-    request: str | None = None
-    submitted_at: float = field(default_factory=time.time)
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
 class JobStatus:
     state: str
     exit_code: int | None = None
@@ -156,7 +142,7 @@ class JobStatus:
         return self.state in TERMINAL
 
 
-def unknown(handle: JobHandle) -> JobStatus:
+def unknown(handle: JobRecord) -> JobStatus:
     return JobStatus(UNKNOWN, None, f"{handle.backend} has no job {handle.id} (never submitted, or forgotten)")
 
 
@@ -273,16 +259,16 @@ class Backend(ABC):
         Manifests; here a JobArray), built without side effects like dryrun's; submit() sends it."""
         raise UserError(f"the {self.name} backend cannot run a {type(what).__name__}")
 
-    def tasks(self, handle: JobHandle) -> list[JobHandle]:
+    def tasks(self, handle: JobRecord) -> list[JobRecord]:
         """The jobs one submission made: an array's tasks, each followed on its own; else the job itself."""
         return [handle]
 
-    def sweep(self, handle: JobHandle) -> list[int]:
+    def sweep(self, handle: JobRecord) -> list[int]:
         """After the job's end: stop any of its processes still running here; the pids that were (a
         scheduler cleans up its own jobs: none)."""
         return []
 
-    def dump_stacks(self, handle: JobHandle, reason: str) -> list[int]:
+    def dump_stacks(self, handle: JobRecord, reason: str) -> list[int]:
         """Ask the job's trainers for their Python stacks (into the run dir's logs/stacks/); the ranks
         asked. A backend that cannot reach the job's processes from here asks none."""
         return []
@@ -297,42 +283,42 @@ class Backend(ABC):
         return self.Options.parse(self.name, given)
 
     @abstractmethod
-    def submit(self, request: Request) -> JobHandle:
+    def submit(self, request: Request) -> JobRecord:
         """Send the request; nothing is left behind when it is refused."""
 
     @abstractmethod
-    def describe(self, handle: JobHandle) -> JobStatus | None:
+    def describe(self, handle: JobRecord) -> JobStatus | None:
         """The job's state now, or None when the backend does not know the job."""
 
     @abstractmethod
-    def log_iter(self, handle: JobHandle, rank: int | None = None, follow: bool = False, since: int | None = None,
+    def log_iter(self, handle: JobRecord, rank: int | None = None, follow: bool = False, since: int | None = None,
                  stream: str = "out") -> Iterator[str]:
         """The job's log lines (only global rank `rank`'s trainer lines, without their prefix); `since`
         N skips the first N of them (a follower resuming); `follow` goes on until the job ends.
         `stream` "err": Slurm's separate stderr file; elsewhere the one combined log."""
 
     @abstractmethod
-    def cancel(self, handle: JobHandle, force: bool = False) -> bool:
+    def cancel(self, handle: JobRecord, force: bool = False) -> bool:
         """Stop the job. Idempotent: a job that has already ended (or is gone) is no error: False.
         `force`: stop every process of it now, without letting the trainers checkpoint (where the
         scheduler's own stop, scancel or a deletion, does not do that already)."""
 
     @contextlib.contextmanager
-    def watching(self) -> Iterator[Callable[[JobHandle], JobStatus | None]]:
+    def watching(self) -> Iterator[Callable[[JobRecord], JobStatus | None]]:
         """describe(), for many looks in a row (a wait, a follow): a backend that reaches its scheduler
         through a connection (Slurm over SSH) keeps one open for all of them and closes it after."""
         yield self.describe
 
-    def status(self, handle: JobHandle) -> JobStatus:
+    def status(self, handle: JobRecord) -> JobStatus:
         """describe(), with an unknown job as an UNKNOWN status."""
         found = self.describe(handle)
         return found if found is not None else unknown(handle)
 
-    def statuses(self, handles: list[JobHandle]) -> dict[str, JobStatus]:
+    def statuses(self, handles: list[JobRecord]) -> dict[str, JobStatus]:
         """Many jobs' states (Slurm asks once per login host)."""
         return {h.id: self.status(h) for h in handles}
 
-    def wait(self, handle: JobHandle, timeout: float | None = None,
+    def wait(self, handle: JobRecord, timeout: float | None = None,
              on_status: Callable[[JobStatus], None] | None = None, **options: Any) -> JobStatus:
         """Until the job has ended, is unknown, or `timeout` passes (module wait(): backoff, retries)."""
         options.setdefault("start", self.poll_start_s)
@@ -442,10 +428,3 @@ def state_for_exit(code: int | None) -> str:
     if code in (130, 143, -2, -15):
         return CANCELLED
     return FAILED
-
-
-def handle_from_record(rec: Any) -> JobHandle:
-    """A JobHandle again from a launcher.backends.jobstate.JobRecord (status/logs/cancel from another shell)."""
-    extra = dict(rec.extra or {})
-    return JobHandle(backend=rec.backend, id=rec.id, name=rec.name, run_dir=rec.run_dir,
-                     log_path=extra.get("log_path"), extra=extra)

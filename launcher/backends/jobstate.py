@@ -1,33 +1,17 @@
-"""A small local record of submitted jobs, so `launch status|logs|cancel|diagnose JOB` work later
-from another shell. One JSON file under $XDG_STATE_HOME/launch4d (or $LAUNCH4D_STATE)."""
+"""A small local store of submitted jobs' records (launcher.formats.jobs.JobRecord), so `launch
+status|logs|cancel|diagnose JOB` work later from another shell. One JSON file under
+$XDG_STATE_HOME/launch4d (or $LAUNCH4D_STATE)."""
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import json
 import os
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from launcher.errors import UserError
 from launcher.formats.files import MiB, atomic_write, check_writable_target, make_dirs, read_text
-
-
-@dataclass
-class JobRecord:
-    id: str
-    backend: str
-    name: str
-    run_dir: str
-    log_dir: str
-    submitted_at: str
-    host: str | None = None
-    remote_dir: str | None = None
-    namespace: str | None = None
-    extra: dict = field(default_factory=dict)
+from launcher.formats.jobs import STATE_KEYS, STATE_REQUIRED, JobRecord
 
 
 def state_file() -> Path:
@@ -37,9 +21,6 @@ def state_file() -> Path:
 
 
 STATE_LIMIT = 16 * MiB
-_REQUIRED = {f.name for f in dataclasses.fields(JobRecord) if f.default is dataclasses.MISSING
-             and f.default_factory is dataclasses.MISSING}
-_KNOWN = {f.name for f in dataclasses.fields(JobRecord)}
 
 
 def _read(path: Path) -> list[dict]:
@@ -58,8 +39,8 @@ def _read(path: Path) -> list[dict]:
     if not isinstance(jobs, list):
         raise UserError(f"{corrupt} (expected {{\"jobs\": [...]}}); move it aside to start afresh")
     for i, j in enumerate(jobs):
-        if not (isinstance(j, dict) and _REQUIRED <= j.keys() and j.keys() <= _KNOWN
-                and all(isinstance(j[k], str) for k in _REQUIRED) and isinstance(j.get("extra", {}), dict)):
+        if not (isinstance(j, dict) and STATE_REQUIRED <= j.keys() and j.keys() <= STATE_KEYS
+                and all(isinstance(j[k], str) for k in STATE_REQUIRED) and isinstance(j.get("extra", {}), dict)):
             raise UserError(f"{corrupt} (jobs[{i}] is not a job record); move it aside to start afresh")
     return jobs
 
@@ -77,7 +58,7 @@ def check_state() -> None:
 
 
 def record(job: JobRecord) -> None:
-    """Add or replace a job record (locked, written atomically)."""
+    """Add or replace a job's record (locked, written atomically)."""
     path = state_file()
     make_dirs(path.parent, "job state directory")
     try:
@@ -87,24 +68,12 @@ def record(job: JobRecord) -> None:
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         jobs = [j for j in _read(path) if not (j["id"] == job.id and j["backend"] == job.backend)]
-        jobs.append(dataclasses.asdict(job))
+        jobs.append(job.to_state())
         atomic_write(path, json.dumps({"jobs": jobs}, indent=2) + "\n", "job state file")
 
 
-def record_handle(handle: Any, log_dir: str) -> None:
-    """Record a submitted launcher.backends.JobHandle (the inverse of handle_from_record): where it
-    runs (host, remote dir, namespace) comes from its extra, its log path rides along there."""
-    extra = dict(handle.extra)
-    if handle.log_path is not None:
-        extra["log_path"] = handle.log_path
-    record(JobRecord(id=handle.id, backend=handle.backend, name=handle.name, run_dir=handle.run_dir,
-                     log_dir=log_dir, submitted_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                     host=extra.get("host"), remote_dir=extra.get("remote_dir"),
-                     namespace=extra.get("namespace"), extra=extra))
-
-
 def all_jobs() -> list[JobRecord]:
-    return [JobRecord(**j) for j in _read(state_file())]
+    return [JobRecord.from_state(j) for j in _read(state_file())]
 
 
 def lookup(job: str) -> JobRecord:

@@ -26,13 +26,14 @@ from launcher.backends import (
     SUCCEEDED,
     Backend,
     BackendOptions,
-    JobHandle,
     JobStatus,
     Request,
     filter_rank,
     skip_lines,
 )
 from launcher.errors import UserError
+from launcher.formats import rundir
+from launcher.formats.jobs import JobRecord
 from launcher.transport.lines import iter_lines
 
 if TYPE_CHECKING:
@@ -225,7 +226,7 @@ class KubernetesBackend(Backend):
                               "gpus_per_node": gpus_per_node, "nodes": len(pods), "kubeconfig": self._kubeconfig,
                               "context": self._context})
 
-    def _submit_gang(self, request: Request) -> JobHandle:
+    def _submit_gang(self, request: Request) -> JobRecord:
         from launcher.render.k8s import parse_manifests
 
         service, *pods = parse_manifests(request.files["gang.yaml"])
@@ -246,10 +247,10 @@ class KubernetesBackend(Backend):
                 self._delete_object("Service", ns, name)
                 raise _api_error(exc, f"Pod {ns}/{pod['metadata']['name']}") from None
             made.append(pod["metadata"]["name"])
-        return JobHandle(self.name, name, request.name, request.run_dir, request=request.text(),
+        return JobRecord(self.name, name, request.name, request.run_dir, request=request.text(),
                          extra=dict(request.extra))
 
-    def submit(self, request: Request) -> JobHandle:
+    def submit(self, request: Request) -> JobRecord:
         """Create the manifest's objects in order (undone on any failure)."""
         from launcher.render.k8s import parse_manifests
 
@@ -261,10 +262,10 @@ class KubernetesBackend(Backend):
         extra = dict(request.extra)
         self._use(extra)
         extra["uid"] = self.create(configmap, *objects)
-        return JobHandle(self.name, objects[-1]["metadata"]["name"], request.name, request.run_dir,
-                         request=request.text(), extra=extra)
+        return JobRecord(self.name, objects[-1]["metadata"]["name"], request.name, request.run_dir,
+                         request=request.text(), log_dir=rundir.remote(request.run_dir, rundir.LOGS), extra=extra)
 
-    def _submit_pod(self, request: Request) -> JobHandle:
+    def _submit_pod(self, request: Request) -> JobRecord:
         import yaml
 
         pod = yaml.safe_load(request.files["pod.yaml"])
@@ -274,7 +275,7 @@ class KubernetesBackend(Backend):
             self._core().create_namespaced_pod(namespace=ns, body=pod)
         except Exception as exc:
             raise _api_error(exc, f"Pod {ns}/{name}") from None
-        return JobHandle(self.name, name, request.name, request.run_dir, request=request.text(),
+        return JobRecord(self.name, name, request.name, request.run_dir, request=request.text(),
                          extra=dict(request.extra))
 
     def create(self, configmap: dict, *objects: dict) -> str | None:
@@ -369,7 +370,7 @@ class KubernetesBackend(Backend):
             return None
         return int((js.get("status") or {}).get("restarts") or 0)
 
-    def describe(self, handle: JobHandle) -> K8sJobStatus | None:
+    def describe(self, handle: JobRecord) -> K8sJobStatus | None:
         """The job's conditions and its pods' phases; None when the job is not there (404)."""
         self._use(handle.extra)
         ns = handle.extra.get("namespace") or "default"
@@ -442,7 +443,7 @@ class KubernetesBackend(Backend):
                             "pod(s) running", condition="Running" if state == RUNNING else "Pending", pods=pods)
 
     # logs -------------------------------------------------------------------------------------
-    def _targets(self, handle: JobHandle, ns: str, nodes: int, node: int | None) -> list[str]:
+    def _targets(self, handle: JobRecord, ns: str, nodes: int, node: int | None) -> list[str]:
         """Pod names of node `node` (all nodes when None), in node-rank order. A PyTorchJob's are
         fixed; a TrainJob's pods are Indexed-Job pods with a random suffix, found by their
         completion index (= node rank), the newest one after a gang restart."""
@@ -463,13 +464,13 @@ class KubernetesBackend(Backend):
             raise UserError(f"TrainJob {ns}/{handle.id}: no pod yet for node {missing[0]} (pending or not admitted)")
         return [by_index[i].metadata.name for i in wanted]
 
-    def log_iter(self, handle: JobHandle, rank: int | None = None, follow: bool = False, since: int | None = None,
+    def log_iter(self, handle: JobRecord, rank: int | None = None, follow: bool = False, since: int | None = None,
                  stream: str = "out") -> Iterator[str]:
         """The trainer container's log (stdout and stderr together) of the pod holding `rank`; without
         a rank, every node's pod (node 0's alone when following)."""
         return skip_lines(self._logs(handle, follow, rank), since)
 
-    def _logs(self, handle: JobHandle, follow: bool, rank: int | None) -> Iterator[str]:
+    def _logs(self, handle: JobRecord, follow: bool, rank: int | None) -> Iterator[str]:
         self._use(handle.extra)
         ns = handle.extra.get("namespace") or "default"
         if handle.extra.get("kind") == "Pod":
@@ -535,7 +536,7 @@ class KubernetesBackend(Backend):
         yield from _stream_lines(resp)
 
     # cancel -----------------------------------------------------------------------------------
-    def cancel(self, handle: JobHandle, force: bool = False) -> bool:
+    def cancel(self, handle: JobRecord, force: bool = False) -> bool:
         """Delete the job (its pods go with it; `force` changes nothing), then what was created with it. Idempotent: a job
         already gone (404) or already finished is not an error (False: nothing was stopped), and its
         ConfigMap and runtime are still removed."""

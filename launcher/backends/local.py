@@ -44,7 +44,6 @@ from launcher.backends import (
     UNKNOWN,
     Backend,
     BackendOptions,
-    JobHandle,
     JobStatus,
     Request,
     filter_rank,
@@ -57,6 +56,7 @@ from launcher.backends import (
 from launcher.errors import UserError
 from launcher.formats import nofollow, rundir
 from launcher.formats.files import read_text
+from launcher.formats.jobs import JobRecord
 from launcher.plan.spec_backend import split_env
 from launcher.transport.local import LocalTransport
 
@@ -204,7 +204,7 @@ class LocalBackend(Backend):
                 f"[ ! -L {logs} ] && rm -f -- {tmp} && (set -C; echo $rc > {tmp}) && mv -fT -- {tmp} {final}\n"
                 "exit $rc\n")
 
-    def submit(self, request: Request) -> JobHandle:
+    def submit(self, request: Request) -> JobRecord:
         """Write the run dir (refusing one that holds another job), then start the command detached."""
         from launcher.formats.files import atomic_write
         from launcher.plan.model import Plan as PlanCls
@@ -243,8 +243,8 @@ class LocalBackend(Backend):
         while procs.environ(proc.pid).get(procs.MARKER) != token and proc.poll() is None \
                 and time.monotonic() < until:
             time.sleep(0.005)
-        handle = JobHandle(backend=self.name, id=f"local-{proc.pid}", name=request.name, run_dir=str(rd),
-                           log_path=str(log), request=request.text(),
+        handle = JobRecord(backend=self.name, id=f"local-{proc.pid}", name=request.name, run_dir=str(rd),
+                           log_path=str(log), request=request.text(), log_dir=str(rundir.RunDir(rd).logs),
                            extra={"pid": proc.pid, "exit_file": str(exit_file), "log_path": str(log),
                                   "started": started, "log_offset": offset,
                                   "world": request.extra.get("world"), "marker": token,
@@ -253,7 +253,7 @@ class LocalBackend(Backend):
         return handle
 
     # --- follow ------------------------------------------------------------------------------------
-    def describe(self, handle: JobHandle) -> JobStatus | None:
+    def describe(self, handle: JobRecord) -> JobStatus | None:
         """From the wrapper's exit-code file, else whether the wrapper still lives; None for a job
         this machine has no trace of (no such pid of ours, no exit code, no run dir)."""
         proc = self._procs.get(handle.id)
@@ -269,7 +269,7 @@ class LocalBackend(Backend):
             return None
         return JobStatus(FAILED, None, self._why_gone(handle))
 
-    def _ended(self, handle: JobHandle, exit_file: Path) -> JobStatus:
+    def _ended(self, handle: JobRecord, exit_file: Path) -> JobStatus:
         try:
             rc = int((self.here.get(str(exit_file)) or b"").decode(errors="replace").strip())
         except ValueError:
@@ -283,7 +283,7 @@ class LocalBackend(Backend):
             detail = no_space(handle.run_dir)
         return JobStatus(state, code, detail)
 
-    def _why_gone(self, handle: JobHandle) -> str:
+    def _why_gone(self, handle: JobRecord) -> str:
         """The job's wrapper is gone and left no exit code: say why where the run dir shows it."""
         rd = Path(handle.run_dir)
         try:
@@ -295,7 +295,7 @@ class LocalBackend(Backend):
             return no_space(rd)
         return "the job's process is gone without an exit code (killed with SIGKILL, or the machine restarted?)"
 
-    def _log_tail(self, handle: JobHandle, size: int = 1 << 16) -> str:
+    def _log_tail(self, handle: JobRecord, size: int = 1 << 16) -> str:
         from launcher.backends.tail import read_tail
 
         tail = read_tail(self.here, handle.log_path or "", size, int(handle.extra.get("log_offset", 0))) or b""
@@ -303,20 +303,20 @@ class LocalBackend(Backend):
 
     # --- which processes are the job's --------------------------------------------------------------
     @staticmethod
-    def marker(handle: JobHandle) -> tuple[str, str]:
+    def marker(handle: JobRecord) -> tuple[str, str]:
         """The environment marker every process of the job carries (jobs recorded before the marker
         existed are known by their run dir, which the wrapper's environment names too)."""
         token = handle.extra.get("marker")
         return (procs.MARKER, str(token)) if token else ("LAUNCH4D_RUN_DIR", str(handle.run_dir))
 
-    def _wrapper_alive(self, handle: JobHandle) -> bool:
+    def _wrapper_alive(self, handle: JobRecord) -> bool:
         pid = handle.extra.get("pid")
         if not pid:
             return False
         ticks = handle.extra.get("start_ticks")
         return procs.is_ours(int(pid), self.marker(handle), int(ticks) if ticks is not None else None)
 
-    def _log_text(self, handle: JobHandle) -> str:
+    def _log_text(self, handle: JobRecord) -> str:
         """This submission's part of node0.log: from its offset to the next submission's header (a run dir
         reused by a resume appends another run after it)."""
         from launcher.backends.tail import read_from
@@ -326,14 +326,14 @@ class LocalBackend(Backend):
         nxt = text.find("\n" + rundir.LOCAL_RUN_HEADER)
         return text if nxt < 0 else text[:nxt + 1]
 
-    def log_iter(self, handle: JobHandle, rank: int | None = None, follow: bool = False, since: int | None = None,
+    def log_iter(self, handle: JobRecord, rank: int | None = None, follow: bool = False, since: int | None = None,
                  stream: str = "out") -> Iterator[str]:
         """Lines of node0.log (this submission's part; stdout and stderr together); with follow,
         until the job ends."""
         lines = (t for t in (filter_rank(ln, rank) for ln in self._lines(handle, follow)) if t is not None)
         return skip_lines(lines, since)
 
-    def _lines(self, handle: JobHandle, follow: bool, poll_s: float = 0.2) -> Iterator[str]:
+    def _lines(self, handle: JobRecord, follow: bool, poll_s: float = 0.2) -> Iterator[str]:
         """The log through launcher.backends.tail's one loop; a job here is cheap to look at, so
         whether it has ended is asked at every idle poll."""
         from launcher.backends.tail import LogTail
@@ -349,7 +349,7 @@ class LocalBackend(Backend):
         return tail.lines(follow)
 
     # --- cancel -----------------------------------------------------------------------------------
-    def workers(self, handle: JobHandle) -> list[int]:
+    def workers(self, handle: JobRecord) -> list[int]:
         """The trainer processes: the job's marked processes other than the wrapper and torchrun (its
         child). Found by marker, so trainers in their own sessions or orphaned by torchrun count too."""
         mine = procs.marked(self.marker(handle))
@@ -357,7 +357,7 @@ class LocalBackend(Backend):
         agents = set(procs.children([wrapper])) if wrapper in mine else set()
         return [p for p in mine if p != wrapper and p not in agents]
 
-    def cancel(self, handle: JobHandle, force: bool = False) -> bool:
+    def cancel(self, handle: JobRecord, force: bool = False) -> bool:
         """SIGTERM the trainers (they checkpoint and exit 75); force: SIGKILL every process of the job.
         Only processes that still carry the job's marker are signalled; False when none is left (the
         job had already ended, its exit code written: cancel is idempotent)."""
@@ -386,7 +386,7 @@ class LocalBackend(Backend):
             return True
         return False
 
-    def dump_stacks(self, handle: JobHandle, reason: str, py_spy: str | None = None) -> list[int]:
+    def dump_stacks(self, handle: JobRecord, reason: str, py_spy: str | None = None) -> list[int]:
         """Ask every trainer of the job for its Python stacks, into <run_dir>/logs/stacks/rank<R>.txt:
         `py-spy dump` where installed (native frames too), else SIGQUIT, on which the trainer's
         faulthandler writes them. Only pids that carry the job's marker and handle SIGQUIT are signalled
@@ -421,7 +421,7 @@ class LocalBackend(Backend):
                 continue
         return asked
 
-    def sweep(self, handle: JobHandle) -> list[int]:
+    def sweep(self, handle: JobRecord) -> list[int]:
         """After the job's end: SIGKILL any of its processes still running (trainers that outlived a
         killed torchrun); the pids that were."""
         return procs.kill_marked(self.marker(handle))

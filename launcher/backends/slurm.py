@@ -30,7 +30,6 @@ from launcher.backends import (
     UNKNOWN,
     Backend,
     BackendOptions,
-    JobHandle,
     JobStatus,
     Request,
     TransientError,
@@ -41,6 +40,7 @@ from launcher.backends import (
 from launcher.backends.tail import LogTail, read_tail
 from launcher.errors import UserError
 from launcher.formats import rundir
+from launcher.formats.jobs import JobRecord
 from launcher.transport import ConnectError, Transport, over_limit
 from launcher.transport.local import LocalTransport
 
@@ -243,7 +243,7 @@ class SlurmBackend(Backend):
                        main="train.sbatch", host=target.host if target else None, warnings=rendered.warnings,
                        extra=extra)
 
-    def submit(self, request: Request) -> JobHandle:
+    def submit(self, request: Request) -> JobRecord:
         """Write the request's files into a new run dir (here, or on the login node), then sbatch there;
         on any failure the run dir this call created is removed."""
         extra = {k: v for k, v in request.extra.items() if k not in ("site_flags", "dirs")}
@@ -257,8 +257,9 @@ class SlurmBackend(Backend):
             transport.close()
         extra["log_path"] = (f"{extra['log_dir']}/slurm-{job_id}.out" if extra.get("log_dir")
                              else rundir.slurm_log(request.run_dir, job_id))
-        return JobHandle(self.name, job_id, request.name, request.run_dir, log_path=extra["log_path"],
-                         request=request.text(), extra=extra)
+        logs = extra.get("log_dir") or rundir.remote(request.run_dir, rundir.LOGS)
+        return JobRecord(self.name, job_id, request.name, request.run_dir, log_path=extra["log_path"],
+                         request=request.text(), log_dir=logs, extra=extra)
 
     def request(self, what: Any) -> Request:
         """A preflight's batch script (BatchScript) or several plans as one job array (JobArray)."""
@@ -303,7 +304,7 @@ class SlurmBackend(Backend):
         return Request(self.name, a.spec.name, rd, f"cd {shlex.quote(rd)} && sbatch --parsable array.sbatch", files,
                        main="array.sbatch", host=target.host if target else None, extra=extra)
 
-    def tasks(self, handle: JobHandle) -> list[JobHandle]:
+    def tasks(self, handle: JobRecord) -> list[JobRecord]:
         """A job array's tasks, id "<job>_<i>", which squeue, scancel, status and logs take as they are."""
         tasks = handle.extra.get("array_tasks")
         if not tasks:
@@ -314,8 +315,8 @@ class SlurmBackend(Backend):
             extra = {**base, "remote_dir": t["run_dir"] if base.get("ssh") else None,
                      "gpus_per_node": t["gpus_per_node"], "nodes": t["nodes"], "array_job": handle.id,
                      "array_task": i, "log_path": rundir.slurm_log(handle.run_dir, handle.id, i)}
-            out.append(JobHandle(self.name, f"{handle.id}_{i}", t["name"], t["run_dir"], log_path=extra["log_path"],
-                                 request=handle.request, extra=extra))
+            out.append(JobRecord(self.name, f"{handle.id}_{i}", t["name"], t["run_dir"], log_path=extra["log_path"],
+                                 request=handle.request, log_dir=handle.log_dir, extra=extra))
         return out
 
     def _sbatch(self, site_flags: dict[str, str], transport, target: SSHTarget | None, rd: str,
@@ -363,7 +364,7 @@ class SlurmBackend(Backend):
         return f"{base.rstrip('/')}/{Path(run_dir).name}"
 
     # status -----------------------------------------------------------------------------------
-    def status(self, handle: JobHandle) -> SlurmJobStatus:
+    def status(self, handle: JobRecord) -> SlurmJobStatus:
         """The job's state now. Raises TransientError when the controller does not answer."""
         transport = self.transport(ssh_target_from(handle))
         try:
@@ -371,20 +372,20 @@ class SlurmBackend(Backend):
         finally:
             transport.close()
 
-    def describe(self, handle: JobHandle) -> SlurmJobStatus | None:
+    def describe(self, handle: JobRecord) -> SlurmJobStatus | None:
         """status(), or None when neither squeue, sacct nor a job log knows the job."""
         st = self.status(handle)
         return None if st.source == "none" else st
 
     @contextlib.contextmanager
-    def watching(self) -> Iterator[Callable[[JobHandle], SlurmJobStatus | None]]:
+    def watching(self) -> Iterator[Callable[[JobRecord], SlurmJobStatus | None]]:
         """describe() over one transport per login host, opened at the first look (so a login node
         that cannot be reached yet is retried like any look) and closed at the end: `status --wait`
         over SSH does not log in again at every poll. A connection that breaks meanwhile is made again
         by the transport itself (launcher.transport.ssh forgets a broken client)."""
         held: dict[str | None, Transport] = {}
 
-        def describe(handle: JobHandle) -> SlurmJobStatus | None:
+        def describe(handle: JobRecord) -> SlurmJobStatus | None:
             target = ssh_target_from(handle)
             key = target.where if target else None
             if key not in held:
@@ -398,11 +399,11 @@ class SlurmBackend(Backend):
             for t in held.values():
                 t.close()
 
-    def statuses(self, handles: list[JobHandle]) -> dict[str, JobStatus]:
+    def statuses(self, handles: list[JobRecord]) -> dict[str, JobStatus]:
         """Many jobs at once: one squeue per login host for all of them; sacct or the job log only
         for those squeue has forgotten. Raises TransientError when a controller does not answer."""
         out: dict[str, JobStatus] = {}
-        by_host: dict[str | None, list[JobHandle]] = {}
+        by_host: dict[str | None, list[JobRecord]] = {}
         for h in handles:
             by_host.setdefault((h.extra.get("ssh") or {}).get("host"), []).append(h)
         for group in by_host.values():
@@ -427,7 +428,7 @@ class SlurmBackend(Backend):
                 transport.close()
         return out
 
-    def _status(self, transport, handle: JobHandle) -> SlurmJobStatus:
+    def _status(self, transport, handle: JobRecord) -> SlurmJobStatus:
         requeue = bool(handle.extra.get("requeue", True))
         rc, out, err = run(transport, ["squeue", "-h", "-r", "-t", "all", "-j", handle.id, "-o", SQUEUE_FORMAT])
         if rc != 0 and TRANSIENT.search(err or out):
@@ -475,7 +476,7 @@ class SlurmBackend(Backend):
             return {}
         return {m[1]: m[2] for m in re.finditer(r"(?:^|\s)([A-Za-z][A-Za-z:/]*)=(\S*)", out)}
 
-    def _left_out(self, transport, handle: JobHandle, exc: str | None) -> str:
+    def _left_out(self, transport, handle: JobRecord, exc: str | None) -> str:
         """For a pending job: the nodes the node check left out, and why (from logs/nodecheck.log)."""
         if not exc or exc == "(null)":
             return ""
@@ -486,7 +487,7 @@ class SlurmBackend(Backend):
         nodes = [n for n in exc.split(",") if n in why]
         return "; ".join(f"left out {n} (node check: {why[n]})" for n in nodes)
 
-    def _check_failure(self, transport, handle: JobHandle) -> str:
+    def _check_failure(self, transport, handle: JobRecord) -> str:
         """For a job that ended with exit 3: what the node check said (which check failed on which node,
         a tool missing everywhere, too few nodes left), or the link planted in its run dir that stopped it,
         from the job's own output."""
@@ -499,7 +500,7 @@ class SlurmBackend(Backend):
                     if ln.startswith("launch4d: ") and "symbolic link" in ln]
         return "; ".join(said[-4:]) + (f" (+{len(said) - 4} more)" if len(said) > 4 else "")
 
-    def _status_from_log(self, transport, handle: JobHandle, sacct_note: str, requeue: bool) -> SlurmJobStatus:
+    def _status_from_log(self, transport, handle: JobRecord, sacct_note: str, requeue: bool) -> SlurmJobStatus:
         """Neither squeue nor sacct knows the job: read the batch script's own last words."""
         base = f"{log_dir(handle)}/slurm-{handle.id}"
         out = (read_tail(transport, base + ".out") or b"").decode(errors="replace")
@@ -518,11 +519,11 @@ class SlurmBackend(Backend):
         return SlurmJobStatus(UNKNOWN, None, note, slurm_state="UNKNOWN", source="none", requeue=requeue)
 
     # logs -------------------------------------------------------------------------------------
-    def log_iter(self, handle: JobHandle, rank: int | None = None, follow: bool = False, since: int | None = None,
+    def log_iter(self, handle: JobRecord, rank: int | None = None, follow: bool = False, since: int | None = None,
                  stream: str = "out") -> Iterator[str]:
         return skip_lines(self.logs(handle, follow, rank, stream, on_retry=self.on_retry), since)
 
-    def logs(self, handle: JobHandle, follow: bool = False, rank: int | None = None, stream: str = "out",
+    def logs(self, handle: JobRecord, follow: bool = False, rank: int | None = None, stream: str = "out",
              poll_s: float = 1.0, timeout_s: float | None = None, budget_s: float = RETRY_BUDGET_S,
              on_retry: Callable[[TransientError, float, int], None] | None = None) -> Iterator[str]:
         """Lines of slurm-<id>.out (or .err); with `rank`, only that global rank's trainer lines.
@@ -543,7 +544,7 @@ class SlurmBackend(Backend):
             transport.close()
 
     # cancel -----------------------------------------------------------------------------------
-    def cancel(self, handle: JobHandle, force: bool = False) -> bool:
+    def cancel(self, handle: JobRecord, force: bool = False) -> bool:
         """scancel the job (it ends every step's processes: `force` changes nothing). Idempotent: a job
         that has already ended is left alone (False)."""
         transport = self.transport(ssh_target_from(handle))
@@ -579,7 +580,7 @@ def sacct_fields(transport) -> tuple[frozenset[str] | None, str]:
     return _SACCT_FIELDS[key]
 
 
-def log_dir(handle: JobHandle) -> str:
+def log_dir(handle: JobRecord) -> str:
     """Where Slurm writes the job's output: <run dir>/logs, or an array's <base>/logs."""
     return handle.extra.get("log_dir") or rundir.remote(handle.run_dir, rundir.LOGS)
 

@@ -125,7 +125,7 @@ def run_benchmark_slurm(spec, plans: list, base: Path, job_text: str | None,
     task i in <base>/<i>-<layout>, then measured as above. The tasks are recorded, so
     `launch status|logs <job>_<i>` follow each one."""
     from launcher.backends import JobArray, get_backend, wait
-    from launcher.backends.jobstate import record_handle
+    from launcher.backends.jobstate import record
     from launcher.commands import progress
 
     if spec.backend.slurm.login_host:
@@ -135,7 +135,7 @@ def run_benchmark_slurm(spec, plans: list, base: Path, job_text: str | None,
     names = [f"{i}-{describe(p)}" for i, p in enumerate(plans)]
     handles = backend.tasks(backend.submit(backend.request(JobArray(spec, plans, base, names, job_text=job_text))))
     for h in handles:
-        record_handle(h, h.extra["log_dir"])
+        record(h)
     progress(f"launch: benchmark: Slurm job array {handles[0].extra['array_job']}, {len(plans)} tasks "
              f"({', '.join(h.id for h in handles)}), run dirs under {base}")
     out = []

@@ -65,14 +65,11 @@ def _stamp() -> str:
     return time.strftime("%Y%m%d-%H%M%S")
 
 
-def _handle(job: str):
-    from launcher.backends import handle_from_record
+def _job(job: str):
+    """The job's record, by id or name (launcher.formats.jobs.JobRecord: what the backends take)."""
     from launcher.backends.jobstate import lookup
 
-    rec = lookup(job)
-    handle = handle_from_record(rec)
-    handle.extra.setdefault("namespace", rec.namespace)
-    return rec, handle
+    return lookup(job)
 
 
 def _backend(kind: str):
@@ -148,8 +145,7 @@ def submit(job_file: str, backend: str | None, bwmap: str | None, plan_path: str
            as_json: bool) -> None:
     """Submit a job to Slurm (sbatch, here or over SSH) or Kubernetes (TrainJob or PyTorchJob). JOB_FILE
     is a job file, planned now, or a plan.json from `launch plan -o`, submitted as it is."""
-    from launcher.backends.jobstate import check_state, record_handle
-    from launcher.formats import rundir
+    from launcher.backends.jobstate import check_state, record
     from launcher.formats.files import child_path
 
     job, kind = _load(job_file, backend, bwmap, plan_path)
@@ -181,7 +177,7 @@ def submit(job_file: str, backend: str | None, bwmap: str | None, plan_path: str
                "dry_run": False, "host": handle.extra.get("host"),
                "namespace": handle.extra.get("namespace"), "request": handle.request}
     try:
-        record_handle(handle, rundir.remote(handle.run_dir, rundir.LOGS))
+        record(handle)
     except UserError as exc:  # submitted all the same: say so, with the id
         progress(f"warning: job {handle.id} was submitted but not recorded ({exc}); "
                  "status/logs/cancel by name will not find it")
@@ -266,7 +262,7 @@ def status(job: str, wait: bool, timeout: float | None, interval: float, max_int
     _seconds("--max-interval", max_interval, positive=True)
     _seconds("--timeout", timeout, positive=False)
     _seconds("--retry-budget", retry_budget, positive=False)
-    rec, handle = _handle(job)
+    rec = _job(job)
     be = _backend(rec.backend)
     last: list[str | None] = [None]
     cap = max(max_interval, interval)
@@ -278,9 +274,9 @@ def status(job: str, wait: bool, timeout: float | None, interval: float, max_int
         last[0] = d["state"]
 
     if wait:
-        st = wait_for_job(be, handle, timeout, retry_budget, show, _retry_note, start=interval, cap=cap)
+        st = wait_for_job(be, rec, timeout, retry_budget, show, _retry_note, start=interval, cap=cap)
     else:
-        st = with_retries(lambda: be.status(handle), retry_budget, _retry_note, start=interval, cap=cap)
+        st = with_retries(lambda: be.status(rec), retry_budget, _retry_note, start=interval, cap=cap)
     d = _status_dict(rec, st)
     _remember(rec, d["state"])
     timed_out = wait and not d["done"]
@@ -318,10 +314,10 @@ def logs(job: str, follow: bool, rank: int | None, stream: str, since: int | Non
     as the lines come."""
     import json
 
-    rec, handle = _handle(job)
+    rec = _job(job)
     be = _backend(rec.backend)
     be.on_retry = _retry_note
-    lines = be.log_iter(handle, rank=rank, follow=follow, since=since, stream=stream)
+    lines = be.log_iter(rec, rank=rank, follow=follow, since=since, stream=stream)
     if as_json and not follow:
         emit({"id": rec.id, "backend": rec.backend, "rank": rank, "lines": list(lines)}, True)
         return
@@ -339,8 +335,8 @@ def logs(job: str, follow: bool, rank: int | None, stream: str, since: int | Non
 def cancel(job: str, as_json: bool) -> None:
     """Cancel a submitted job (scancel; delete the PyTorchJob and its ConfigMap). A job that has already
     ended is left alone and said so (exit 0)."""
-    rec, handle = _handle(job)
-    ended = not _backend(rec.backend).cancel(handle)  # False: nothing of the job was left (idempotent)
+    rec = _job(job)
+    ended = not _backend(rec.backend).cancel(rec)  # False: nothing of the job was left (idempotent)
     emit({"id": rec.id, "backend": rec.backend, "name": rec.name, "cancelled": not ended, "already_ended": ended},
          as_json, lambda: (f"{rec.backend} job {rec.id} ({rec.name}) had already ended; nothing to cancel" if ended
                            else f"cancelled {rec.backend} job {rec.id} ({rec.name})"))
@@ -352,7 +348,6 @@ def cancel(job: str, as_json: bool) -> None:
 def jobs(as_json: bool) -> None:
     """List the jobs launch4d submitted, with their state now (Slurm: one squeue per login host),
     or the last known one where the scheduler cannot answer."""
-    from launcher.backends import handle_from_record
     from launcher.backends.jobstate import all_jobs
 
     recs = all_jobs()
@@ -360,9 +355,7 @@ def jobs(as_json: bool) -> None:
     errors: dict[str, str] = {}
     by_kind: dict[str, list] = {}
     for r in recs:
-        h = handle_from_record(r)
-        h.extra.setdefault("namespace", r.namespace)
-        by_kind.setdefault(r.backend, []).append(h)
+        by_kind.setdefault(r.backend, []).append(r)
     for kind, handles in by_kind.items():  # one question per backend (Slurm: one squeue per login host)
         try:
             now.update({(kind, k): v for k, v in _backend(kind).statuses(handles).items()})

@@ -341,10 +341,10 @@ def _k8s_backend(context: str | None) -> Any:
 
 def _record_pod(handle: Any) -> None:
     """Record a preflight pod like a training job, so `launch status|logs|cancel <pod>` follow it."""
-    from launcher.backends.jobstate import record_handle
+    from launcher.backends.jobstate import record
 
     try:
-        record_handle(handle, "")
+        record(handle)
     except UserError as exc:
         warn(f"warning: pod {handle.id} was submitted but not recorded ({exc})")
 
@@ -411,7 +411,7 @@ def _slurm_job(hosts: list[str], nccl: Any, out_dir: str | None, partition: str 
     from checks.folder import BWMAP_FILE
     from checks.runners.slurm_job import SlurmJobError, SlurmJobOptions, render
     from launcher.backends import get_backend
-    from launcher.backends.jobstate import check_state, record_handle
+    from launcher.backends.jobstate import check_state, record
     from launcher.formats.requests import BatchScript
     from launcher.render import render_template
 
@@ -436,7 +436,7 @@ def _slurm_job(hosts: list[str], nccl: Any, out_dir: str | None, partition: str 
     check_state()
     handle = be.submit(req)
     try:
-        record_handle(handle, str(out))
+        record(handle)
     except UserError as exc:
         warn(f"warning: job {handle.id} was submitted but not recorded ({exc})")
     job = handle.id

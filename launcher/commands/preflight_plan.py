@@ -107,7 +107,7 @@ def _slurm_job(plan: Any, spec: GroupProbe, timeout_s: float, o: dict[str, Any])
     from datetime import datetime
 
     from launcher.backends import get_backend, wait
-    from launcher.backends.jobstate import check_state, record_handle
+    from launcher.backends.jobstate import check_state, record
     from launcher.formats import rundir
     from launcher.render import bash_syntax_check, render_template
     from launcher.render.rendered import gpu_lists
@@ -139,7 +139,7 @@ def _slurm_job(plan: Any, spec: GroupProbe, timeout_s: float, o: dict[str, Any])
     check_state()
     handle = be.submit(req)
     try:
-        record_handle(handle, str(out))
+        record(handle)
     except UserError as exc:
         progress(f"warning: job {handle.id} was submitted but not recorded ({exc})")
     progress(f"preflight --plan: Slurm job {handle.id} (outputs in {out}); waiting for it to end")
@@ -217,12 +217,12 @@ def _k8s_gang(plan: Any, spec: GroupProbe, hosts: list[str] | None, timeout_s: f
         text = "---\n".join(yaml.safe_dump(d, sort_keys=False) for d in docs)
         emit({"dry_run": True, "namespace": ns, "documents": docs}, as_json, lambda: text.rstrip("\n"))
         return None
-    from launcher.backends.jobstate import record_handle
+    from launcher.backends.jobstate import record
     from launcher.formats.requests import Manifests
 
     handle = be.submit(be.request(Manifests(docs, gpus_per_node=plan.gpus_per_node)))
     try:
-        record_handle(handle, "")
+        record(handle)
     except UserError as exc:
         progress(f"warning: gang {name} was created but not recorded ({exc})")
     progress(f"preflight --plan: gang {name} ({plan.nodes} pod(s) in namespace {ns}); waiting for it to end")

@@ -382,13 +382,10 @@ def _start(backend, spec, plan, rd: Path, resume: str, text: str | None, cpu: bo
 
 
 def _record(handle) -> None:
-    from launcher.backends.jobstate import JobRecord, record
+    from launcher.backends.jobstate import record
 
     try:
-        record(JobRecord(id=handle.id, backend=handle.backend, name=handle.name, run_dir=handle.run_dir,
-                         log_dir=str(RunDir(handle.run_dir).logs),
-                         submitted_at=time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(handle.submitted_at)),
-                         extra=handle.extra))
+        record(handle)
     except UserError as exc:  # started all the same: say so, and go on following it
         warn(f"launch: warning: job {handle.id} is running but was not recorded ({exc})")
 
