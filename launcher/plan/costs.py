@@ -87,6 +87,8 @@ class Stack:
     grad_reduce_bytes: float          # bytes per gradient element reduced
     selective_matmul_recompute: float = 0.0   # share of the matmul forward that selective recompute repeats
     selective_attention_recompute: float = 1.0   # share of the attention core it repeats (Megatron's: all)
+    selective_elementwise_recompute: float | None = None   # share of the forward's elementwise work it repeats
+                                                           # (None: the matmuls' share)
     sp_regathers: bool = False        # TP's linears keep the sequence shard and all-gather it again in backward
     replicated_param_bytes: float = 2.0       # bytes per parameter ZeRO 1 gathers back (replicated state)
     dp_per_gpu_nic: bool = False      # DP collectives across nodes reach one NIC's bandwidth per GPU, not k·NIC
@@ -149,10 +151,10 @@ STACKS: dict[str, Stack] = {
                        zero2_sync_per_microbatch=True, zero1_allreduce=False, dp_collectives_per_layer=4,
                        alpha_s=8e-6, grad_reduce_bytes=2.0, dp_per_gpu_nic=True, elementwise_passes=0.0),
     # JAX/XLA FSDP (MaxText, PaxML): the compiler fuses the elementwise work and schedules the FSDP
-    # all-gathers and reduce-scatters asynchronously behind the layers' compute. Factor 0.858 and 200 passes
+    # all-gathers and reduce-scatters asynchronously behind the layers' compute. Factor 0.870 and 200 passes
     # (--fit on its 10 rows, the passes at the grid's edge). PaxML's rows run its own profile (STACKS['paxml']:
     # TE's fused attention recomputed, the q/k/v bias outside the GEMM) and hybrid sharding; --cv prints the rest
-    "jax": Stack("JAX / XLA (MaxText, PaxML)", efficiency_max=0.858, fsdp_overlap=1.0, grad_sync_overlap=0.8,
+    "jax": Stack("JAX / XLA (MaxText, PaxML)", efficiency_max=0.870, fsdp_overlap=1.0, grad_sync_overlap=0.8,
                  cp_overlap=0.0, cp_attention_factor=1.0, zero2_sync_per_microbatch=True, zero1_allreduce=False,
                  dp_collectives_per_layer=1, alpha_s=8e-6, grad_reduce_bytes=4.0, dp_per_gpu_nic=True,
                  elementwise_passes=200.0, fused_attention=True),
@@ -182,8 +184,10 @@ STACKS["llmfoundry"] = replace(BUNDLED, name="llm-foundry (Composer FSDP1, Trito
 # saves, so it is not repeated; the out projection is (the second norm reads the sum it makes), and so are the
 # gate and up projections (the down projection's weight gradient reads their product). Of Llama 3 70B's 855.6M
 # matmul parameters a layer: o 67.1M + gate/up 469.8M repeated (0.627); q, k, v 83.9M saved, down 234.9M dead
+# Every other op of the layer's forward (norms, RoPE, the activation, the residual adds) is no saved name either:
+# backward repeats all its elementwise work (selective_elementwise_recompute 1, as full recompute's).
 STACKS["maxtext"] = replace(STACKS["jax"], name="MaxText (remat save_qkv_proj)", selective_matmul_recompute=0.627,
-                            selective_attention_recompute=1.0)
+                            selective_attention_recompute=1.0, selective_elementwise_recompute=1.0)
 # PaxML's GPT with Transformer Engine's layers (dgxc-benchmarking paxml/configure.sh: ENABLE_TE=1, NVTE_FUSED_ATTN=1;
 # JAX-Toolbox's praxis PR-36 patch swaps praxis' transformer layer for TE's, LayerNorm, biased linears, GELU) under
 # remat SAVE_DOT_ONLY (paxml_mod_configs.py: jax.checkpoint_policies.checkpoint_dots). TE's BF16 linears are plain
@@ -192,9 +196,12 @@ STACKS["maxtext"] = replace(STACKS["jax"], name="MaxText (remat save_qkv_proj)",
 # says as much: with dropout only policies that save the context are allowed, "it's necessary to bypass recomputation
 # in the attention layer"), selective in Megatron's sense. The q/k/v bias (flax/module.py: `x += bias` after the
 # dot) is added outside the GEMM and its sum written for the custom call to read: 2 elements per element; the
-# other biases fuse into the GELU and the residual adds that follow them.
+# other biases fuse into the GELU and the residual adds that follow them. checkpoint_dots saves dots only: every
+# other op of the forward (LayerNorms, bias adds, GELU, residual adds) is recomputed in backward, all its elementwise
+# work (selective_elementwise_recompute 1, as full recompute's), though none of its matmuls.
 STACKS["paxml"] = replace(STACKS["jax"], name="PaxML (praxis + TE layers, SAVE_DOT_ONLY)",
-                          selective_matmul_recompute=0.0, selective_attention_recompute=1.0, qkv_bias_passes=2.0)
+                          selective_matmul_recompute=0.0, selective_attention_recompute=1.0, qkv_bias_passes=2.0,
+                          selective_elementwise_recompute=1.0)
 
 
 @dataclass(frozen=True)
@@ -473,6 +480,8 @@ def compute_seconds(model, lay: Layout, seq_len: int, gpu, stack: Stack = BUNDLE
     share = lay.micro_batch / (lay.tp * lay.cp)               # this rank's part of one sequence's work
     rc_mm = {"none": 0.0, "selective": stack.selective_matmul_recompute, "full": 1.0}[lay.recompute]
     rc_attn = {"none": 0.0, "selective": stack.selective_attention_recompute, "full": 1.0}[lay.recompute]
+    rc_elem = 1.0 if lay.recompute == "full" else 0.0 if lay.recompute == "none" else \
+        rc_mm if stack.selective_elementwise_recompute is None else stack.selective_elementwise_recompute
     mm = fwd["matmul"] / model.layers * (3 + rc_mm) * share * layers
     if logits:
         mm += 3 * fwd["logits"] * share
@@ -485,7 +494,7 @@ def compute_seconds(model, lay: Layout, seq_len: int, gpu, stack: Stack = BUNDLE
     attn_rate = k.attention_fused if stack.fused_attention else k.attention
     tokens = lay.micro_batch * seq_len / lay.cp
     elem_bytes = stack.elementwise_passes * 2 * tokens * elementwise_width(model, stack) / lay.tp * layers \
-        * (3 + rc_mm) / 3
+        * (3 + rc_elem) / 3
     fp8_mm = fp8_bytes = 0.0
     if fp8:
         per_layer, fp8_bytes = fp8_terms(model, lay.tp, tokens, fp8, rc_mm, compiled=lay.compile)
