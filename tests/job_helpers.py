@@ -1,5 +1,5 @@
-"""Helpers for tests that start real local jobs (torchrun + the trainer): polling, a tiny plan, and the
-one check that no process of a job is left behind, with the clean-up that must follow every such test.
+"""Helpers for tests that start real local jobs (torchrun + the trainer): polling, a free port, a tiny plan,
+and the one check that no process of a job is left behind, with the clean-up that must follow every such test.
 
 A local job's processes carry the job's marker in their environment (launcher.backends.procs), so
 "nothing left" means: no process on this machine carries it any more.
@@ -8,6 +8,7 @@ A local job's processes carry the job's marker in their environment (launcher.ba
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -24,6 +25,13 @@ def wait_until(pred: Callable[[], object], limit_s: float = 60.0, poll_s: float 
             return True
         time.sleep(poll_s)
     return bool(pred())
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (a job's master port, a private sshd's)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def tiny_plan(run_dir: Path, name: str = "orphans", steps: int = 50, timeout_s: int = 120) -> Path:

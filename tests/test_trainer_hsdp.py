@@ -12,7 +12,7 @@ import pytest
 
 from launcher.errors import UserError
 from launcher.trainer.config import config_from_plan
-from tests.trainer_helpers import make_plan, spawn_layouts
+from tests.trainer_helpers import job_losses, make_plan, spawn_layouts
 
 pytestmark = pytest.mark.integration
 
@@ -57,18 +57,11 @@ def results(tmp_path_factory) -> dict[str, dict]:
     return spawn_layouts(jobs, work)
 
 
-def _losses(results: dict, name: str, steps: int = STEPS) -> list[float]:
-    r = results[name]
-    assert "losses" in r, f"{name} failed: {r.get('error')}\n{r.get('trace', '')}"
-    assert len(r["losses"]) == steps
-    return r["losses"]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in {**LAYOUTS, **CKPT} if n != "ref"])
 def test_hybrid_sharding_matches_the_single_process(results, name):
-    ref = _losses(results, "ref")
-    got = _losses(results, name)
+    ref = job_losses(results, "ref", STEPS)
+    got = job_losses(results, name, STEPS)
     assert got == pytest.approx(ref, rel=RTOL), f"{name}: {got} vs reference {ref}"
     assert ref[0] != ref[-1], "the reference did not train"
     # a replica group that averaged, or summed twice, would scale the gradient: Adam hides it, the norm does not
@@ -81,8 +74,8 @@ def test_an_hsdp_checkpoint_resumes_in_a_plain_layout(results, name):
     """Saved at step 2 sharded over dp_shard 2 with 2 replicas (FSDP2's (Replicate, Shard) DTensors, or the
     lean optimizer's shards offered by every replica), loaded by full sharding or one process: step 3 as the
     uninterrupted reference."""
-    ref = _losses(results, "ref")
-    assert _losses(results, name, steps=STEPS - 2) == pytest.approx(ref[2:], rel=RTOL)
+    ref = job_losses(results, "ref", STEPS)
+    assert job_losses(results, name, STEPS - 2) == pytest.approx(ref[2:], rel=RTOL)
 
 
 def test_the_trainer_refuses_what_hybrid_sharding_cannot_run():

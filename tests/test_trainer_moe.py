@@ -6,6 +6,8 @@ The multi-process EP parity runs live in test_trainer_parity.py (test_moe_expert
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -94,7 +96,7 @@ def test_config_accepts_moe_and_refuses_what_it_cannot_run():
     assert cfg.model.experts == 4 and cfg.model.experts_per_token == 2 and cfg.plan.ep == 2
     config_from_plan(make_plan(dp=2, zero=3, model_over=MOE))          # ep=1: experts sharded by FSDP
     config_from_plan(make_plan(dp=4, ep=2, zero=3, model_over=MOE))    # experts: FSDP over dp·cp/ep
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         (dict(tp=2, dp=2, model_over=MOE), r"plan.layout.zero=3 with a mixture-of-experts model under tp 2: .* choose zero 0 or 1"),
         (dict(dp=4, ep=2, zero=1), r"plan.layout.ep=2 needs a mixture-of-experts model"),
         (dict(dp=6, ep=3, zero=1, global_batch=6, model_over=MOE), r"plan.layout.ep=3 does not divide model.experts=4"),

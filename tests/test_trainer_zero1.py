@@ -9,12 +9,12 @@ chunks), so each rank's state is total/ranks within the padding (under one row p
 
 from __future__ import annotations
 
-import math
+from typing import Any
 
 import pytest
 
 from launcher.trainer.dist_optim import Segment, _segment, split_dim
-from tests.trainer_helpers import make_plan, spawn_layouts
+from tests.trainer_helpers import job_losses, make_plan, spawn_layouts
 
 pytestmark = pytest.mark.integration
 
@@ -25,7 +25,7 @@ ADAM_BYTES_PER_ELEM = 8          # exp_avg + exp_avg_sq, fp32 (plus a 4-byte ste
 TINY_PAD = 64 * 64 * 40          # the padding's bound: under one 64-wide row of each of the tiny model's ~40 tensors
 
 # name -> (make_plan kwargs, resume-from checkpoint or None); each ZeRO 1 run is compared with its ref
-RUNS = {
+RUNS: dict[str, tuple[dict[str, Any], str | None]] = {
     "ref": (dict(), None),
     "z1_dp2": (dict(dp=2, zero=1, checkpoint_every=3), None),
     "z0_dp2": (dict(dp=2, zero=0), None),
@@ -63,18 +63,11 @@ def results(tmp_path_factory) -> dict[str, dict]:
     return spawn_layouts(jobs, work)
 
 
-def _losses(results: dict, name: str, steps: int = STEPS) -> list[float]:
-    r = results[name]
-    assert "losses" in r, f"{name} failed: {r.get('error')}\n{r.get('trace', '')}"
-    assert len(r["losses"]) == steps and all(math.isfinite(x) for x in r["losses"])
-    return r["losses"]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(PARITY))
 def test_zero1_loss_parity_with_single_process(results, name):
     ref = PARITY[name]
-    got, want = _losses(results, name), _losses(results, ref)
+    got, want = job_losses(results, name, STEPS), job_losses(results, ref, STEPS)
     assert want[0] != want[-1], f"{ref} did not train"
     for step, (a, b) in enumerate(zip(got, want), start=1):
         assert a == pytest.approx(b, rel=1e-4 if "adam8bit" in name else RTOL), f"{name} step {step}: {a} vs {b}"
@@ -120,8 +113,8 @@ def test_ledger_zero1_optimizer_is_what_the_trainer_holds(results, name, dp):
 @pytest.mark.parametrize("name", RESUMED)
 def test_zero1_checkpoint_resumes_in_another_layout(results, name):
     """Resumed at step 3 from a ZeRO 1 checkpoint: steps 4-5 as the uninterrupted one-process run."""
-    ref = _losses(results, "ref")
-    assert _losses(results, name, steps=STEPS - 3) == pytest.approx(ref[3:], rel=RTOL)
+    ref = job_losses(results, "ref", STEPS)
+    assert job_losses(results, name, STEPS - 3) == pytest.approx(ref[3:], rel=RTOL)
 
 
 def test_split_dim_avoids_tp_and_chunks_evenly():

@@ -10,6 +10,7 @@ and the trainer once (an import in each worker cost ~3.5 s of CPU, 28 s at each 
 from __future__ import annotations
 
 import json
+import math
 import os
 import traceback
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from launcher.plan.model import Layout, Plan
 from launcher.plan.schema import load_dataclass
 from launcher.plan.spec import TrainSpec, resolve_gpu, resolve_model
 from launcher.plan.spec_backend import DiagnosticsSpec
+from tests.job_helpers import free_port
 
 
 def make_plan(tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, *, ep: int = 1, zero: int = 3, recompute: str = "none",
@@ -53,6 +55,15 @@ def make_plan(tp: int = 1, cp: int = 1, pp: int = 1, dp: int = 1, *, ep: int = 1
                 model=resolve_model(m), train=load_dataclass(TrainSpec, train, "train"),
                 gpu=resolve_gpu("cpu"),
                 diagnostics=DiagnosticsSpec(init_timeout_s=120, collective_timeout_s=120), forced=forced)
+
+
+def job_losses(results: dict[str, dict], name: str, steps: int) -> list[float]:
+    """Job `name`'s losses in spawn_layouts' results, checked first: the job ran (else its error and
+    traceback are the message), and it logged `steps` losses, every one finite."""
+    r = results[name]
+    assert "losses" in r, f"{name} failed: {r.get('error')}\n{r.get('trace', '')}"
+    assert len(r["losses"]) == steps and all(math.isfinite(x) for x in r["losses"])
+    return r["losses"]
 
 
 def job_groups(rank: int, nprocs: int, jobs: list[dict], port: int) -> Iterator[tuple[dict, Plan]]:
@@ -103,7 +114,7 @@ def run_layouts(rank: int, nprocs: int, jobs: list[dict], workdir: str, port: in
         out: dict
         try:
             cfg = config_from_plan(plan)
-            engines = _capture_engines() if job.get("tied_check") or job.get("optim_bytes") else None
+            engines = _capture_engines() if job.get("tied_check") or job.get("optim_bytes") else []
             resume = str(Path(workdir) / job["resume"]) if job.get("resume") else "never"
             with allocation_peak(job.get("memory", False)) as peak:
                 losses = train(cfg, Path(workdir) / name, resume=resume, device=torch.device("cpu"),
@@ -184,11 +195,11 @@ def _capture_engines() -> list:
     orig = eng_mod.Engine.__post_init__
 
     def post_init(self) -> None:
-        eng_mod.Engine.__post_init__ = orig
+        eng_mod.Engine.__post_init__ = orig  # type: ignore[method-assign]  # the patch undone
         orig(self)
         seen.append(self)
 
-    eng_mod.Engine.__post_init__ = post_init
+    eng_mod.Engine.__post_init__ = post_init  # type: ignore[method-assign]  # undone by its first call
     return seen
 
 
@@ -247,14 +258,6 @@ def clear_dtensor_caches() -> None:
     clear_native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
     if clear_native is not None:     # the C++ dispatch fast path keeps its own cache
         clear_native()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spawn_layouts(jobs: list[dict], workdir: str | Path, nprocs: int | None = None) -> dict[str, dict]:
