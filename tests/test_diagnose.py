@@ -20,7 +20,7 @@ from launcher.diagnose.collect import build_report, read_sources
 from launcher.formats.bwmap import BandwidthMap, NodeReport
 from launcher.plan.model import Plan
 from tests.conftest import shared_file
-from tests.trainer_helpers import make_plan as trainer_plan
+from tests.trainer_helpers import make_plan
 
 pytestmark = pytest.mark.unit
 
@@ -34,12 +34,12 @@ F_WATCHDOG = "pytorch-watchdog-timeout-600000ms-allreduce-full-torchrun-sigabrt.
 F_DESYNC = "pytorch-watchdog-timeout-desync-debug-2rank-8s.txt"
 
 
-def make_plan(tp: int = 1, dp: int = 1, pp: int = 1, cp: int = 1, gpus_per_node: int = 8,
-              hosts: list[str] | None = None) -> Plan:
+def diagnose_plan(tp: int = 1, dp: int = 1, pp: int = 1, cp: int = 1, gpus_per_node: int = 8,
+                  hosts: list[str] | None = None) -> Plan:
     """The Plan a fully fixed `parallel` section gives (only the fields diagnose reads matter)."""
     gpn = min(gpus_per_node, tp * cp * pp * dp)
-    plan = trainer_plan(tp=tp, cp=cp, pp=pp, dp=dp, zero=0, global_batch=dp, gpus_per_node=gpus_per_node,
-                        forced=tp > gpn)
+    plan = make_plan(tp=tp, cp=cp, pp=pp, dp=dp, zero=0, global_batch=dp, gpus_per_node=gpus_per_node,
+                     forced=tp > gpn)
     return dataclasses.replace(plan, hosts=hosts, tp_node_local=tp <= gpn)
 
 
@@ -122,7 +122,7 @@ def test_nccl_2275_ib_gdrdma_p2p_ipc():
 def test_tp_group_over_network_is_flagged(tmp_path):
     """The SGLang job behind this log ran TP=16 on 2 nodes: its TP communicator uses NET/IB."""
     log = shared_file(LOGS, F_IB)
-    plan = save_plan(tmp_path, make_plan(tp=16, gpus_per_node=8))
+    plan = save_plan(tmp_path, diagnose_plan(tp=16, gpus_per_node=8))
     report = diagnose(log, plan_path=plan)
     f = only(report, "tp_across_nodes")
     assert f.severity == "warning" and f.ranks == list(range(16))
@@ -134,7 +134,7 @@ def test_tp_group_over_network_is_flagged(tmp_path):
 def test_dp_communicator_over_network_is_not_tp(tmp_path):
     """Same log under tp=8 x dp=2: the 16-rank communicator is the world, not a TP group."""
     log = shared_file(LOGS, F_IB)
-    report = diagnose(log, plan_path=save_plan(tmp_path, make_plan(tp=8, dp=2)))
+    report = diagnose(log, plan_path=save_plan(tmp_path, diagnose_plan(tp=8, dp=2)))
     assert "tp_across_nodes" not in kinds(report) and not report.problem
 
 
@@ -248,7 +248,7 @@ def test_watchdog_timeout_600s_single_rank_log():
 def test_watchdog_timeout_with_plan_names_missing_rank(tmp_path):
     """The same log with the job's plan (2 ranks): rank 1 never timed out, so it never got there."""
     log = shared_file(LOGS, F_WATCHDOG)
-    plan = save_plan(tmp_path, make_plan(dp=2, gpus_per_node=1, hosts=["node-a", "node-b"]))
+    plan = save_plan(tmp_path, diagnose_plan(dp=2, gpus_per_node=1, hosts=["node-a", "node-b"]))
     report = diagnose(log, plan_path=plan)
     assert report.stalled_ranks == [1] and report.stalled_hosts == {1: "node-b"}
     assert "never reported a watchdog timeout" in report.verdict

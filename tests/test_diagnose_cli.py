@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from launcher.backends import jobstate
 from launcher.cli import cli
 from tests.conftest import REPO, shared_file
-from tests.test_diagnose import F_DESYNC, F_IB, F_IB_PAIR, LOGS, make_plan
+from tests.test_diagnose import F_DESYNC, F_IB, F_IB_PAIR, LOGS, diagnose_plan
 
 pytestmark = pytest.mark.unit
 
@@ -75,7 +75,7 @@ def test_job_id_resolves_to_its_run_dir(tmp_path, monkeypatch):
     (run_dir / "logs").mkdir(parents=True)
     shutil.copy(shared_file(LOGS, "pytorch-watchdog-timeout-600000ms-allreduce-full-torchrun-sigabrt.txt"),
                 run_dir / "logs" / "node0.log")
-    make_plan(dp=2, gpus_per_node=1, hosts=["node-a", "node-b"]).save(run_dir / "plan.json")
+    diagnose_plan(dp=2, gpus_per_node=1, hosts=["node-a", "node-b"]).save(run_dir / "plan.json")
     monkeypatch.setenv("LAUNCH4D_STATE", str(tmp_path / "state"))
     jobstate.record(jobstate.JobRecord(id="4242", backend="slurm", name="job-1", run_dir=str(run_dir),
                                        log_dir=str(run_dir / "logs"), submitted_at="2026-11-29T09:00:00"))
@@ -91,7 +91,7 @@ def test_logs_dir_brings_run_dir_heartbeats_and_plan(tmp_path):
     run_dir = tmp_path / "run"
     (run_dir / "logs").mkdir(parents=True)
     (run_dir / "heartbeat").mkdir()
-    make_plan(dp=2, gpus_per_node=1, hosts=["a", "b"]).save(run_dir / "plan.json")
+    diagnose_plan(dp=2, gpus_per_node=1, hosts=["a", "b"]).save(run_dir / "plan.json")
     for r, (coll, phase, t) in enumerate([(9, "error", 100.0), (7, "backward", 60.0)]):
         (run_dir / "heartbeat" / f"rank{r}.json").write_text(json.dumps(
             {"rank": r, "host": f"h{r}", "pid": 10 + r, "step": 4, "phase": phase, "last_collective": "all_reduce",

@@ -32,7 +32,9 @@ def beat(rank, step, phase, collectives, updated, host=None, last="all_reduce(gr
 def heartbeats(*beats: str) -> Heartbeats:
     hb = Heartbeats()
     for i, b in enumerate(beats):
-        hb.add(parse_beat(b, f"heartbeat/rank{i}.json:1"))
+        beat = parse_beat(b, f"heartbeat/rank{i}.json:1")
+        assert beat is not None, b
+        hb.add(beat)
     return hb
 
 

@@ -10,18 +10,17 @@ mark the memory verdict as not verified for own code.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import yaml
 
-pytestmark = pytest.mark.e2e
+from tests.cli_helpers import launch, state_env
+from tests.plan_helpers import chosen
 
-LAUNCH = [str(Path(sys.executable).with_name("launch"))]
+pytestmark = pytest.mark.e2e
 
 USER_SCRIPT = textwrap.dedent('''
     """A user's own training script: reads the plan launch4d put in its environment."""
@@ -56,19 +55,13 @@ def job(tmp_path: Path, entrypoint: dict, backend: dict | None = None, **cluster
     return path
 
 
-def launch(*args, tmp_path: Path, cwd: Path | None = None, timeout: float = 240):
-    env = {**os.environ, "LAUNCH4D_STATE": str(tmp_path / "state"), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([*LAUNCH, *map(str, args)], capture_output=True, text=True, env=env, timeout=timeout,
-                          cwd=cwd)
-
-
 def test_user_script_runs_under_launch_run_with_the_plans_ranks(tmp_path):
     (tmp_path / "train.py").write_text(USER_SCRIPT)
     out = tmp_path / "seen"
     out.mkdir()
     path = job(tmp_path, {"script": "train.py", "args": ["--out", str(out), "--lr=1e-3"]})
     rd = tmp_path / "rd"
-    r = launch("run", path, "--run-dir", rd, "--json", tmp_path=tmp_path, cwd=tmp_path)  # script relative to cwd
+    r = launch("run", path, "--run-dir", rd, "--json", env=state_env(tmp_path), cwd=tmp_path)  # script relative to cwd
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["state"] == "SUCCEEDED"
     assert "user script rank 0 of 2: sum 3.0" in r.stderr + r.stdout or "user script rank 0" in \
@@ -92,7 +85,7 @@ def test_user_script_runs_under_launch_run_with_the_plans_ranks(tmp_path):
 
 def test_a_missing_script_is_refused_before_anything_starts(tmp_path):
     path = job(tmp_path, {"script": "nowhere.py"})
-    r = launch("run", path, "--run-dir", tmp_path / "rd", tmp_path=tmp_path, cwd=tmp_path)
+    r = launch("run", path, "--run-dir", tmp_path / "rd", env=state_env(tmp_path), cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.startswith("error: train.entrypoint.script:") and "no such file" in r.stderr
     assert not (tmp_path / "rd").exists()
 
@@ -107,7 +100,7 @@ def test_a_missing_script_is_refused_before_anything_starts(tmp_path):
     ({"script": "a.py", "argv": []}, "train.entrypoint.argv"),
 ])
 def test_bad_entrypoints_name_the_field(tmp_path, entry, field):
-    r = launch("plan", job(tmp_path, entry), "--json", tmp_path=tmp_path)
+    r = launch("plan", job(tmp_path, entry), "--json", env=state_env(tmp_path))
     assert r.returncode == 2, r.stderr
     assert json.loads(r.stdout)["field"] == field and r.stderr.startswith(f"error: {field}:")
 
@@ -115,7 +108,7 @@ def test_bad_entrypoints_name_the_field(tmp_path, entry, field):
 def test_sbatch_render_starts_the_users_script(tmp_path):
     path = job(tmp_path, {"script": "train.py", "args": ["--config", "a b.toml"]},
                backend={"kind": "slurm", "slurm": {"partition": "cpu"}})
-    r = launch("render", path, "--backend", "slurm", "-o", tmp_path / "out", tmp_path=tmp_path, cwd=tmp_path)
+    r = launch("render", path, "--backend", "slurm", "-o", tmp_path / "out", env=state_env(tmp_path), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     script = (tmp_path / "out" / "train.sbatch").read_text()
     started = f"--max-restarts=0 --tee=3 \\\n    {(tmp_path / 'train.py').resolve()} --config 'a b.toml' &"
@@ -135,12 +128,12 @@ def test_sbatch_over_ssh_refuses_a_relative_script(tmp_path):
 
     spec = load_spec(job(tmp_path, {"script": "train.py"},
                          backend={"kind": "slurm", "slurm": {"login_host": "login01"}}))
-    plan = plan_job(spec, top=0).best
+    plan = chosen(plan_job(spec, top=0))
     with pytest.raises(UserError, match=r"^train.entrypoint.script: .*absolute path on the cluster"):
         render_slurm(spec, plan, "/shared/runs/own-code")
     spec = load_spec(job(tmp_path, {"script": "/shared/train.py"},
                          backend={"kind": "slurm", "slurm": {"login_host": "login01"}}))
-    plan = plan_job(spec, top=0).best
+    plan = chosen(plan_job(spec, top=0))
     assert "/shared/train.py &" in render_slurm(spec, plan, "/shared/runs/own-code").files["train.sbatch"]
 
 
@@ -148,7 +141,7 @@ def test_sbatch_over_ssh_refuses_a_relative_script(tmp_path):
 def test_k8s_render_starts_the_users_module(tmp_path, api):
     path = job(tmp_path, {"module": "mypkg.train", "args": ["--steps", "3"]},
                backend={"kind": "k8s", "k8s": {"api": api, "image": "ghcr.io/acme/train:1.0"}})
-    r = launch("render", path, "--backend", "k8s", "-o", tmp_path / "out", tmp_path=tmp_path)
+    r = launch("render", path, "--backend", "k8s", "-o", tmp_path / "out", env=state_env(tmp_path))
     assert r.returncode == 0, r.stderr
     docs = list(yaml.safe_load_all((tmp_path / "out" / "manifest.yaml").read_text()))
     text = json.dumps(docs)
@@ -159,29 +152,29 @@ def test_k8s_render_starts_the_users_module(tmp_path, api):
 
 def test_plan_and_verify_say_own_code_is_not_verified(tmp_path):
     path = job(tmp_path, {"script": "train.py"})
-    r = launch("plan", path, tmp_path=tmp_path)
+    r = launch("plan", path, env=state_env(tmp_path))
     assert r.returncode == 0, r.stderr
     assert "not verified: own code" in r.stdout
-    r = launch("verify", path, "--json", tmp_path=tmp_path)
+    r = launch("verify", path, "--json", env=state_env(tmp_path))
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["verdict"] == "not verified: own code" and out["traced"] is False
-    r = launch("verify", path, tmp_path=tmp_path)
+    r = launch("verify", path, env=state_env(tmp_path))
     assert r.returncode == 0 and r.stdout.strip().count("\n") == 0 and "not verified: own code" in r.stdout
 
 
 def test_benchmark_refuses_own_code(tmp_path):
-    r = launch("plan", job(tmp_path, {"script": "train.py"}), "--benchmark", "2", tmp_path=tmp_path)
+    r = launch("plan", job(tmp_path, {"script": "train.py"}), "--benchmark", "2", env=state_env(tmp_path))
     assert r.returncode == 2 and r.stderr.startswith("error: --benchmark:") and "train.entrypoint" in r.stderr
 
 
 def test_a_plan_made_for_the_job_may_change_the_entrypoint(tmp_path):
     """--plan compares what decides the layout: the entrypoint only says what code runs."""
     path = job(tmp_path, {"script": "a.py"})
-    r = launch("plan", path, "-o", tmp_path / "plan.json", tmp_path=tmp_path)
+    r = launch("plan", path, "-o", tmp_path / "plan.json", env=state_env(tmp_path))
     assert r.returncode == 0, r.stderr
     other = job(tmp_path, {"script": "b.py", "args": ["--x"]})
     r = launch("render", other, "--plan", tmp_path / "plan.json", "--backend", "slurm", "-o", tmp_path / "out",
-               tmp_path=tmp_path, cwd=tmp_path)
+               env=state_env(tmp_path), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert f"{(tmp_path / 'b.py').resolve()} --x &" in (tmp_path / "out" / "train.sbatch").read_text()

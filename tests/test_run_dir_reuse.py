@@ -9,25 +9,17 @@ diagnose` of the run dir explains the last run (exit 0), not the earlier run's e
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.cli_helpers import launch, state_env
+
 pytestmark = pytest.mark.e2e
 
-LAUNCH = str(Path(sys.executable).with_name("launch"))
 SCRIPT = "import os, sys\nprint('rank', os.environ['RANK'], flush=True)\n" \
          "sys.exit(int(sys.argv[1]) if os.environ['RANK'] == '1' else 0)\n"
-
-
-def launch(tmp_path: Path, *args) -> subprocess.CompletedProcess:
-    env = {**os.environ, "LAUNCH4D_STATE": str(tmp_path / "state"), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([LAUNCH, *map(str, args)], capture_output=True, text=True, env=env, timeout=240,
-                          cwd=tmp_path)
 
 
 def job(tmp_path: Path, code: int) -> Path:
@@ -42,22 +34,23 @@ def job(tmp_path: Path, code: int) -> Path:
 
 def test_each_run_keeps_its_own_status_and_diagnosis(tmp_path):
     (tmp_path / "exit.py").write_text(SCRIPT)
-    rd = tmp_path / "rd"
-    first = launch(tmp_path, "run", job(tmp_path, 75), "--run-dir", rd)
+    rd, env = tmp_path / "rd", state_env(tmp_path)
+    first = launch("run", job(tmp_path, 75), "--run-dir", rd, env=env, cwd=tmp_path)
     assert first.returncode == 75, first.stderr
-    second = launch(tmp_path, "run", job(tmp_path, 0), "--run-dir", rd)
+    second = launch("run", job(tmp_path, 0), "--run-dir", rd, env=env, cwd=tmp_path)
     assert second.returncode == 0, second.stderr
 
-    r = launch(tmp_path, "jobs", "--json")
+    r = launch("jobs", "--json", env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     states = [(j["state"], j["exit_code"]) for j in json.loads(r.stdout)["jobs"]]
     assert states == [("PREEMPTED", 75), ("SUCCEEDED", 0)]
 
-    r = launch(tmp_path, "diagnose", rd, "--json")
+    r = launch("diagnose", rd, "--json", env=env, cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.loads(r.stdout)
     assert not [f for f in report["findings"] if "75" in f["message"] and f["kind"] == "process_exit"], report
     assert any("earlier run" in s for s in report["skipped"])
     # the earlier run alone (its log part) is still what it was: diagnose of that log file names its exit
-    r = launch(tmp_path, "logs", json.loads(launch(tmp_path, "jobs", "--json").stdout)["jobs"][0]["id"])
+    job_id = json.loads(launch("jobs", "--json", env=env, cwd=tmp_path).stdout)["jobs"][0]["id"]
+    r = launch("logs", job_id, env=env, cwd=tmp_path)
     assert r.returncode == 0 and "rank 1" in r.stdout

@@ -19,6 +19,7 @@ import pytest
 
 from launcher.errors import UserError
 from launcher.render.sbatch import render_slurm
+from tests.plan_helpers import chosen
 from tests.test_render import spec_plan
 
 pytestmark = pytest.mark.integration
@@ -257,7 +258,7 @@ def test_an_array_runs_each_tasks_own_plan_and_run_dir(tmp_path):
 
     spec, _ = spec_plan(**{"parallel": "auto"})
     result = plan_job(spec, top=3, ranks_for=2)
-    plans = [result.best, *result.alternatives][:2]
+    plans = [chosen(result), *result.alternatives][:2]
     assert len(plans) == 2 and plans[0].degrees != plans[1].degrees
     base = tmp_path / "bench"
     dirs = [str(base / f"{i}-variant") for i in range(2)]
