@@ -16,10 +16,18 @@ from typing import Any
 import click
 
 from launcher.commands import emit, json_option, progress
+from launcher.commands.options import (
+    BWMAP_OPTION,
+    dry_run_option,
+    options,
+    plan_option,
+    templates_option,
+    tolerance_option,
+)
 from launcher.errors import UserError
 
-BACKEND_CHOICE = click.Choice(["slurm", "k8s"])
-PREFLIGHT_PLAN_OPTIONS = (
+BACKEND_OPTION = click.option("--backend", type=click.Choice(["slurm", "k8s"]), help="Default: the job file's backend.kind.")
+preflight_plan_options = options(
     click.option("--preflight-plan", "preflight_plan", is_flag=True,
                  help="Gate the job on the plan's own communication groups: inside the allocation, before the "
                       "trainer, measure each TP/CP/PP/DP/EP group's collective (`launch preflight --plan`); a group "
@@ -27,20 +35,8 @@ PREFLIGHT_PLAN_OPTIONS = (
                       "does (Slurm), or fails the job naming the group and node(s) (Kubernetes: an init container "
                       "of every pod). Measurements: RUN_DIR/preflight-plan.json (Kubernetes: also the init "
                       "container's log)."),
-    click.option("--tolerance", type=click.FloatRange(0, 1, max_open=True), default=0.3, show_default=True,
-                 help="With --preflight-plan: how much below the plan's assumed bandwidth a group may measure."),
-)
-
-
-def preflight_plan_options(f: Any) -> Any:
-    for opt in reversed(PREFLIGHT_PLAN_OPTIONS):
-        f = opt(f)
-    return f
-
-
-PLAN_OPTION = click.option("--plan", "plan_path", type=click.Path(dir_okay=False),
-                           help="A plan.json to launch as it is (its layout, rank map and stage split), after "
-                                "checking it was made for JOB_FILE (same model, cluster and train).")
+    tolerance_option("With --preflight-plan: how much below the plan's assumed bandwidth a group may measure."))
+PLAN_OPTION = plan_option()
 
 
 # --- shared steps ---------------------------------------------------------------------------
@@ -91,12 +87,12 @@ def _gate(kind: str, preflight_plan: bool, tolerance: float) -> float | None:
 # --- render ---------------------------------------------------------------------------------
 @click.command()
 @click.argument("job_file", type=click.Path(dir_okay=False))
-@click.option("--backend", type=BACKEND_CHOICE, help="Default: the job file's backend.kind.")
+@BACKEND_OPTION
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False),
               help="Write the script/manifest, plan.json and job.yaml here (it is the job's run dir).")
-@click.option("--preflight", "bwmap", type=click.Path(dir_okay=False), help="Bandwidth map from `launch preflight`.")
+@BWMAP_OPTION
 @PLAN_OPTION
-@click.option("--templates", type=click.Path(file_okay=False), help="Directory whose templates override ours, file by file.")
+@templates_option("Directory whose templates override ours, file by file.")
 @click.option("--force", is_flag=True, help="With -o: overwrite files of another job in that directory.")
 @preflight_plan_options
 @json_option
@@ -128,13 +124,13 @@ def render(job_file: str, backend: str | None, out_dir: str | None, bwmap: str |
 # --- submit ---------------------------------------------------------------------------------
 @click.command()
 @click.argument("job_file", type=click.Path(dir_okay=False))
-@click.option("--backend", type=BACKEND_CHOICE, help="Default: the job file's backend.kind.")
-@click.option("--preflight", "bwmap", type=click.Path(dir_okay=False), help="Bandwidth map from `launch preflight`.")
+@BACKEND_OPTION
+@BWMAP_OPTION
 @PLAN_OPTION
 @click.option("--run-dir", type=click.Path(file_okay=False),
               help="Default: <backend.log_dir>/<name>-<timestamp> (over SSH: under backend.slurm.remote_dir).")
-@click.option("--templates", type=click.Path(file_okay=False), help="Directory whose templates override ours.")
-@click.option("--dry-run", is_flag=True, help="Print what would be submitted; submit nothing.")
+@templates_option()
+@dry_run_option("Print what would be submitted; submit nothing.")
 @click.option("--verify", "verify_", is_flag=True,
               help="Trace the plan with the real trainer first (`launch verify`); submit nothing unless every role "
                    "builds and fits.")

@@ -17,24 +17,37 @@ from __future__ import annotations
 
 import sys
 import tempfile
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from launcher.commands import emit, progress
+from launcher.commands.preflight_opts import PlanProbeOptions, SlurmJobOptions, SSHOptions
 from launcher.errors import UserError
 from launcher.formats.groupprobe import KIND_NAMES, GroupProbe
 
 PLAN_BACKENDS = ("local", "ssh", "slurm", "k8s")
+GANG_POLL_S = 2.0   # seconds between looks at the gang's pods
 
 
-def run(plan_path: str, backend: str | None, hosts: list[str] | None, tolerance: float, iters: int,
-        timeout_s: float, output: str | None, as_json: bool, ssh: dict[str, Any] | None = None,
-        slurm: dict[str, Any] | None = None, k8s: dict[str, Any] | None = None) -> int:
+@dataclass(frozen=True)
+class PlanPods:
+    """--backend k8s: what the command line says of the gang; None where the plan's backend.k8s decides."""
+
+    namespace: str | None
+    image: str | None
+    context: str | None
+    gpus: int | None
+    dry_run: bool
+
+
+def run(plan_file: str, backend: str | None, hosts: list[str] | None, probe: PlanProbeOptions, timeout_s: float,
+        output: str | None, as_json: bool, ssh: SSHOptions, slurm: SlurmJobOptions, k8s: PlanPods) -> int:
     from launcher.plan.commgroups import probe_spec, with_measured_step
     from launcher.plan.model import Plan
 
-    plan = Plan.load(plan_path)
+    tolerance, iters = probe.tolerance, probe.iters
+    plan = Plan.load(plan_file)
     backend = backend or ("ssh" if hosts else "local")
     if backend not in PLAN_BACKENDS:
         raise UserError(f"--backend {backend}: with --plan, one of {', '.join(PLAN_BACKENDS)}")
@@ -50,11 +63,11 @@ def run(plan_path: str, backend: str | None, hosts: list[str] | None, tolerance:
         raise UserError(f"--hosts: {len(hosts)} Kubernetes node(s) for a plan of {plan.nodes} node(s)")
     spec = probe_spec(plan, tolerance=tolerance, iters=iters, hosts=hosts)
     if not spec.groups:
-        raise UserError(f"{plan_path}: the plan communicates over no group of more than one rank "
+        raise UserError(f"{plan_file}: the plan communicates over no group of more than one rank "
                         f"(tp=cp=pp=dp=1): nothing to measure")
     kube = None
-    if backend == "k8s" and not (k8s or {}).get("dry_run"):
-        kube = _k8s_backend(plan, k8s or {})    # no cluster: one line, exit 2, before anything else is said
+    if backend == "k8s" and not k8s.dry_run:
+        kube = _k8s_backend(plan, k8s)    # no cluster: one line, exit 2, before anything else is said
     progress(f"preflight --plan: {len(spec.groups)} group(s) of {', '.join(KIND_NAMES[k] for k in spec.kinds())} "
              f"over {plan.world_size} rank(s) ({backend})")
     if backend == "local":
@@ -63,14 +76,14 @@ def run(plan_path: str, backend: str | None, hosts: list[str] | None, tolerance:
         with tempfile.TemporaryDirectory(prefix="launch4d-groupprobe-") as tmp:
             result, log = run_local(spec, Path(tmp), timeout_s)
     elif backend == "ssh":
-        result, log = _over_ssh(spec, hosts or [], timeout_s, ssh or {})
+        result, log = _over_ssh(spec, hosts or [], timeout_s, ssh, probe)
     elif backend == "k8s":
-        gang = _k8s_gang(plan, spec, hosts, timeout_s, k8s or {}, as_json, kube)
+        gang = _k8s_gang(plan, spec, hosts, timeout_s, k8s, probe, as_json, kube)
         if gang is None:      # --dry-run: the gang was printed, nothing created
             return 0
         result, log = gang
     else:
-        result, log = _slurm_job(plan, spec, timeout_s, slurm or {})
+        result, log = _slurm_job(plan, spec, timeout_s, slurm)
     result = with_measured_step(plan, replace(result, tolerance=tolerance))
     if output:
         result.save(output)
@@ -84,14 +97,14 @@ def run(plan_path: str, backend: str | None, hosts: list[str] | None, tolerance:
     return 1 if result.slow_groups() else 0
 
 
-def _over_ssh(spec: GroupProbe, hosts: list[str], timeout_s: float, ssh: dict[str, Any]) -> tuple[GroupProbe, str]:
+def _over_ssh(spec: GroupProbe, hosts: list[str], timeout_s: float, ssh: SSHOptions,
+              probe: PlanProbeOptions) -> tuple[GroupProbe, str]:
     from checks.groupprobe.launch import run_nodes
     from checks.runners import get_runner
 
-    opts = dict(ssh)
-    port, python, master = opts.pop("master_port"), opts.pop("python"), opts.pop("master_addr", None)
+    port, python, master = probe.master_port, probe.node_python or "python3", probe.master_addr
     try:
-        runner = get_runner("ssh", **opts)
+        runner = get_runner("ssh", **asdict(ssh))
     except Exception as exc:  # noqa: BLE001 - one line, exit 2
         raise UserError(f"--backend ssh: {type(exc).__name__}: {exc}") from None
     try:
@@ -101,7 +114,7 @@ def _over_ssh(spec: GroupProbe, hosts: list[str], timeout_s: float, ssh: dict[st
         raise UserError(f"--plan: {exc}") from None
 
 
-def _slurm_job(plan: Any, spec: GroupProbe, timeout_s: float, o: dict[str, Any]) -> tuple[GroupProbe, str]:
+def _slurm_job(plan: Any, spec: GroupProbe, timeout_s: float, o: SlurmJobOptions) -> tuple[GroupProbe, str]:
     """A batch job of the plan's node count that runs only the probe (the gate's own shell function),
     followed like any job until it ends; then its result."""
     from datetime import datetime
@@ -112,7 +125,7 @@ def _slurm_job(plan: Any, spec: GroupProbe, timeout_s: float, o: dict[str, Any])
     from launcher.render import bash_syntax_check, render_template
     from launcher.render.rendered import gpu_lists
 
-    out = Path(o.get("out_dir") or f"preflight-plan-{datetime.now():%Y%m%d-%H%M%S}").resolve()
+    out = Path(o.out_dir or f"preflight-plan-{datetime.now():%Y%m%d-%H%M%S}").resolve()
     if out.exists():
         raise UserError(f"--out-dir: {out} already exists; give a new directory (the job writes its outputs there)")
     s = plan.backend.slurm if plan.backend is not None else None
@@ -120,12 +133,12 @@ def _slurm_job(plan: Any, spec: GroupProbe, timeout_s: float, o: dict[str, Any])
              "timeout_s": int(timeout_s), "tolerance": spec.tolerance, "groups": len(spec.groups)}
     env = sorted((plan.backend.env if plan.backend is not None else {}).items())
     ctx = {"name": plan.name, "job_name": f"{plan.name}-preflight-plan"[:63], "nodes": plan.nodes,
-           "nproc": plan.gpus_per_node, "time": o.get("time") or "00:30:00",
-           "partition": o.get("partition") or (s.partition if s else None),
-           "account": o.get("account") or (s.account if s else None),
+           "nproc": plan.gpus_per_node, "time": o.time_limit or "00:30:00",
+           "partition": o.partition or (s.partition if s else None),
+           "account": o.account or (s.account if s else None),
            "gpus_per_node": plan.gpus_per_node if plan.gpu.name != "cpu" else None, "run_dir": str(out),
            "env": env, "node_order": list(plan.hosts or []), "master_port": s.master_port if s else None,
-           "gpu_lists": gpu_lists(plan), "python": o.get("python") or sys.executable, "trainer_env": "",
+           "gpu_lists": gpu_lists(plan), "python": sys.executable, "trainer_env": "",
            "probe": probe}
     script = render_template("slurm/preflight-plan.sbatch.j2", ctx)
     bash_syntax_check(script, "plan preflight batch script")
@@ -156,7 +169,7 @@ def _slurm_job(plan: Any, spec: GroupProbe, timeout_s: float, o: dict[str, Any])
     return GroupProbe.load(res), log
 
 
-def _k8s_backend(plan: Any, o: dict[str, Any]) -> Any:
+def _k8s_backend(plan: Any, o: PlanPods) -> Any:
     """The Kubernetes backend the gang goes through, its credentials loaded now (the plan's kubeconfig
     and context, --kube-context first)."""
     from launcher.backends import get_backend
@@ -164,14 +177,14 @@ def _k8s_backend(plan: Any, o: dict[str, Any]) -> Any:
 
     k = plan.backend.k8s if plan.backend is not None else None
     be = get_backend("k8s", kubeconfig=k.kubeconfig if k is not None else None,
-                     context=o.get("context") or (k.context if k is not None else None))
+                     context=o.context or (k.context if k is not None else None))
     be.check_access()
     check_state()
     return be
 
 
-def _k8s_gang(plan: Any, spec: GroupProbe, hosts: list[str] | None, timeout_s: float, o: dict[str, Any],
-              as_json: bool, be: Any) -> tuple[GroupProbe, str] | None:
+def _k8s_gang(plan: Any, spec: GroupProbe, hosts: list[str] | None, timeout_s: float, o: PlanPods,
+              probe: PlanProbeOptions, as_json: bool, be: Any) -> tuple[GroupProbe, str] | None:
     """A one-off gang through the Kubernetes API: a headless Service and one pod per node of the plan,
     pod i running node i's torchrun of the probe (the spec inlined, as over SSH) with pod 0 as the static
     rendezvous; followed until every pod ends, then node 0's log holds the result. The pods and the
@@ -186,21 +199,21 @@ def _k8s_gang(plan: Any, spec: GroupProbe, hosts: list[str] | None, timeout_s: f
     from launcher.render.groupprobe import gang_documents
 
     k = plan.backend.k8s if plan.backend is not None else None
-    image = o.get("image") or (k.image if k is not None else None)
+    image = o.image or (k.image if k is not None else None)
     if not image:
         raise UserError("--image: give an image with launch4d[train] installed (the plan names none in "
                         "backend.k8s.image)")
-    ns = o.get("namespace") or (k.namespace if k is not None else "default")
+    ns = o.namespace or (k.namespace if k is not None else "default")
     name = f"launch4d-pp-{secrets.token_hex(4)}"
-    port = int(o.get("master_port") or 29511)
+    port = probe.master_port
     master = f"{name}-0.{name}"
     try:
-        commands = [node_command(spec, i, master, port, o.get("python") or "python", timeout_s, None)
+        commands = [node_command(spec, i, master, port, probe.node_python or "python", timeout_s, None)
                     for i in range(plan.nodes)]
     except ValueError as exc:
         raise UserError(f"--plan: {exc}") from None
     gpus = plan.gpus_per_node if plan.gpu.name != "cpu" else None
-    docs = gang_documents(name=name, namespace=ns, image=image, commands=commands, gpus=o.get("gpus") or gpus,
+    docs = gang_documents(name=name, namespace=ns, image=image, commands=commands, gpus=o.gpus or gpus,
                           nodes=hosts, node_selector=k.node_selector if k is not None else None,
                           tolerations=[dict(t) for t in k.tolerations] if k is not None else None,
                           pull_secrets=list(k.image_pull_secrets) if k is not None else None,
@@ -211,7 +224,7 @@ def _k8s_gang(plan: Any, spec: GroupProbe, hosts: list[str] | None, timeout_s: f
     to_model(docs[0], "V1Service")
     for pod in docs[1:]:
         to_model(pod, "V1Pod")
-    if o.get("dry_run"):
+    if o.dry_run:
         import yaml
 
         text = "---\n".join(yaml.safe_dump(d, sort_keys=False) for d in docs)
@@ -230,7 +243,7 @@ def _k8s_gang(plan: Any, spec: GroupProbe, hosts: list[str] | None, timeout_s: f
         deadline = time.monotonic() + timeout_s + 600
         st = be.describe(handle)
         while st is not None and not st.done and time.monotonic() < deadline:
-            time.sleep(float(o.get("poll_s") or 2.0))
+            time.sleep(GANG_POLL_S)
             st = be.describe(handle)
         log = "\n".join(be.log_iter(handle))
     finally:

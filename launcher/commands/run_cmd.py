@@ -18,6 +18,7 @@ from pathlib import Path
 import click
 
 from launcher.commands import emit, json_option, progress, warn
+from launcher.commands.options import dry_run_option, plan_option
 from launcher.errors import UserError
 from launcher.formats.rundir import LATEST, RunDir, read_metrics
 from launcher.plan.entrypoint import NOT_VERIFIED
@@ -252,16 +253,14 @@ def follow(backend, handle, as_json: bool, quiet_s: float = 120.0,
 
 @click.command("run")
 @click.argument("job", type=click.Path(dir_okay=False))
-@click.option("--plan", "plan_path", type=click.Path(dir_okay=False),
-              help="A plan.json to run as it is (its layout, rank map and stage split), after checking it was made "
-                   "for JOB (same model, cluster and train). JOB itself may be a plan.json.")
+@plan_option("run", "JOB", " JOB itself may be a plan.json.")
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Run directory (default <log_dir>/<name>-<time>).")
 @click.option("--nproc", type=int, help="Processes on this machine (overrides cluster.gpus_per_node).")
 @click.option("--cpu", is_flag=True, help="Run a GPU plan here on CPU processes (gloo), where it has no GPUs.")
 @click.option("--resume", default="never", show_default=True, metavar="auto|never|PATH",
               help="auto: continue from the run dir's latest complete checkpoint; PATH: start from another "
                    "run's checkpoint (a run dir or checkpoints/step-N; the layout may differ, DCP reshards).")
-@click.option("--dry-run", is_flag=True, help="Print the plan and the command; start nothing, write nothing.")
+@dry_run_option("Print the plan and the command; start nothing, write nothing.")
 @json_option
 def run(job: str, plan_path: str | None, run_dir: str | None, nproc: int | None, cpu: bool, resume: str,
         dry_run: bool, as_json: bool) -> int:
