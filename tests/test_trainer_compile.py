@@ -13,22 +13,24 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from launcher.plan.ledger import rank_memory
 from launcher.plan.planner import plan_job
 from launcher.plan.spec import spec_from_dict
-from tests.trainer_helpers import free_port, make_plan, run_layouts, spawn
+from tests.job_helpers import free_port
+from tests.plan_helpers import chosen
+from tests.trainer_helpers import job_losses, make_plan, run_layouts, spawn
 
 pytestmark = pytest.mark.integration
 
 RTOL = 1e-5
 STEPS = 3
 #: name -> (make_plan kwargs, compile backend or None for eager)
-LAYOUTS = {
+LAYOUTS: dict[str, tuple[dict[str, Any], str | None]] = {
     "ref": (dict(), None),
     "compiled_tp2_inductor": (dict(tp=2, micro_batch=2), "inductor"),
     "compiled_dp2_zero3_selective_aot_eager": (dict(dp=2, zero=3, recompute="selective", micro_batch=2), "aot_eager"),
@@ -62,13 +64,13 @@ def run_compiled(rank: int, nprocs: int, jobs: list[dict], workdir: str, ports: 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict[str, dict]:
     work = tmp_path_factory.mktemp("compiled")
-    jobs = []
+    jobs: list[dict[str, Any]] = []
     for name, (kw, backend) in LAYOUTS.items():
         p = make_plan(steps=STEPS, **kw)
         p = dataclasses.replace(p, layout=dataclasses.replace(p.layout, compile=backend is not None))
         jobs.append(dict(name=name, plan=p.to_dict(), env={"LAUNCH4D_COMPILE_BACKEND": backend or ""}))
     spawn(run_compiled, (2, jobs, str(work), [free_port() for _ in jobs]), 2)
-    out = {}
+    out: dict[str, dict] = {}
     for j in jobs:
         f = work / f"{j['name']}.json"
         out[j["name"]] = json.loads(f.read_text()) if f.exists() else {"error": "no result written"}
@@ -76,18 +78,11 @@ def results(tmp_path_factory) -> dict[str, dict]:
     return out
 
 
-def _losses(results: dict, name: str) -> list[float]:
-    r = results[name]
-    assert "losses" in r, f"{name} failed: {r.get('error')}\n{r.get('trace', '')}"
-    assert len(r["losses"]) == STEPS and all(math.isfinite(x) for x in r["losses"])
-    return r["losses"]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n, (_, backend) in LAYOUTS.items() if backend])
 def test_compiled_blocks_match_the_eager_reference(results, name):
-    ref = _losses(results, "ref")
-    got = _losses(results, name)
+    ref = job_losses(results, "ref", STEPS)
+    got = job_losses(results, name, STEPS)
     for step, (a, b) in enumerate(zip(got, ref), start=1):
         assert a == pytest.approx(b, rel=RTOL), f"{name} step {step}: {a} vs reference {b}"
     assert ref[0] != ref[-1], "the reference did not train"
@@ -108,7 +103,7 @@ def test_verify_traces_compiled_blocks_as_the_ledger_prices_them():
     spec = spec_from_dict({"model": "llama3-8b", "train": {"seq_len": 8192, "global_batch": 8, "compile": True},
                            "cluster": {"nodes": 1, "gpus_per_node": 8, "gpu": "h100-sxm"},
                            "parallel": {"tp": 8, "cp": 1, "pp": 1, "zero": 1, "recompute": "none", "micro_batch": 1}})
-    best = plan_job(spec, top=0).best
+    best = chosen(plan_job(spec, top=0))
     assert best.layout.compile
     (role,) = trace_plan(best, build_last_rank=False).to_dict()["roles"]
     assert role["status"] == "traced", role.get("error")

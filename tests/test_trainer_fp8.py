@@ -13,6 +13,8 @@ fp8 must differ (the casts really ran).
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.trainer_helpers import make_plan, spawn_layouts
@@ -21,7 +23,7 @@ pytestmark = pytest.mark.integration
 
 STEPS = 3
 FP8 = dict(precision="fp8", fp8_linears="all", global_batch=4)
-LAYOUTS = {
+LAYOUTS: dict[str, dict[str, Any]] = {
     "fp8_ref": dict(FP8, micro_batch=2),
     "fp8_dp2_zero3": dict(FP8, dp=2, zero=3),
     "fp8_tp2_dp2_zero1": dict(FP8, tp=2, dp=2, zero=1, micro_batch=2),

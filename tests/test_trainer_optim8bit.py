@@ -9,6 +9,8 @@ parameters are restored exactly).
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -139,7 +141,8 @@ def test_dp2_zero3_and_tp2_dp2_train_and_resume(tmp_path):
     TP), state as DTensors through DCP: train 4 steps with a checkpoint at step 2; a second run
     resumed from it repeats steps 3-4."""
     jobs = []
-    for tag, kw in (("dp2", dict(dp=2)), ("tp2_dp2", dict(tp=2, dp=2))):
+    layouts: tuple[tuple[str, dict[str, Any]], ...] = (("dp2", dict(dp=2)), ("tp2_dp2", dict(tp=2, dp=2)))
+    for tag, kw in layouts:
         full = make_plan(zero=3, steps=4, optimizer="adam8bit", checkpoint_every=2, **kw)
         resumed = make_plan(zero=3, steps=4, optimizer="adam8bit", **kw)
         jobs += [dict(name=f"a8_{tag}_full", plan=full.to_dict()),
