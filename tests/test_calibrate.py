@@ -17,6 +17,7 @@ from launcher.plan.calibrate import base_params, predict
 from launcher.plan.planner import plan_job
 from launcher.plan.spec import spec_from_dict
 from tests.cli_helpers import invoke
+from tests.plan_helpers import chosen
 
 pytestmark = pytest.mark.unit
 
@@ -29,7 +30,7 @@ def job(nodes: int, gpu: str = "h100-sxm", **par) -> dict:
 
 def run_dir(tmp: Path, name: str, spec: dict, truth: dict[str, float] | None, steps: int = 5) -> Path:
     """A run dir: the real plan, and steps timed as the model predicts with `truth` (±1%)."""
-    plan = plan_job(spec_from_dict(spec)).best
+    plan = chosen(plan_job(spec_from_dict(spec)))
     d = tmp / name
     d.mkdir()
     plan.save(d / "plan.json")

@@ -16,6 +16,7 @@ The bundled trainer's all-gather CP stands for ring attention here (the same per
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,7 @@ from launcher.plan.ledger import Numerics, trainer_layer_activation_bytes, ulyss
 from launcher.plan.model import Plan
 from launcher.plan.planner import plan_job
 from launcher.plan.spec import TrainSpec, resolve_gpu, resolve_model, spec_from_dict
+from tests.plan_helpers import chosen
 from tests.trainer_helpers import make_plan
 
 pytestmark = pytest.mark.unit
@@ -68,16 +70,16 @@ def test_plans_without_cp_say_all_gather():
     assert best().best.layout.cp == 1 and best().best.cp_attention == "all-gather"
 
 
-def _both(**kw) -> dict[str, float]:
+def _both(**kw) -> dict[str, Any]:
     """The planner's choice with everything but cp_attention fixed, and both kinds' CP seconds."""
     spec = spec_from_dict(job(**kw))
     r = plan_job(spec, top=0)
-    lay, bw = r.best.layout, r.bandwidth
+    lay, bw = chosen(r).layout, r.bandwidth
     cp_s = {a: estimate(spec.model, spec.train, spec.gpu, dataclasses.replace(lay, cp_attention=a), bw, 8).cp_comm_s
             for a in ("all-gather", "all-to-all")}
     # both kinds fit and were priced; the slower was dropped as dominated (their compute is the same)
     assert r.rejected["slower than the same layout with the other cp_attention"] >= 1
-    return {"chosen": r.best.cp_attention, **cp_s}
+    return {"chosen": chosen(r).cp_attention, **cp_s}
 
 
 FIXED = dict(pp=1, zero=3, recompute="full", micro_batch=1)
@@ -157,6 +159,7 @@ def test_all_to_all_keeps_no_gathered_keys_and_values():
     """Without recompute, all-gather CP keeps the whole sequence's keys and values per layer; all-to-all keeps
     its exchanged k and v, [kv heads/cp, s] (as many bytes as the rank's own), repeated up to cp where fewer."""
     m, num, s, b = resolve_model("llama3-8b"), Numerics("bf16"), 8192, 1
+    assert m.head_dim is not None
     for tp, cp in ((1, 2), (2, 4), (8, 2)):       # 8, 4 and 1 kv heads per TP rank
         ag = trainer_layer_activation_bytes(m, s, b, "none", num, tp=tp, cp=cp)
         a2a = trainer_layer_activation_bytes(m, s, b, "none", num, tp=tp, cp=cp, cp_attention="all-to-all")
@@ -186,8 +189,8 @@ def test_the_plan_preflight_measures_the_cp_groups_all_to_all():
     all_to_all of one q over each cp group, and what it measures replaces the CP bandwidth in the step time."""
     from launcher.plan.commgroups import plan_bandwidth, plan_collectives
 
-    plan = plan_job(spec_from_dict(job(model="llama2-7b", nodes=2, seq=131072, gb=16,
-                                       cp_attention="all-to-all")), top=0).best
+    plan = chosen(plan_job(spec_from_dict(job(model="llama2-7b", nodes=2, seq=131072, gb=16,
+                                              cp_attention="all-to-all")), top=0))
     assert plan.cp == 8 and plan.cp_attention == "all-to-all"
     cp = plan_collectives(plan)["cp"]
     assert (cp.op, cp.size) == ("all_to_all", 8)

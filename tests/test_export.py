@@ -26,6 +26,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tomllib
@@ -109,7 +110,7 @@ def plan(gpus: int = 8, model: object = "tiny", **parallel):
 
 MOE = {"layers": 4, "hidden": 64, "heads": 4, "kv_heads": 2, "vocab": 256, "ffn_hidden": 128, "experts": 4,
        "experts_per_token": 2}
-PLANS = {
+PLANS: dict[str, dict[str, Any]] = {
     "dp8 z0": dict(tp=1, cp=1, pp=1, zero=0),
     "tp2 pp2 dp2 z1 selective": dict(tp=2, cp=1, pp=2, recompute="selective"),
     "tp2 cp2 dp2 z3 full": dict(tp=2, cp=2, pp=1, zero=3, recompute="full"),
@@ -191,10 +192,10 @@ def test_the_layout_is_what_the_plan_says(plans):
     z1 = plans["tp2 pp2 dp2 z1 selective"]
     assert export(z1, "megatron").options["--use-distributed-optimizer"] is True and export(z1, "megatron").exact
     # with pp, torchtitan takes all of a rank's micro-batches per step into the pipeline
-    tt = export(z1, "torchtitan")
-    assert tt.options["training"]["local_batch_size"] == z1.micro_batch * z1.grad_accum
-    assert tt.options["parallelism"]["pipeline_parallel_microbatch_size"] == z1.micro_batch
-    assert not tt.exact and tt.cannot[0].startswith("ZeRO 1")
+    ex = export(z1, "torchtitan")
+    assert ex.options["training"]["local_batch_size"] == z1.micro_batch * z1.grad_accum
+    assert ex.options["parallelism"]["pipeline_parallel_microbatch_size"] == z1.micro_batch
+    assert not ex.exact and ex.cannot[0].startswith("ZeRO 1")
 
 
 def test_stage_splits_are_exact(plans):

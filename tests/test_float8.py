@@ -7,6 +7,7 @@ torch._scaled_mm has a CPU kernel in torch 2.13, so all of it runs here.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,7 @@ from launcher.plan import capabilities, presets
 from launcher.plan.capabilities import fp8_converts, fp8_problem
 from launcher.plan.model import check_plan
 from launcher.plan.spec import resolve_gpu, spec_from_dict
+from tests.plan_helpers import chosen
 from tests.trainer_helpers import make_plan
 
 pytestmark = pytest.mark.unit
@@ -150,14 +152,14 @@ def test_the_time_model_runs_the_converted_gemms_at_the_fp8_rate_and_charges_the
 def test_the_planner_keeps_the_jobs_precision():
     from launcher.plan.planner import plan_job
 
-    base = {"model": "llama3-8b", "train": {"seq_len": 8192, "global_batch": 16},
+    base: dict[str, Any] = {"model": "llama3-8b", "train": {"seq_len": 8192, "global_batch": 16},
             "cluster": {"nodes": 1, "gpu": "h100-sxm"},
             "parallel": {"tp": 1, "cp": 1, "pp": 1, "zero": 3, "recompute": "selective", "micro_batch": 2}}
     runs = {}
     for prec in ("bf16", "fp8"):
         job = {**base, "train": {**base["train"], "precision": prec}}
         res = plan_job(spec_from_dict(job))
-        plan = res.best
+        plan = chosen(res)
         assert plan.train.precision == prec
         runs[prec] = plan.estimate["step_time_s"]
     assert runs["fp8"] != runs["bf16"]

@@ -53,6 +53,7 @@ def test_a_pipe_is_read_once_and_a_fifo_without_writer_does_not_hang(tmp_path):
     assert read_bytes(fifo, "job file") == b""
     # a pipe that keeps giving is cut at the limit, not read until memory runs out
     proc = subprocess.Popen(["yes"], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
     try:
         with pytest.raises(UserError, match="larger than the limit of 1,000"):
             read_bytes(f"/proc/self/fd/{proc.stdout.fileno()}", "job file", limit=1000)

@@ -189,6 +189,6 @@ def test_formats_doc_is_current():
     for cls in (BandwidthMap, NodeReport):
         missing = [f.name for f in dataclasses.fields(cls) if f"| `{f.name}` |" not in text]
         assert missing == [], f"docs/formats.md does not describe {cls.__name__}.{missing}"
-    for cls in (PairReport, CheckResult):
-        assert all(f"`{f.name}`" in text for f in dataclasses.fields(cls)), cls.__name__
+    for record in (PairReport, CheckResult):
+        assert all(f"`{f.name}`" in text for f in dataclasses.fields(record)), record.__name__
     assert "[docs/formats.md](docs/formats.md)" in (REPO / "README.md").read_text()

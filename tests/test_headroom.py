@@ -12,6 +12,7 @@ from launcher.cli import cli
 from launcher.plan.planner import plan_job
 from launcher.plan.spec import spec_from_dict
 from tests.conftest import EXAMPLES
+from tests.plan_helpers import chosen
 
 pytestmark = pytest.mark.unit
 
@@ -27,7 +28,7 @@ def job(headroom=None, **parallel):
 def test_default_headroom_is_ten_percent_and_no_plan_runs_above_it():
     result = plan_job(job(), top=20)
     assert result.best is not None
-    for p in [result.best] + result.alternatives:
+    for p in [chosen(result)] + result.alternatives:
         m = p.memory
         assert m["headroom"] == 0.1 and m["limit_gb"] == 72.0
         assert m["per_gpu_gb"] <= m["limit_gb"] and m["used_pct"] <= 100
@@ -38,14 +39,14 @@ def test_default_headroom_is_ten_percent_and_no_plan_runs_above_it():
 def test_larger_headroom_changes_what_fits():
     # the same fixed layout fits with no headroom and not with a headroom 1% larger than its slack
     fixed = dict(tp=1, cp=1, pp=1, zero=3, recompute="full", micro_batch=1)
-    loose = plan_job(job(0.0, **fixed)).best
+    loose = chosen(plan_job(job(0.0, **fixed)))
     need = loose.memory["per_gpu_gb"]
     headroom = round(1 - 0.99 * need / 80, 3)
-    tight = plan_job(job(headroom, **fixed)).best
+    tight = chosen(plan_job(job(headroom, **fixed)))
     assert loose.fits and not tight.fits and tight.memory["per_gpu_gb"] == need
     assert any(f"GB allowed (80 GB less {headroom:.0%} headroom)" in w for w in tight.warnings)
     # searched: a tighter limit picks a lighter layout, still under its limit
-    best = plan_job(job(0.5)).best
+    best = chosen(plan_job(job(0.5)))
     assert best.fits and best.memory["per_gpu_gb"] <= 40.0
 
 

@@ -8,8 +8,6 @@ FRAGMENT / EXCERPT ones are partial pastes.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 
 import pytest
@@ -23,7 +21,7 @@ from checks.judges.nvlink import judge_nvlink_errors, judge_nvlink_status
 from checks.judges.perftest import judge_perftest
 from checks.judges.xid import classify_xid, judge_xid
 from checks.parsers.base import ParseError
-from checks.parsers.dcgm_diag import parse_dcgm_diag
+from checks.parsers.dcgm_diag import DcgmDiag, DcgmTest, parse_dcgm_diag
 from checks.parsers.gpu_q import parse_gpu_q
 from checks.parsers.gpu_query import parse_gpu_query
 from checks.parsers.ibstat import parse_ibstat
@@ -32,6 +30,7 @@ from checks.parsers.nvlink import parse_nvlink_status
 from checks.parsers.nvlink_errors import parse_nvlink_errors
 from checks.parsers.perftest import parse_perftest
 from checks.parsers.xid import parse_xid
+from tests.cli_helpers import launch
 from tests.conftest import shared_file
 
 pytestmark = pytest.mark.unit
@@ -45,17 +44,24 @@ def bad(findings):
     return sorted((f.status, f.component) for f in findings if f.status != "pass")
 
 
+def ran(d: DcgmDiag, name: str) -> DcgmTest:
+    """The test `name` in a dcgmi diag parse, which the capture holds."""
+    t = d.test(name)
+    assert t is not None, f"no {name!r} in the parse"
+    return t
+
+
 # ------------------------------------------------------------------ dcgmi diag
 
 def test_dcgm_r3_targeted_power_fails_gpu1_only_from_the_second_line_of_its_cell():
     d = parse_dcgm_diag(read("dcgm-diag", "a10g-4gpu-sagemaker-g5.12xlarge-dcgm3.3.9-r3-targeted-power-FAIL-gpu1.txt"))
     assert (d.version, d.driver, d.gpu_count, d.layout) == ("3.3.9", "570.195.03", 4, "3.x")
-    t = d.test("Targeted Power")
+    t = ran(d, "Targeted Power")
     assert t.result == "fail" and t.gpus == {0: "pass", 2: "pass", 3: "pass", 1: "fail"}
     warn = [m for m in t.messages if m.level == "warning"][0]
     assert warn.gpu == 1 and "did not reach desired power minimum target_power_min_ratio of 224.2" in warn.text
     assert [m.gpu for m in t.messages if m.level == "info"] == [0, 2, 3]
-    assert d.test("EUD Test").all_gpus == "skip"
+    assert ran(d, "EUD Test").all_gpus == "skip"
     f = judge_dcgm_diag(d, node="node0")
     assert bad(f) == [("fail", "GPU 1")] and f[0].node == "node0" and f[0].remediation
     assert "224.1" in f[0].message and f[0].check == "dcgm:Targeted Power"
@@ -72,10 +78,10 @@ def test_dcgm_passing_runs(name):
 def test_dcgm_h100_fail_early_every_gpu_cuinit():
     d = parse_dcgm_diag(read("dcgm-diag", "h100-8gpu-dcgm3.3.8-r3-fail-early-gpu-memory-FAIL-cuinit-system-not-"
                                           "yet-initialized.txt"))
-    t = d.test("GPU Memory")
+    t = ran(d, "GPU Memory")
     assert t.all_gpus == "fail" and [m.gpu for m in t.messages] == list(range(8))
     assert "Unable to initialize CUDA library: 'system not yet initialized'" in t.messages[0].text
-    assert d.test("Persistence Mode").result == "pass" and d.test("Persistence Mode").messages[0].level == "info"
+    assert ran(d, "Persistence Mode").result == "pass" and ran(d, "Persistence Mode").messages[0].level == "info"
     f = judge_dcgm_diag(d)
     assert bad(f) == [("fail", f"GPU {i}") for i in range(8)]
     assert "fabricmanager" in f[0].remediation
@@ -85,10 +91,10 @@ def test_dcgm_4x_layout_pcie_internal_error_fails_the_test_not_a_gpu():
     d = parse_dcgm_diag(read("dcgm-diag", "l40s-4gpu-dcgm4.2.3-r2-new-format-pcie-FAIL-internal-error-child-"
                                           "process-TRUNCATED-BY-AUTHOR.txt"))
     assert d.layout == "4.x" and d.device_ids == ["26b9"] * 4
-    t = d.test("pcie")
+    t = ran(d, "pcie")
     assert t.result == "fail" and t.gpus == {0: "pass", 1: "pass", 2: "pass", 3: "pass"}
     assert len(t.messages) == 4 and all(m.gpu is None for m in t.messages)
-    assert d.test("memory").gpus == {i: "pass" for i in range(4)}
+    assert ran(d, "memory").gpus == {i: "pass" for i in range(4)}
     f = judge_dcgm_diag(d)
     assert bad(f) == [("fail", "node")] and "internal error" in f[0].remediation.lower()
 
@@ -109,13 +115,13 @@ def test_dcgm_fragments():
     f = judge_dcgm_diag(d)
     assert bad(f) == [("fail", "GPU 3")] and "row remap" in f[0].remediation
     d = parse_dcgm_diag(read("dcgm-diag", "8gpu-node-r2-gpu-memory-FAIL-gpu0-thermal-violations-FRAGMENT.txt"))
-    assert d.truncated and d.test("GPU Memory").gpus[0] == "fail"
-    assert d.test("GPU Memory").messages[0].text.endswith("and any other components.")
+    assert d.truncated and ran(d, "GPU Memory").gpus[0] == "fail"
+    assert ran(d, "GPU Memory").messages[0].text.endswith("and any other components.")
     f = judge_dcgm_diag(d)
     assert bad(f) == [("fail", "GPU 0")] and "cooling" in f[0].remediation
     d = parse_dcgm_diag(read("dcgm-diag", "a100-pcie-no-nvlink-dcgm2.4.6-r2-pcie-FAIL-all-nvlink-link-down-warnings-"
                                           "FRAGMENT.txt"))
-    assert d.truncated and d.test("PCIe").all_gpus == "fail" and d.test("PCIe").messages[0].gpu == 0
+    assert d.truncated and ran(d, "PCIe").all_gpus == "fail" and ran(d, "PCIe").messages[0].gpu == 0
     assert bad(judge_dcgm_diag(d)) == [("fail", "GPU 0")]
 
 
@@ -301,7 +307,11 @@ def test_ibstat_unused_ethernet_ports_are_not_flagged():
     from checks.judges.config import JudgeConfig
     from checks.judges.hardware import ib_check
 
-    best = {p.ca: p.rate_gbps for p in ib.ports if p.active}
+    best: dict[str, float] = {}
+    for p in ib.ports:
+        if p.active:
+            assert p.rate_gbps is not None, p
+            best[p.ca] = p.rate_gbps
     assert ib_check("n", ib, JudgeConfig(), best, {(p.ca, p.port) for p in ib.ports if p.active}).status == "pass"
 
 
@@ -391,25 +401,21 @@ def test_xid_details():
 
 # ------------------------------------------------------------------ the CLI
 
-def _launch(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launcher.cli", *args], capture_output=True, text=True, timeout=120)
-
-
 def test_preflight_parse_prints_the_parse_and_the_findings():
     gdr = shared_file("perftest", "t4-roce-100g-ib_write_bw-use_cuda-client-10.5gbps-DEGRADED-vs-92.56-host-mem-"
                                   "pcie-ro-warning.txt")
     host = shared_file("perftest", "t4-node-roce-100g-ib_write_bw-host-mem-client-rdma_cm-92.56gbps-baseline.txt")
-    p = _launch("preflight", "parse", "perftest", str(gdr), "--against", str(host), "--link-rate", "100",
+    p = launch("preflight", "parse", "perftest", str(gdr), "--against", str(host), "--link-rate", "100",
                 "--node", "t4node", "--json")
     assert p.returncode == 1, p.stderr
     out = json.loads(p.stdout)
     assert out["status"] == "fail" and out["parse"]["bw_avg_gbps"] == 10.5
     assert {(f["node"], f["component"], f["check"]) for f in out["findings"]} == {
         ("t4node", "mlx5_4", "rdma"), ("t4node", "mlx5_4", "rdma:gpudirect")}
-    ok = _launch("preflight", "parse", "dcgm-diag",
+    ok = launch("preflight", "parse", "dcgm-diag",
                  str(shared_file("dcgm-diag", "a10g-4gpu-sagemaker-g5.12xlarge-dcgm3.3.9-r3-all-pass.txt")))
     assert ok.returncode == 0 and ok.stdout.startswith("dcgm-diag ") and "PASS" in ok.stdout
-    wrong = _launch("preflight", "parse", "gpu-q", str(gdr))
+    wrong = launch("preflight", "parse", "gpu-q", str(gdr))
     assert wrong.returncode == 2 and "gpu-q" in wrong.stderr and "Traceback" not in wrong.stderr
 
 

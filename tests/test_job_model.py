@@ -24,6 +24,7 @@ from launcher.plan.model import Plan, check_plan, plan_schema
 from launcher.plan.planner import plan_job
 from launcher.plan.schema_doc import DOC, render_reference, updated
 from launcher.plan.spec import job_schema, load_spec, spec_from_dict
+from tests.plan_helpers import chosen
 
 pytestmark = pytest.mark.unit
 
@@ -36,7 +37,7 @@ BASE = {"model": "tiny", "train": {"seq_len": 32, "global_batch": 8},
 def with_(path: str, value) -> dict:
     d = copy.deepcopy(BASE)
     *parents, last = path.split(".")
-    node = d
+    node: dict = d
     for p in parents:
         node = node.setdefault(p, {})
     node[last] = value
@@ -46,7 +47,7 @@ def with_(path: str, value) -> dict:
 def without(path: str, base: dict | None = None) -> dict:
     d = copy.deepcopy(base or BASE)
     *parents, last = path.split(".")
-    node = d
+    node: dict = d
     for p in parents:
         node = node[p]
     del node[last]
@@ -143,7 +144,7 @@ def test_file_name_with_newline_cannot_become_the_job_name(tmp_path):
 def test_planner_never_proposes_what_the_trainer_cannot_run():
     for example in sorted(EXAMPLES.glob("*.yaml")):
         result = plan_job(load_spec(example), top=10)
-        for p in [result.best] + result.alternatives:
+        for p in [chosen(result)] + result.alternatives:
             assert p.layout.zero in capabilities.ZERO_STAGES, (example.name, p.layout)
             assert p.train.precision in capabilities.PRECISIONS
             check_plan(p)      # the trainer's own start-up check accepts it
@@ -165,7 +166,7 @@ def test_zero_stages_follow_the_table():
     for stage in capabilities.ZERO_STAGES:
         spec = spec_from_dict(with_("parallel", {"tp": 1, "cp": 1, "pp": 1, "zero": stage, "recompute": "none",
                                                  "micro_batch": 2}))
-        best = plan_job(spec, top=0).best
+        best = chosen(plan_job(spec, top=0))
         assert best.layout.zero == stage
         check_plan(best)
 
@@ -173,7 +174,7 @@ def test_zero_stages_follow_the_table():
 # --- plan.json: version, typed sections, one line for a bad plan -----------------------------------
 
 def test_plan_json_round_trips_through_the_typed_model(tmp_path):
-    best = plan_job(load_spec(EXAMPLES / "tiny-cpu.yaml"), top=0).best
+    best = chosen(plan_job(load_spec(EXAMPLES / "tiny-cpu.yaml"), top=0))
     path = tmp_path / "plan.json"
     best.save(path)
     data = json.loads(path.read_text())
@@ -211,7 +212,7 @@ def test_plan_json_round_trips_through_the_typed_model(tmp_path):
      "plan.ranks[0].coords: {'tp': 1}, but the layout"),
 ])
 def test_bad_plan_json_is_one_line(edit, expected, tmp_path):
-    best = plan_job(load_spec(EXAMPLES / "tiny-cpu.yaml"), top=0).best
+    best = chosen(plan_job(load_spec(EXAMPLES / "tiny-cpu.yaml"), top=0))
     data = best.to_dict()
     edit(data)
     path = tmp_path / "plan.json"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import json
 import re
+from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import pytest
@@ -112,7 +113,7 @@ def install_fake(monkeypatch, tmp_path):
         api = FakeApi(routes)
         cfg = client.Configuration(host="https://k8s.test:6443")
         ac = client.ApiClient(cfg)
-        ac.rest_client.pool_manager = api
+        ac.rest_client.pool_manager = api  # type: ignore[assignment]  # answers as urllib3's pool would
         monkeypatch.setattr(kb, "load_api_client", lambda *a, **k: ac)
         holder["api"] = api
         return api
@@ -191,7 +192,7 @@ def test_missing_crd_and_forbidden(k8s):
 
 
 def test_unreachable_api_server(k8s):
-    api = k8s([("POST", CMS, 0, urllib3.exceptions.MaxRetryError(None, CMS, "Connection refused"))])
+    api = k8s([("POST", CMS, 0, urllib3.exceptions.MaxRetryError(None, CMS, "Connection refused"))])  # type: ignore[arg-type]
     msg = one_error_line(run("submit", EXAMPLES / "tiny-k8s-pytorchjob.yaml"))
     assert "cannot reach the Kubernetes API" in msg and api.methods() == [("POST", CMS)]
 
@@ -220,8 +221,8 @@ def test_status_running_then_succeeded(k8s):
     _submitted(k8s)
     created = condition("Created", "True", "PyTorchJobCreated", f"PyTorchJob {NAME} is created.")
     running = condition("Running", "True", "PyTorchJobRunning", f"PyTorchJob {NS}/{NAME} is running.")
-    pods = {"kind": "PodList", "apiVersion": "v1", "metadata": {},
-            "items": [pod(f"{NAME}-master-0", "master", 0, "Running"), pod(f"{NAME}-worker-0", "worker", 0, "Running", 1)]}
+    pods: dict[str, Any] = {"kind": "PodList", "apiVersion": "v1", "metadata": {},
+                            "items": [pod(f"{NAME}-master-0", "master", 0, "Running"), pod(f"{NAME}-worker-0", "worker", 0, "Running", 1)]}
     api = k8s([("GET", f"{JOBS}/{NAME}", 200, job_with([created, running], {"Master": {"active": 1},
                                                                             "Worker": {"active": 1}})),
                ("GET", PODS, 200, pods)])

@@ -12,22 +12,21 @@ import base64
 import json
 import re
 import subprocess
-import sys
 import zlib
 from urllib.parse import parse_qs, urlparse
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
 from launcher.backends.k8s_crd import load_crd, validate
-from launcher.cli import cli
 from launcher.plan.commgroups import probe_spec
 from launcher.plan.model import Plan
 from launcher.plan.planner import plan_job
 from launcher.plan.spec import spec_from_dict
 from launcher.render.k8s import render_k8s
+from tests.cli_helpers import invoke, run_main
 from tests.conftest import EXAMPLES, spec_file
+from tests.plan_helpers import chosen
 from tests.test_k8s_backend import CMS, NS, PODS, echo_created, install_fake, one_error_line, status_obj
 
 pytestmark = pytest.mark.unit
@@ -46,7 +45,7 @@ def render(api: str = "trainjob", tolerance: float = 0.3, **k8s):
     d["backend"]["k8s"].update(api=api, **k8s)
     d["backend"]["k8s"] = {k: v for k, v in d["backend"]["k8s"].items() if v is not None}
     spec = spec_from_dict(d, source="job.yaml")
-    plan = plan_job(spec).best
+    plan = chosen(plan_job(spec))
     assert plan is not None
     r = render_k8s(spec, plan, preflight_plan=tolerance)
     return plan, r, [x for x in yaml.safe_load_all(r.files["manifest.yaml"]) if x]
@@ -170,13 +169,13 @@ def test_pytorchjob_gate_needs_a_name_that_can_be_a_service():
     from launcher.errors import UserError
 
     with pytest.raises(UserError, match="must start with a letter for --preflight-plan"):
-        render_k8s(spec, plan_job(spec).best, preflight_plan=0.3)
+        render_k8s(spec, chosen(plan_job(spec)), preflight_plan=0.3)
 
 
 def test_without_the_gate_nothing_changes():
     d = yaml.safe_load((EXAMPLES / "tiny-k8s.yaml").read_text())
     spec = spec_from_dict(d, source="job.yaml")
-    text = render_k8s(spec, plan_job(spec).best).files["manifest.yaml"]
+    text = render_k8s(spec, chosen(plan_job(spec))).files["manifest.yaml"]
     assert "groupprobe" not in text and "preflight-plan" not in text and "publishNotReadyAddresses" not in text
 
 
@@ -189,7 +188,7 @@ def test_the_pods_verdict_exit_status_tells_slow_from_not_measured(tmp_path, cap
     from checks.groupprobe.verdict import main
 
     d = yaml.safe_load((EXAMPLES / "tiny-k8s.yaml").read_text())
-    probe = probe_spec(plan_job(spec_from_dict(d, source="job.yaml")).best, tolerance=0.3)
+    probe = probe_spec(chosen(plan_job(spec_from_dict(d, source="job.yaml"))), tolerance=0.3)
 
     def measured(slow: tuple[str, int] | None):
         return replace(probe, groups=[replace(g, measured_s=g.assumed_s * (2 if (g.kind, g.index) == slow else 0.5),
@@ -214,8 +213,8 @@ def test_submit_with_the_gate_creates_the_gangs_service_and_cancel_removes_it(mo
     name = "tiny-k8s"
     api = k8s([("POST", CMS, 201, echo_created), ("POST", SVCS, 201, echo_created), ("POST", PJOBS, 201, echo_created),
                ("PATCH", f"{CMS}/{name}-plan", 200, {}), ("PATCH", f"{SVCS}/{name}-gang", 200, {})])
-    res = CliRunner().invoke(cli, ["submit", str(EXAMPLES / "tiny-k8s-pytorchjob.yaml"), "--preflight-plan",
-                                   "--tolerance", "0.2", "--json"])
+    res = invoke("submit", str(EXAMPLES / "tiny-k8s-pytorchjob.yaml"), "--preflight-plan",
+                 "--tolerance", "0.2", "--json")
     assert res.exit_code == 0, res.output
     assert api.methods() == [("POST", CMS), ("POST", SVCS), ("POST", PJOBS), ("PATCH", f"{CMS}/{name}-plan"),
                              ("PATCH", f"{SVCS}/{name}-gang")]
@@ -240,13 +239,13 @@ def test_submit_with_the_gate_creates_the_gangs_service_and_cancel_removes_it(mo
         return answer(method, url, **kw)
 
     monkeypatch.setattr(api, "request", request)
-    res = CliRunner().invoke(cli, ["logs", name, "--rank", "0"])
+    res = invoke("logs", name, "--rank", "0")
     containers = [c[2].get("container") for c in api.calls]
     assert containers == [["groupprobe"], ["pytorch"]], api.calls
     assert res.exit_code == 0, res.output
     assert "tiny-k8s-master-0: the pytorch container did not start (plan preflight above)" in res.output
     api = k8s([])
-    res = CliRunner().invoke(cli, ["cancel", name, "--json"])
+    res = invoke("cancel", name, "--json")
     assert res.exit_code == 0, res.output
     assert ("DELETE", f"{SVCS}/{name}-gang") in api.methods()
 
@@ -255,7 +254,7 @@ def test_submit_with_the_gate_creates_the_gangs_service_and_cancel_removes_it(mo
 @pytest.fixture
 def plan2(tmp_path):
     out = tmp_path / "plan.json"
-    res = CliRunner().invoke(cli, ["plan", str(EXAMPLES / "tiny-k8s.yaml"), "-o", str(out)])
+    res = invoke("plan", str(EXAMPLES / "tiny-k8s.yaml"), "-o", str(out))
     assert res.exit_code == 0, res.output
     return out
 
@@ -276,22 +275,6 @@ def measured_log(plan_path, slow: tuple[str, int] | None) -> bytes:
 
 
 GANG = r"launch4d-pp-[0-9a-f]{8}"
-
-
-def launch(capsys, monkeypatch, *args: str) -> tuple[int, str, str]:
-    """`launch ARGS` in this process (the fake API is installed here), with the exit status main() gives
-    the shell (preflight returns its status; CliRunner would drop it)."""
-    from launcher.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["launch", *args])
-    capsys.readouterr()
-    try:
-        main()
-        rc = 0
-    except SystemExit as exc:
-        rc = int(exc.code or 0)
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 def pod_read(body=None) -> dict:
@@ -319,7 +302,7 @@ def decode(command: str) -> tuple[dict, list[str]]:
 def test_preflight_plan_on_kubernetes_is_a_gang_of_pods_and_names_a_slow_group(capsys, monkeypatch, tmp_path, plan2):
     k8s = install_fake(monkeypatch, tmp_path)
     api = k8s(gang_routes(measured_log(plan2, slow=("tp", 1))))
-    rc, out, err = launch(capsys, monkeypatch, "preflight", "--plan", str(plan2), "--backend", "k8s", "--json")
+    rc, out, err = run_main(capsys, monkeypatch, "preflight", "--plan", str(plan2), "--backend", "k8s", "--json")
     assert rc == 1, out + err
     rep = json.loads(out)
     assert [(s["kind"], s["ranks"], s["hosts"]) for s in rep["slow"]] == [("tp", [2, 3], ["gpu-b", "gpu-b"])]
@@ -351,7 +334,7 @@ def test_preflight_plan_on_kubernetes_is_a_gang_of_pods_and_names_a_slow_group(c
 def test_preflight_plan_on_kubernetes_within_tolerance_and_pinned_to_nodes(capsys, monkeypatch, tmp_path, plan2):
     k8s = install_fake(monkeypatch, tmp_path)
     api = k8s(gang_routes(measured_log(plan2, slow=None)))
-    rc, out, err = launch(capsys, monkeypatch, "preflight", "--plan", str(plan2), "--backend", "k8s", "--hosts",
+    rc, out, err = run_main(capsys, monkeypatch, "preflight", "--plan", str(plan2), "--backend", "k8s", "--hosts",
                           "gpu-a,gpu-b", "--namespace", NS, "--image", "registry.example/l4d:1")
     assert rc == 0, out + err
     assert "every group within 30% of what the plan assumed" in out
@@ -363,7 +346,7 @@ def test_preflight_plan_on_kubernetes_within_tolerance_and_pinned_to_nodes(capsy
 def test_preflight_plan_on_kubernetes_dry_run_creates_nothing(capsys, monkeypatch, tmp_path, plan2):
     k8s = install_fake(monkeypatch, tmp_path)
     api = k8s([])
-    rc, out, err = launch(capsys, monkeypatch, "preflight", "--plan", str(plan2), "--backend", "k8s", "--dry-run")
+    rc, out, err = run_main(capsys, monkeypatch, "preflight", "--plan", str(plan2), "--backend", "k8s", "--dry-run")
     assert rc == 0, out + err
     docs = [d for d in yaml.safe_load_all(out) if d]
     assert [d["kind"] for d in docs] == ["Service", "Pod", "Pod"] and api.calls == []
@@ -374,7 +357,7 @@ def test_preflight_plan_on_kubernetes_without_a_cluster_is_one_line_and_exit_2(m
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("LAUNCH4D_STATE", str(tmp_path / "state"))
-    res = CliRunner().invoke(cli, ["preflight", "--plan", str(plan2), "--backend", "k8s"])
+    res = invoke("preflight", "--plan", str(plan2), "--backend", "k8s")
     assert "no Kubernetes credentials" in one_error_line(res)
     # a kubeconfig whose API server answers nothing: also one line, exit 2, nothing half-made
     cfg = {"apiVersion": "v1", "kind": "Config", "current-context": "a",
@@ -385,7 +368,7 @@ def test_preflight_plan_on_kubernetes_without_a_cluster_is_one_line_and_exit_2(m
     data = json.loads(plan2.read_text())
     data["backend"]["k8s"]["kubeconfig"] = str(tmp_path / "kubeconfig")      # the plan's own kubeconfig is read
     plan2.write_text(json.dumps(data))
-    res = CliRunner().invoke(cli, ["preflight", "--plan", str(plan2), "--backend", "k8s"])
+    res = invoke("preflight", "--plan", str(plan2), "--backend", "k8s")
     errors = [ln for ln in res.output.splitlines() if ln.startswith("error")]
     assert res.exit_code == 2 and len(errors) == 1 and "Traceback" not in res.output, res.output
     assert "Service training/launch4d-pp-" in errors[0] and "cannot reach the Kubernetes API" in errors[0]

@@ -23,6 +23,7 @@ from launcher.plan.planner import plan_job
 from launcher.plan.spec import spec_from_dict
 from launcher.render.k8s import render_k8s
 from tests.conftest import EXAMPLES, spec_file
+from tests.plan_helpers import chosen
 
 pytestmark = pytest.mark.unit
 
@@ -55,7 +56,7 @@ def job_dict(path=EXAMPLES / "tiny-k8s.yaml", **over) -> dict:
 
 def render_docs(path=EXAMPLES / "tiny-k8s.yaml", exclude=None, **over):
     spec = spec_from_dict(job_dict(path, **over), source="job.yaml")
-    plan = plan_job(spec).best
+    plan = chosen(plan_job(spec))
     rendered = render_k8s(spec, plan, exclude=exclude)
     return spec, plan, rendered, [d for d in yaml.safe_load_all(rendered.files["manifest.yaml"]) if d]
 

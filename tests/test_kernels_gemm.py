@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _fit_gemm():
     spec = importlib.util.spec_from_file_location("fit_gemm", ROOT / "benchmarks" / "fit_gemm.py")
+    assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from launcher.plan.ledger import (
@@ -29,7 +31,7 @@ from launcher.plan.spec import ModelSpec, resolve_gpu, spec_from_dict
 
 pytestmark = pytest.mark.unit
 
-SHAPES = {
+SHAPES: dict[str, dict[str, Any]] = {
     "gqa-swiglu": dict(hidden=128, heads=4, kv_heads=2, ffn_hidden=352, vocab=512),
     "mha-gelu": dict(hidden=128, heads=4, kv_heads=4, ffn_hidden=512, vocab=512, mlp="gelu"),
     "moe": dict(hidden=128, heads=4, kv_heads=2, ffn_hidden=96, vocab=512, experts=4, experts_per_token=2),
@@ -123,7 +125,7 @@ L2_13B = {"layers": 40, "hidden": 5120, "heads": 40, "ffn_hidden": 13824, "vocab
 #: name -> model, nodes of 8 × H100 80 GB, seq_len, global batch, the published degrees and micro-batch.
 #: NeMo 2 recipes (nemo/collections/llm/recipes/llama31_*.py: TP/PP/VP/CP, mbs 1, gbs 512, seq 8192);
 #: torchtitan (train_configs, benchmarks/llama3_h100_202412_torchtitan.md: FSDP, local batch, seq).
-PUBLISHED = {
+PUBLISHED: dict[str, tuple[Any, int, int, int, dict[str, Any]]] = {
     "nemo-llama31-8b": ("llama3-8b", 1, 8192, 512, dict(tp=1, cp=2, pp=1, micro_batch=1, recompute="none")),
     "nemo-llama31-70b": ("llama3-70b", 64, 8192, 512, dict(tp=4, cp=2, pp=4, virtual_stages=5,
                                                            schedule="interleaved-1f1b", micro_batch=1)),

@@ -59,7 +59,7 @@ def test_gpu_query_short_row_names_the_line():
 def test_nvlink_status_inactive_links():
     s = parse_nvlink_status(nvlink_status(n=2, links=18, inactive={1: [4, 5]}))
     assert [g.active for g in s.gpus] == [18, 16] and s.gpus[1].inactive == [4, 5]
-    assert s.gpus[0].links[0] == pytest.approx(26.562) and s.gpus[0].uuid.startswith("GPU-")
+    assert s.gpus[0].links[0] == pytest.approx(26.562) and str(s.gpus[0].uuid).startswith("GPU-")
 
 
 def test_nvlink_without_links_and_garbage():

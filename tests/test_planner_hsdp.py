@@ -15,6 +15,7 @@ from launcher.plan.ledger import memory_ledger, rank_memory
 from launcher.plan.model import Layout
 from launcher.plan.planner import plan_job
 from launcher.plan.spec import resolve_gpu, resolve_model, spec_from_dict
+from tests.plan_helpers import chosen
 
 pytestmark = pytest.mark.unit
 
@@ -93,11 +94,11 @@ def test_hybrid_sharding_wins_on_many_nodes_with_a_small_model_and_slow_links():
     VLDB 2023, arXiv 2304.11277) §3.2.2 (hybrid sharding keeps the all-gathers and reduce-scatters inside a
     node) and torchtitan's HSDP (dp_replicate × dp_shard) for models that fit a node's shard."""
     r = plan_job(spec_from_dict(job("llama3-1b", 128, {"tp": 1, "cp": 1, "pp": 1})))
-    best = r.best.layout
+    best = chosen(r).layout
     assert best.dp_shard == 8 and best.dp_replicas == 128 and best.zero >= 1
     full = next(a for a in r.alternatives if a.layout.dp_shard is None)
-    assert full.estimate["step_time_s"] > 1.05 * r.best.estimate["step_time_s"]    # outside the tie band
-    assert r.best.estimate["dp_replica_s"] > 0
+    assert full.estimate["step_time_s"] > 1.05 * chosen(r).estimate["step_time_s"]    # outside the tie band
+    assert chosen(r).estimate["dp_replica_s"] > 0
     assert "dp_shard=8" in r.choice["line"] or r.choice["rule"] == "fastest"
 
 
@@ -106,7 +107,7 @@ def test_full_sharding_wins_where_only_it_fits():
     all 256 fits (the FSDP paper's §3.2.2: hybrid sharding needs the model's state to fit the shard group)."""
     spec = spec_from_dict(job("llama3-70b", 32, {"tp": 1, "cp": 1, "pp": 1}, net=3.125, global_batch=512))
     r = plan_job(spec)
-    best = r.best.layout
+    best = chosen(r).layout
     assert best.dp_shard is None and best.dp == 256
     hybrid = dataclasses.replace(best, dp_shard=8)
     assert not memory_ledger(spec.model, spec.train, spec.gpu, hybrid, spec.cluster.memory_headroom).fits
@@ -115,14 +116,14 @@ def test_full_sharding_wins_where_only_it_fits():
 
 def test_a_fixed_dp_shard_is_planned_as_given():
     r = plan_job(spec_from_dict(job("llama3-1b", 4, {"tp": 1, "cp": 1, "pp": 1, "dp_shard": 4, "zero": 3})))
-    assert r.best.layout.dp_shard == 4 and r.best.dp_replicas == 8
-    assert r.best.to_dict()["layout"]["dp_shard"] == 4
+    assert chosen(r).layout.dp_shard == 4 and chosen(r).dp_replicas == 8
+    assert chosen(r).to_dict()["layout"]["dp_shard"] == 4
 
 
 def test_an_hsdp_plan_exports_as_torchtitans_dp_replicate_and_dp_shard():
     from launcher.plan.export import export
 
-    plan = plan_job(spec_from_dict(job("llama3-1b", 4, {"tp": 1, "cp": 1, "pp": 1, "dp_shard": 8, "zero": 2}))).best
+    plan = chosen(plan_job(spec_from_dict(job("llama3-1b", 4, {"tp": 1, "cp": 1, "pp": 1, "dp_shard": 8, "zero": 2}))))
     tt = export(plan, "torchtitan")
     par = tt.options["parallelism"]
     assert (par["data_parallel_replicate_degree"], par["data_parallel_shard_degree"]) == (4, 8) and tt.exact

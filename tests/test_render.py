@@ -26,6 +26,7 @@ from launcher.render import check_k8s_name
 from launcher.render.k8s import render_k8s
 from launcher.render.sbatch import render_slurm
 from tests.conftest import EXAMPLES, spec_file
+from tests.plan_helpers import chosen
 
 pytestmark = pytest.mark.unit
 
@@ -43,7 +44,7 @@ def job_dict(**over) -> dict:
 
 def spec_plan(**over):
     spec = spec_from_dict(job_dict(**over), source="job.yaml")
-    return spec, plan_job(spec).best
+    return spec, chosen(plan_job(spec))
 
 
 def cli_run(*args: str):
@@ -331,7 +332,7 @@ def k8s_docs(**over):
             node = node.setdefault(p, {})
         node[last] = value
     spec = spec_from_dict(d, source="job.yaml")
-    plan = plan_job(spec).best
+    plan = chosen(plan_job(spec))
     text = render_k8s(spec, plan).files["manifest.yaml"]
     return spec, plan, text, list(yaml.safe_load_all(text))
 
@@ -486,7 +487,7 @@ def _alternative_plan(tmp_path) -> tuple[Path, Path, dict]:
     spec = spec_from_dict(d, source=str(job))
     result = plan_job(spec, top=1, ranks_for=2)
     alt = result.alternatives[0]
-    assert alt.degrees != result.best.degrees and len(alt.ranks) == alt.world_size
+    assert alt.degrees != chosen(result).degrees and len(alt.ranks) == alt.world_size
     alt.save(tmp_path / "plan.json")
     return job, tmp_path / "plan.json", alt.to_dict()
 
@@ -553,13 +554,13 @@ def test_a_queued_trainjob_gives_its_pods_no_priority_class():
     """examples/tiny-k8s.yaml is queued by Kueue with priority_class: that names a WorkloadPriorityClass
     (the TrainJob's label), never the pods' priorityClassName, though the job renders its own runtime."""
     spec = load_spec(EXAMPLES / "tiny-k8s.yaml")
-    docs = list(yaml.safe_load_all(render_k8s(spec, plan_job(spec).best, "/tmp/x").files["manifest.yaml"]))
+    docs = list(yaml.safe_load_all(render_k8s(spec, chosen(plan_job(spec)), "/tmp/x").files["manifest.yaml"]))
     train = next(d for d in docs if d["kind"] == "TrainJob")
     assert train["metadata"]["labels"]["kueue.x-k8s.io/priority-class"] == "high-priority"
     runtime = next(d for d in docs if d["kind"] == "TrainingRuntime")
     assert "priorityClassName" not in json.dumps(runtime) and "priorityClassName" not in json.dumps(train)
     d = job_dict(**{"backend.kind": "k8s", "backend.k8s.image": "img:1", "backend.k8s.priority_class": "high"})
     s2 = spec_from_dict(d)                             # not queued: the pods' priorityClassName, in its own runtime
-    docs = list(yaml.safe_load_all(render_k8s(s2, plan_job(s2).best, "/tmp/x").files["manifest.yaml"]))
+    docs = list(yaml.safe_load_all(render_k8s(s2, chosen(plan_job(s2)), "/tmp/x").files["manifest.yaml"]))
     runtime = next(d for d in docs if d["kind"] == "TrainingRuntime")
     assert '"priorityClassName": "high"' in json.dumps(runtime)
