@@ -21,7 +21,7 @@ pytestmark = pytest.mark.unit
 MOE = dict(layers=4, hidden=128, heads=4, kv_heads=2, ffn_hidden=96, vocab=512, experts=4, experts_per_token=2)
 
 
-def make_plan(nodes=2, gpn=8, model="tiny", **par):
+def planned(nodes=2, gpn=8, model="tiny", **par):
     d = {"name": "cg", "model": model, "train": {"seq_len": 64, "global_batch": 16, "precision": "fp32"},
          "cluster": {"nodes": nodes, "gpus_per_node": gpn, "gpu": "cpu"},
          "parallel": {"recompute": "none", "micro_batch": 1, **par}}
@@ -31,7 +31,7 @@ def make_plan(nodes=2, gpn=8, model="tiny", **par):
 def test_every_group_of_a_4d_plan_comes_from_its_rank_grid():
     """tp2 cp2 pp2 dp2 on 2 nodes of 8: TP groups are consecutive ranks on one node, CP stride 2, PP
     pairs are the stage neighbours across the nodes, the DP/ZeRO group is dp·cp flattened."""
-    plan = make_plan(tp=2, cp=2, pp=2, zero=1)
+    plan = planned(tp=2, cp=2, pp=2, zero=1)
     assert (plan.tp, plan.cp, plan.pp, plan.dp) == (2, 2, 2, 2)
     spec = probe_spec(plan)
     by = {k: [g.ranks for g in spec.of(k)] for k in spec.kinds()}
@@ -52,7 +52,7 @@ def test_every_group_of_a_4d_plan_comes_from_its_rank_grid():
 
 
 def test_pp_neighbour_pairs_run_in_two_phases_when_stages_share_ranks():
-    plan = make_plan(nodes=1, gpn=4, pp=4, tp=1, zero=0)
+    plan = planned(nodes=1, gpn=4, pp=4, tp=1, zero=0)
     pairs = kind_groups(plan, "pp")
     assert pairs == [([0, 1], 0), ([1, 2], 1), ([2, 3], 0)]
 
@@ -69,7 +69,7 @@ def test_ep_groups_are_the_trainers():
 
 
 def test_moe_plan_probes_its_ep_all_to_all():
-    plan = make_plan(nodes=1, gpn=8, model=MOE, tp=1, ep=4, zero=1)
+    plan = planned(nodes=1, gpn=8, model=MOE, tp=1, ep=4, zero=1)
     spec = probe_spec(plan)
     ep = spec.of("ep")
     assert ep and all(g.op == "all_to_all" and g.size == 4 for g in ep)
@@ -78,7 +78,7 @@ def test_moe_plan_probes_its_ep_all_to_all():
 def test_the_probe_prices_each_group_as_the_time_model_does():
     """Each group's assumed time is the model's time for its collective (costs.collectives): the figures
     estimate() charges, so a measured group is compared with what the plan was chosen on."""
-    plan = make_plan(tp=2, cp=2, pp=2, zero=3)
+    plan = planned(tp=2, cp=2, pp=2, zero=3)
     comm = plan_collectives(plan)
     for g in probe_spec(plan).groups:
         c = comm[g.kind]
@@ -91,7 +91,7 @@ def test_the_probe_prices_each_group_as_the_time_model_does():
 
 
 def test_measured_figures_move_the_step_time_and_busbw_for_inverts_seconds():
-    plan = make_plan(tp=2, cp=1, pp=2, zero=1)
+    plan = planned(tp=2, cp=1, pp=2, zero=1)
     comm = plan_collectives(plan)
     for c in comm.values():
         t = c.seconds()
@@ -109,7 +109,7 @@ def test_measured_figures_move_the_step_time_and_busbw_for_inverts_seconds():
 
 
 def test_a_slow_group_is_named_and_its_host_blamed():
-    plan = make_plan(tp=2, cp=1, pp=1, zero=3, dp_shard=8)     # one ZeRO group over both nodes
+    plan = planned(tp=2, cp=1, pp=1, zero=3, dp_shard=8)     # one ZeRO group over both nodes
     assert plan.dp == 8
     spec = probe_spec(plan, hosts=["n1", "n2"])
     groups = [replace(g, measured_s=g.assumed_s * (5 if g.kind == "tp" and g.index == 5 else 0.9))
@@ -127,7 +127,7 @@ def test_a_slow_group_is_named_and_its_host_blamed():
 
 
 def test_the_file_round_trips_and_bad_files_are_one_line(tmp_path):
-    plan = make_plan(tp=2, zero=3)
+    plan = planned(tp=2, zero=3)
     spec = probe_spec(plan)
     spec = replace(spec, groups=[replace(g, measured_s=2 * g.assumed_s, hosts=["a"] * g.size) for g in spec.groups])
     p = tmp_path / "preflight-plan.json"
@@ -137,6 +137,7 @@ def test_the_file_round_trips_and_bad_files_are_one_line(tmp_path):
     d = json.loads(p.read_text())
     assert d["groups"][0]["ratio"] == pytest.approx(0.5)
     g0 = spec.groups[0]
+    assert g0.measured_s is not None
     assert d["groups"][0]["measured_busbw_gbs"] == pytest.approx(
         g0.nbytes / g0.measured_s * bus_factor(g0.op, g0.size) / 1e9, rel=1e-5)
     for bad, word in (({**d, "kind": "x"}, "not a plan preflight file"), ({**d, "version": 9}, "version 9"),

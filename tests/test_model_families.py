@@ -6,13 +6,13 @@ TP, CP and EP over gloo with the single process's losses (within RTOL, as tests/
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from launcher.plan.spec import ModelSpec, resolve_model
-from tests.trainer_helpers import make_plan, spawn_layouts
+from tests.trainer_helpers import job_losses, make_plan, spawn_layouts
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +43,7 @@ EP_PP = ("pp2_dp2_ep2_zero1", dict(pp=2, dp=2, ep=2, zero=1, schedule="1f1b"))
 EP_FSDP = ("dp2_ep2_zero3", dict(dp=2, ep=2, zero=3))
 #: layouts beside the single process, where a family brings a feature the parity suite's Llama and Mixtral
 #: shapes lack (their plain shapes: tests/test_trainer_parity.py)
-LAYOUTS = {
+LAYOUTS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "gemma-7b": [TP, CP_TP],                        # head_dim apart from hidden/heads, GeGLU, tied
     "qwen3-30b-a3b": [TP, EP_PP],                   # head_dim apart, experts narrower than ffn_hidden
     "deepseek-moe-16b": [TP, EP_PP, EP_FSDP],       # shared experts, the first layer dense (stage 0's)
@@ -78,17 +78,10 @@ def results(tmp_path_factory) -> dict[str, dict]:
     return {n.replace("__", "/"): r for n, r in got.items()}
 
 
-def _losses(results: dict, name: str) -> list[float]:
-    r = results[name]
-    assert "losses" in r, f"{name} failed: {r.get('error')}\n{r.get('trace', '')}"
-    assert len(r["losses"]) == STEPS and all(math.isfinite(x) for x in r["losses"])
-    return r["losses"]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in JOBS if n.endswith("/ref")])
 def test_shrunken_family_trains_in_one_process(results, name):
-    losses = _losses(results, name)
+    losses = job_losses(results, name, STEPS)
     assert losses[-1] < losses[0], f"{name} did not train: {losses}"
 
 
@@ -96,11 +89,11 @@ def test_shrunken_family_trains_in_one_process(results, name):
 @pytest.mark.parametrize("name", [n for n in JOBS if not n.endswith("/ref")])
 def test_shrunken_family_layout_matches_one_process(results, name):
     ref = JOBS[name][2]
-    assert _losses(results, name) == pytest.approx(_losses(results, ref), rel=RTOL)
+    assert job_losses(results, name, STEPS) == pytest.approx(job_losses(results, ref, STEPS), rel=RTOL)
     assert results[name]["grad_norms"] == pytest.approx(results[ref]["grad_norms"], rel=RTOL)
 
 
 def test_families_differ_from_each_other(results):
     """The features change the model (a shrunken Gemma is not the shrunken Llama under another name)."""
-    firsts = {n: tuple(_losses(results, n)) for n in JOBS if n.endswith("/ref")}
+    firsts = {n: tuple(job_losses(results, n, STEPS)) for n in JOBS if n.endswith("/ref")}
     assert len(set(firsts.values())) == len(firsts)

@@ -22,22 +22,17 @@ import pytest
 
 from launcher.backends import PREEMPT_EXIT_CODE, PREEMPTED, SUCCEEDED, state_for_exit
 from launcher.backends.local import LocalBackend, job_exit_code, rank_of
+from tests.cli_helpers import LAUNCH, launch, state_env
 from tests.conftest import EXAMPLES
 
 pytestmark = pytest.mark.e2e
 
-LAUNCH = [str(Path(sys.executable).with_name("launch"))]
 TINY = EXAMPLES / "tiny-cpu.yaml"
 
 
 @pytest.fixture
 def env(tmp_path):
-    return {**os.environ, "LAUNCH4D_STATE": str(tmp_path / "state"), "OMP_NUM_THREADS": "1"}
-
-
-def launch(*args, env, timeout=240, cwd=None):
-    return subprocess.run([*LAUNCH, *map(str, args)], capture_output=True, text=True, env=env, timeout=timeout,
-                          cwd=cwd)
+    return state_env(tmp_path)
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -127,7 +122,7 @@ def test_exit_code_from_real_torchrun_failure_summary(tmp_path):
 def full_run(tmp_path_factory):
     """One uninterrupted 2-process run of the tiny job (shared by the end-to-end and parity tests)."""
     base = tmp_path_factory.mktemp("full")
-    env = {**os.environ, "LAUNCH4D_STATE": str(base / "state"), "OMP_NUM_THREADS": "1"}
+    env = state_env(base)
     r = launch("run", TINY, "--nproc", 2, "--run-dir", base / "run", "--json", env=env)
     return base / "run", r
 
@@ -157,7 +152,7 @@ def test_resume_parity_after_sigterm(full_run, tmp_path, env):
     ref_dir, ref = full_run
     assert ref.returncode == 0, ref.stderr[-3000:]
     rd = tmp_path / "run"
-    proc = subprocess.Popen([*LAUNCH, "run", str(TINY), "--nproc", "2", "--run-dir", str(rd), "--json"],
+    proc = subprocess.Popen([LAUNCH, "run", str(TINY), "--nproc", "2", "--run-dir", str(rd), "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 180
     while time.time() < deadline:  # wait for step 2, then stop it as Slurm's preemption would
@@ -190,15 +185,15 @@ def test_resume_parity_after_sigterm(full_run, tmp_path, env):
 def test_run_dir_layout_and_refusal_of_another_jobs_dir(tmp_path):
     from launcher.backends import prepare_run_dir
     from launcher.errors import UserError
-    from tests.test_trainer_data import make_plan
+    from tests.test_trainer_data import data_plan
 
-    rd = prepare_run_dir(tmp_path / "rd", make_plan(dp=2), "name: t\n")
+    rd = prepare_run_dir(tmp_path / "rd", data_plan(dp=2), "name: t\n")
     for sub in ("logs/nccl", "logs/flight", "heartbeat", "checkpoints"):
         assert (rd / sub).is_dir()
     assert (rd / "job.yaml").read_text() == "name: t\n" and (rd / "plan.json").exists()
-    prepare_run_dir(rd, make_plan(dp=2), None)  # the same job again (a resume) is fine
+    prepare_run_dir(rd, data_plan(dp=2), None)  # the same job again (a resume) is fine
     with pytest.raises(UserError, match="holds a different job"):
-        prepare_run_dir(rd, make_plan(dp=4), None)
+        prepare_run_dir(rd, data_plan(dp=4), None)
 
 
 def tiny_job(tmp_path: Path, name: str, replace: dict[str, str]) -> Path:
@@ -245,15 +240,15 @@ def test_token_file_job_and_pipeline_resume_from_checkpoint(tmp_path, env):
 def test_local_env_pins_cpu_jobs_and_follows_the_plans_gpu_order(tmp_path, monkeypatch):
     from launcher.plan.layout import placements
     from launcher.plan.spec import load_spec, resolve_gpu
-    from tests.test_trainer_data import make_plan
+    from tests.test_trainer_data import data_plan
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     spec = load_spec(TINY)
     be = LocalBackend()
-    cpu = be.env(spec, make_plan(dp=2), tmp_path)
+    cpu = be.env(spec, data_plan(dp=2), tmp_path)
     assert cpu["CUDA_VISIBLE_DEVICES"] == "" and cpu["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[rank${rank}]: "
     assert cpu["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == str(tmp_path / "logs" / "flight" / "rank_")
-    gpu_plan = make_plan(dp=4)
+    gpu_plan = data_plan(dp=4)
     gpu_plan.gpu = resolve_gpu("h100-pcie")
     gpu_plan.ranks = placements(gpu_plan.degrees, gpu_plan.mesh_order, 4, [0, 2, 1, 3])
     assert be.env(spec, gpu_plan, tmp_path)["CUDA_VISIBLE_DEVICES"] == "0,2,1,3"
@@ -354,9 +349,9 @@ def test_a_gpu_plan_on_a_machine_without_gpus(tmp_path, env):
 def test_host_memory_check_counts_every_rank():
     from launcher.commands.run_cmd import CPU_RANK_OVERHEAD_GB, check_host_memory
     from launcher.errors import UserError
-    from tests.test_trainer_data import make_plan
+    from tests.test_trainer_data import data_plan
 
-    plan = make_plan(dp=4)
+    plan = data_plan(dp=4)
     plan.memory = {**plan.memory, "per_gpu_gb": 3.0, "runtime_gb": 1.0}
     need = 4 * (2.0 + CPU_RANK_OVERHEAD_GB)
     assert check_host_memory(plan, "cpu", available_gb=need + 0.1) == pytest.approx(need)

@@ -35,9 +35,9 @@ class Net(nn.Module):
 
     def __init__(self, d: int = 8, layers: int = 4):
         super().__init__()
-        self.emb = nn.Linear(d, d)
+        self.emb: nn.Linear | None = nn.Linear(d, d)        # None on a pipeline stage without it
         self.layers = nn.ModuleDict({str(i): Block(d) for i in range(layers)})
-        self.out = nn.Linear(d, 1)
+        self.out: nn.Linear | None = nn.Linear(d, 1)
 
     def forward(self, x):
         x = self.emb(x) if self.emb is not None else x
@@ -70,7 +70,7 @@ def full_state(model) -> dict[str, torch.Tensor]:
 
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     assert sd
-    return {k: v.detach().clone() for k, v in sd.items()}
+    return {k: v.detach().clone() for k, v in sd.items()}  # type: ignore[union-attr]  # a model's: tensors
 
 
 def test_round_trip_single_process(tmp_path):
@@ -86,8 +86,8 @@ def test_round_trip_single_process(tmp_path):
     train_steps(model, opt, sched, 2, seed=5)  # move away
 
     m2, o2, s2 = make_training(seed=9)
-    step, data = Checkpointer(tmp_path, every=3).load_latest(m2, o2, s2)
-    assert (step, data) == (3, {"step": 3, "kind": "synthetic"})
+    loaded = Checkpointer(tmp_path, every=3).load_latest(m2, o2, s2)
+    assert loaded == (3, {"step": 3, "kind": "synthetic"})
     for k, v in saved.items():
         assert torch.equal(m2.state_dict()[k], v), k
     assert s2.get_last_lr() == lr and s2.last_epoch == 3
@@ -149,11 +149,13 @@ def test_crash_mid_dcp_write_and_stale_latest(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         ck.maybe_save(2, model, opt, sched, {"step": 2})
     monkeypatch.undo()
-    assert Checkpointer(tmp_path, 1).latest_dir().name == "step-1"
+    latest = Checkpointer(tmp_path, 1).latest_dir()
+    assert latest is not None and latest.name == "step-1"
     # `latest` pointing at something incomplete (hand-edited, or a torn copy): newest complete wins
     (tmp_path / "checkpoints" / "step-7").mkdir()
     (tmp_path / "checkpoints" / "latest").write_text("step-7\n")
-    assert Checkpointer(tmp_path, 1).latest_dir().name == "step-1"
+    latest = Checkpointer(tmp_path, 1).latest_dir()
+    assert latest is not None and latest.name == "step-1"
 
 
 def test_keep_prunes_old_and_resave_same_step_is_noop(tmp_path):
@@ -248,7 +250,8 @@ def test_fsdp_two_ranks_round_trip_and_reshard_to_one_process(tmp_path):
     ref = torch.load(tmp_path / "ref.pt")
     # the sharded checkpoint loads into a plain single-process model (DCP reshards)
     model, opt, sched = make_training(seed=5)
-    assert Checkpointer(tmp_path, every=2).load_latest(model, opt, sched)[0] == 2
+    loaded = Checkpointer(tmp_path, every=2).load_latest(model, opt, sched)
+    assert loaded is not None and loaded[0] == 2
     for k, v in model.state_dict().items():
         assert torch.equal(v, ref[k]), k
 
@@ -275,7 +278,7 @@ def _pp_worker(rank: int, world: int, store: str, run_dir: str) -> None:
         opt = torch.optim.AdamW(params, lr=1e-2)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
         for _ in range(2):
-            sum(p.sum() for p in params).backward()
+            sum((p.sum() for p in params), torch.zeros(())).backward()
             opt.step()
             opt.zero_grad()
             sched.step()
@@ -291,7 +294,7 @@ def _pp_worker(rank: int, world: int, store: str, run_dir: str) -> None:
                 assert torch.equal(v, ref[i][k]), (rank, i, k)
         # each stage got its own optimizer groups back (hyperparameters too) and can step on
         assert opt.param_groups[0]["betas"] == (0.9, 0.999) and len(opt.state) == len(params)
-        sum(p.sum() for p in params).backward()
+        sum((p.sum() for p in params), torch.zeros(())).backward()
         opt.step()
         if rank == 0:
             from torch.distributed.checkpoint import FileSystemReader
@@ -308,4 +311,5 @@ def test_pipeline_stages_save_their_own_keys(tmp_path):
     _spawn(_pp_worker, 2, str(tmp_path))
     # the per-stage checkpoint is one whole model: it loads into an unsplit single-process Net
     model, opt, sched = make_training(seed=4)
-    assert Checkpointer(tmp_path, every=1).load_latest(model, opt, sched)[0] == 2
+    loaded = Checkpointer(tmp_path, every=1).load_latest(model, opt, sched)
+    assert loaded is not None and loaded[0] == 2

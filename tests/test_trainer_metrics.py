@@ -13,16 +13,17 @@ import pytest
 from launcher.formats.rundir import read_heartbeats, read_metrics
 from launcher.plan.costs import model_flops_per_token
 from launcher.trainer.metrics import Heartbeat, MetricsLogger
-from tests.test_trainer_data import make_plan
+from tests.test_trainer_data import data_plan
 
 pytestmark = pytest.mark.unit
 
 
 def test_metrics_line_figures(tmp_path):
-    plan = make_plan(dp=4, micro_batch=2, seq_len=16)
+    plan = data_plan(dp=4, micro_batch=2, seq_len=16)
     out = io.StringIO()
     log = MetricsLogger(tmp_path, 0, plan, stream=out)
     rec = log.log_step(1, loss=5.5, grad_norm=2.0, step_time_s=0.5, tokens=8 * 16, lr=1e-3)
+    assert rec is not None
     fpt = model_flops_per_token(plan.model, 16)
     assert rec["tokens_per_s"] == pytest.approx(256)
     assert rec["tflops_per_gpu"] == pytest.approx(fpt * 256 / 4 / 1e12, rel=1e-3)
@@ -35,7 +36,7 @@ def test_metrics_line_figures(tmp_path):
 
 
 def test_only_rank0_writes_and_resume_trims_redone_steps(tmp_path):
-    plan = make_plan()
+    plan = data_plan()
     MetricsLogger(tmp_path, 1, plan, stream=io.StringIO()).log_step(1, 1.0, 1.0, 1.0, 10)
     assert not (tmp_path / "metrics.jsonl").exists()
     log = MetricsLogger(tmp_path, 0, plan, stream=io.StringIO())
