@@ -133,10 +133,11 @@ def run_benchmark_slurm(spec, plans: list, base: Path, job_text: str | None,
                         "cluster's filesystem; run `launch plan --benchmark` on the login node")
     backend = get_backend("slurm")
     names = [f"{i}-{describe(p)}" for i, p in enumerate(plans)]
-    handles = backend.tasks(backend.submit(backend.request(JobArray(spec, plans, base, names, job_text=job_text))))
+    array = backend.submit(backend.request(JobArray(spec, plans, base, names, job_text=job_text)))
+    handles = backend.tasks(array)
     for h in handles:
         record(h)
-    progress(f"launch: benchmark: Slurm job array {handles[0].extra['array_job']}, {len(plans)} tasks "
+    progress(f"launch: benchmark: Slurm job array {array.id}, {len(plans)} tasks "
              f"({', '.join(h.id for h in handles)}), run dirs under {base}")
     out = []
     for i, (plan, h) in enumerate(zip(plans, handles)):

@@ -170,8 +170,7 @@ def submit(job_file: str, backend: str | None, bwmap: str | None, plan_path: str
         return
     handle = be.submit(req)
     payload = {"id": handle.id, "backend": kind, "name": handle.name, "run_dir": handle.run_dir,
-               "dry_run": False, "host": handle.extra.get("host"),
-               "namespace": handle.extra.get("namespace"), "request": handle.request}
+               "dry_run": False, "host": handle.host, "namespace": handle.namespace, "request": handle.request}
     try:
         record(handle)
     except UserError as exc:  # submitted all the same: say so, with the id
