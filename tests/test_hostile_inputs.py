@@ -25,6 +25,7 @@ from click.testing import CliRunner
 from launcher.cli import cli
 from launcher.errors import UserError
 from tests.conftest import EXAMPLES
+from tests.plan_helpers import chosen
 
 pytestmark = pytest.mark.unit
 
@@ -46,7 +47,7 @@ class World:
     def path(self, name: str) -> Path:
         return self.root / "in" / name
 
-    def job(self, name: str, base: Path, mutate: Callable[[dict], None] | None = None) -> Path:
+    def job(self, name: str, base: Path, mutate: Callable[[dict], object] | None = None) -> Path:
         data = yaml.safe_load(base.read_text())
         if mutate:
             mutate(data)
@@ -132,12 +133,24 @@ def alias_bomb(w: World, base: Path) -> Path:
     return w.raw("bomb.yaml", re.sub(r"seq_len: \d+", "seq_len: *a6", text).encode())
 
 
+def fifo_no_writer(w: World, base: Path) -> Path:
+    """A named pipe that nothing writes to: reading it must not block."""
+    p = w.path("fifo")
+    os.mkfifo(p)
+    return p
+
+
 def _planted_script(w: World) -> str:
     """A script that would leave a mark under the test's directory if anything ran it."""
     p = w.path("planted.sh")
     p.write_text(f"touch {w.root / 'cwd' / 'pwned'}\n")
     p.chmod(0o755)
     return str(p)
+
+
+def _env_runs_code(key: str) -> Callable[[World, Path], Path]:
+    """A job whose backend.env sets `key` to a script planted for the test."""
+    return lambda w, b: w.job("code.yaml", b, _set("backend.env", {key: _planted_script(w)}))
 
 
 #: name -> (how to build the job file from a base, what the error line must name)
@@ -148,7 +161,7 @@ JOB_INPUTS: dict[str, tuple[Callable[[World, Path], Path], str]] = {
     "too-large": (lambda w, b: w.raw("big.yaml", b.read_bytes() + b"#" * (2 << 20)), "limit"),
     "nested-1000": (lambda w, b: w.raw("deep.yaml", b.read_bytes() + b"\nx: " + b"[" * 1000 + b"]" * 1000),
                     "deep.yaml"),
-    "fifo-no-writer": (lambda w, b: (os.mkfifo(w.path("fifo")), w.path("fifo"))[1], "fifo"),
+    "fifo-no-writer": (fifo_no_writer, "fifo"),
     "empty": (lambda w, b: w.raw("empty.yaml", b""), "empty.yaml"),
     "yaml-alias-bomb": (alias_bomb, "seq_len|expands"),
     # a deep log_dir, so an escape would still land under tmp_path (and show in the snapshot)
@@ -172,8 +185,7 @@ JOB_INPUTS: dict[str, tuple[Callable[[World, Path], Path], str]] = {
     "zero-float": (lambda w, b: w.job("zf.yaml", b, _set("parallel.zero", 1.0)), "parallel.zero"),
     "tokens-2**62": (lambda w, b: w.job("tok.yaml", b, lambda d: (d["train"].pop("steps", None),
                                                                   _set("train.tokens", 2**62)(d))), "train.tokens"),
-    **{f"env-{k.lower().replace('%', '')}": (
-        lambda w, b, k=k: w.job("code.yaml", b, _set("backend.env", {k: _planted_script(w)})), f"backend.env.{k[:9]}")
+    **{f"env-{k.lower().replace('%', '')}": (_env_runs_code(k), f"backend.env.{k[:9]}")
        for k in ("BASH_ENV", "ENV", "PROMPT_COMMAND", "PS4", "SHELLOPTS", "LD_PRELOAD", "LD_AUDIT", "PYTHONSTARTUP",
                  "PYTHONHOME", "BASH_FUNC_launch4d_node%%")},
 }
@@ -330,7 +342,7 @@ def test_bad_flag_file(tmp_path, command, inp):
 
 
 # --- the job state file ---------------------------------------------------------------------------
-STATES: dict[str, Callable[[Path], None]] = {
+STATES: dict[str, Callable[[Path], object]] = {
     "binary": lambda p: p.write_bytes(bytes(range(256))),
     "directory": lambda p: p.mkdir(),
     "json-list": lambda p: p.write_text("[1, 2]"),
@@ -490,7 +502,7 @@ def test_local_backend_opens_its_log_without_following_a_link(tmp_path, monkeypa
 
     file, folder = _precious(tmp_path)
     spec = load_spec(CPU_JOB)
-    plan = plan_job(spec).best
+    plan = chosen(plan_job(spec))
     for rel, target in (("logs/node0.log", file), ("logs", folder)):
         rd = tmp_path / f"run-{rel.replace('/', '-')}"
 

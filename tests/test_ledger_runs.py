@@ -11,6 +11,8 @@ record; trainer_helpers.allocation_peak now pairs frees with allocations by addr
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from launcher.plan.ledger import rank_memory
@@ -21,7 +23,7 @@ from tests.trainer_helpers import make_plan, spawn_layouts
 pytestmark = pytest.mark.integration
 
 SHAPE = dict(layers=4, hidden=128, heads=4, kv_heads=2, ffn_hidden=352, vocab=512)
-LAYOUTS = {
+LAYOUTS: dict[str, dict[str, Any]] = {
     "dp1_zero0": dict(),
     "dp1_full": dict(recompute="full"),
     "dp2_zero2": dict(dp=2, zero=2),
@@ -43,7 +45,7 @@ def ledger_bytes(plan: dict, role: str) -> float:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     pytest.importorskip("torch")
-    jobs = []
+    jobs: list[dict[str, Any]] = []
     for name, kw in LAYOUTS.items():
         kw = {"zero": 0, "micro_batch": 2, "seq_len": 256, "steps": 2, "loss_chunk": 128, **kw}
         kw["global_batch"] = kw["micro_batch"] * kw.get("dp", 1) * 4
