@@ -8,6 +8,7 @@ The real run is measured with malloc (tests/verify_helpers.py), not with torch's
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 import torch.multiprocessing as mp
@@ -19,7 +20,7 @@ from tests.verify_helpers import measure_rank
 pytestmark = pytest.mark.integration
 
 MODEL = {"layers": 2, "hidden": 256, "heads": 4, "kv_heads": 2, "ffn_hidden": 512, "vocab": 4096}
-LAYOUTS = {
+LAYOUTS: dict[str, dict[str, Any]] = {
     # the 2-D mesh: FSDP (ZeRO 3) over dp, TP with sequence parallelism
     "tp2-dp2-zero3": dict(tp=2, dp=2, zero=3, micro_batch=2, global_batch=8),
     # pipeline (1F1B) with FSDP (ZeRO 2) on each stage
@@ -62,6 +63,7 @@ def test_traced_peak_within_10_percent_of_a_real_gloo_run(real_peaks, name):
     assert rep.roles, "no role traced"
     for role in rep.roles:
         assert role.status == "traced", role.error
+        assert role.peak_gb is not None, role.role.name
         traced = role.peak_gb * 1e9
         real = real_peaks[(name, role.role.rank)]
         assert traced == pytest.approx(real, rel=0.10), (

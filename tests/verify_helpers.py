@@ -70,6 +70,7 @@ def measure_rank(rank: int, nprocs: int, jobs: list[dict], workdir: str, port: i
             self.peak = max(self.peak, malloc_in_use())
             return out
 
+    eng: Engine | None = None
     for job, plan in job_groups(rank, nprocs, jobs, port):
         try:
             cfg = config_from_plan(plan)
