@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,6 @@ from launcher.commands.preflight_opts import PlanProbeOptions, SlurmJobOptions, 
 from launcher.errors import UserError
 from launcher.formats.groupprobe import KIND_NAMES, GroupProbe
 
-PLAN_BACKENDS = ("local", "ssh", "slurm", "k8s")
 GANG_POLL_S = 2.0   # seconds between looks at the gang's pods
 
 
@@ -41,50 +41,104 @@ class PlanPods:
     dry_run: bool
 
 
-def run(plan_file: str, backend: str | None, hosts: list[str] | None, probe: PlanProbeOptions, timeout_s: float,
-        output: str | None, as_json: bool, ssh: SSHOptions, slurm: SlurmJobOptions, k8s: PlanPods) -> int:
-    from launcher.plan.commgroups import probe_spec, with_measured_step
-    from launcher.plan.model import Plan
+@dataclass(frozen=True)
+class How:
+    """What preflight's option groups say of reaching the nodes."""
 
-    tolerance, iters = probe.tolerance, probe.iters
-    plan = Plan.load(plan_file)
-    backend = backend or ("ssh" if hosts else "local")
-    if backend not in PLAN_BACKENDS:
-        raise UserError(f"--backend {backend}: with --plan, one of {', '.join(PLAN_BACKENDS)}")
-    if backend == "ssh":
+    probe: PlanProbeOptions
+    ssh: SSHOptions
+    slurm: SlurmJobOptions
+    k8s: PlanPods
+    as_json: bool
+
+
+#: The measurement, once everything it needs was checked: (result, log), or None (a dry run printed).
+Measure = Callable[[], "tuple[GroupProbe, str] | None"]
+
+
+class Here:
+    """Every rank on this machine (gloo / NCCL)."""
+
+    def hosts(self, plan: Any, hosts: list[str] | None) -> list[str] | None:
+        """The hosts node i of the plan runs on (refused where they do not fit the plan)."""
+        if hosts:
+            raise UserError("--hosts goes with --backend ssh (or slurm's allocation); local runs every rank here")
+        return None
+
+    def start(self, plan: Any, spec: GroupProbe, hosts: list[str] | None, timeout_s: float, how: How) -> Measure:
+        """What is checked before anything is said (credentials), and the measurement to run then."""
+        from checks.groupprobe.launch import run_local
+
+        def measure() -> tuple[GroupProbe, str]:
+            with tempfile.TemporaryDirectory(prefix="launch4d-groupprobe-") as tmp:
+                return run_local(spec, Path(tmp), timeout_s)
+        return measure
+
+
+class OverSSH(Here):
+    """One torchrun per node over SSH: node i of the plan is host i."""
+
+    def hosts(self, plan: Any, hosts: list[str] | None) -> list[str] | None:
         hosts = hosts or plan.hosts
         if not hosts:
             raise UserError("--backend ssh: give --hosts (the plan names no hosts): node i of the plan is host i")
         if len(hosts) != plan.nodes:
             raise UserError(f"--hosts: {len(hosts)} host(s) for a plan of {plan.nodes} node(s)")
-    elif hosts and backend == "local":
-        raise UserError("--hosts goes with --backend ssh (or slurm's allocation); local runs every rank here")
-    elif hosts and backend == "k8s" and len(hosts) != plan.nodes:
-        raise UserError(f"--hosts: {len(hosts)} Kubernetes node(s) for a plan of {plan.nodes} node(s)")
-    spec = probe_spec(plan, tolerance=tolerance, iters=iters, hosts=hosts)
+        return hosts
+
+    def start(self, plan: Any, spec: GroupProbe, hosts: list[str] | None, timeout_s: float, how: How) -> Measure:
+        return lambda: _over_ssh(spec, hosts or [], timeout_s, how.ssh, how.probe)
+
+
+class SlurmJob(Here):
+    """A batch job of the plan's node count; waits for it."""
+
+    def hosts(self, plan: Any, hosts: list[str] | None) -> list[str] | None:
+        return hosts
+
+    def start(self, plan: Any, spec: GroupProbe, hosts: list[str] | None, timeout_s: float, how: How) -> Measure:
+        return lambda: _slurm_job(plan, spec, timeout_s, how.slurm)
+
+
+class Gang(Here):
+    """A one-off gang of pods through the Kubernetes API; waits for it (--hosts pins pod i to node i)."""
+
+    def hosts(self, plan: Any, hosts: list[str] | None) -> list[str] | None:
+        if hosts and len(hosts) != plan.nodes:
+            raise UserError(f"--hosts: {len(hosts)} Kubernetes node(s) for a plan of {plan.nodes} node(s)")
+        return hosts
+
+    def start(self, plan: Any, spec: GroupProbe, hosts: list[str] | None, timeout_s: float, how: How) -> Measure:
+        kube = None if how.k8s.dry_run else _k8s_backend(plan, how.k8s)   # no cluster: one line, exit 2
+        return lambda: _k8s_gang(plan, spec, hosts, timeout_s, how.k8s, how.probe, how.as_json, kube)
+
+
+WAYS: dict[str, Here] = {"local": Here(), "ssh": OverSSH(), "slurm": SlurmJob(), "k8s": Gang()}
+
+
+def run(plan_file: str, backend: str | None, hosts: list[str] | None, probe: PlanProbeOptions, timeout_s: float,
+        output: str | None, as_json: bool, ssh: SSHOptions, slurm: SlurmJobOptions, k8s: PlanPods) -> int:
+    from launcher.plan.commgroups import probe_spec, with_measured_step
+    from launcher.plan.model import Plan
+
+    plan = Plan.load(plan_file)
+    backend = backend or ("ssh" if hosts else "local")
+    if backend not in WAYS:
+        raise UserError(f"--backend {backend}: with --plan, one of {', '.join(WAYS)}")
+    way = WAYS[backend]
+    hosts = way.hosts(plan, hosts)
+    spec = probe_spec(plan, tolerance=probe.tolerance, iters=probe.iters, hosts=hosts)
     if not spec.groups:
         raise UserError(f"{plan_file}: the plan communicates over no group of more than one rank "
                         f"(tp=cp=pp=dp=1): nothing to measure")
-    kube = None
-    if backend == "k8s" and not k8s.dry_run:
-        kube = _k8s_backend(plan, k8s)    # no cluster: one line, exit 2, before anything else is said
+    measure = way.start(plan, spec, hosts, timeout_s, How(probe, ssh, slurm, k8s, as_json))
     progress(f"preflight --plan: {len(spec.groups)} group(s) of {', '.join(KIND_NAMES[k] for k in spec.kinds())} "
              f"over {plan.world_size} rank(s) ({backend})")
-    if backend == "local":
-        from checks.groupprobe.launch import run_local
-
-        with tempfile.TemporaryDirectory(prefix="launch4d-groupprobe-") as tmp:
-            result, log = run_local(spec, Path(tmp), timeout_s)
-    elif backend == "ssh":
-        result, log = _over_ssh(spec, hosts or [], timeout_s, ssh, probe)
-    elif backend == "k8s":
-        gang = _k8s_gang(plan, spec, hosts, timeout_s, k8s, probe, as_json, kube)
-        if gang is None:      # --dry-run: the gang was printed, nothing created
-            return 0
-        result, log = gang
-    else:
-        result, log = _slurm_job(plan, spec, timeout_s, slurm)
-    result = with_measured_step(plan, replace(result, tolerance=tolerance))
+    got = measure()
+    if got is None:      # --dry-run: the gang was printed, nothing created
+        return 0
+    result, log = got
+    result = with_measured_step(plan, replace(result, tolerance=probe.tolerance))
     if output:
         result.save(output)
         progress(f"measurements written to {output}")
