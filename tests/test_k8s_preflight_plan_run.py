@@ -22,7 +22,8 @@ from launcher.plan.planner import plan_job
 from launcher.plan.spec import spec_from_dict
 from launcher.render.k8s import render_k8s
 from tests.conftest import EXAMPLES, REPO
-from tests.services.sshd import free_port
+from tests.job_helpers import free_port
+from tests.plan_helpers import chosen
 from tests.test_preflight_plan import SLOW_SITE
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -35,7 +36,7 @@ def gate(tmp_path_factory):
     d = yaml.safe_load((EXAMPLES / "tiny-k8s.yaml").read_text())
     d["diagnostics"].pop("socket_ifname")                # loopback here, not the pods' eth0
     spec = spec_from_dict(d, source="job.yaml")
-    plan = plan_job(spec).best
+    plan = chosen(plan_job(spec))
     plan.bandwidth.update(intra_gbs=5e-4, net_per_gpu_gbs=5e-4, source="test: a slow cluster")
     r = render_k8s(spec, plan, preflight_plan=0.3)
     cm, rt, _ = [x for x in yaml.safe_load_all(r.files["manifest.yaml"]) if x]

@@ -11,19 +11,19 @@ import json
 import math
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
-from launcher.cli import cli
 from launcher.plan.model import Plan
+from tests.cli_helpers import LAUNCH, invoke
 from tests.conftest import EXAMPLES
+from tests.job_helpers import free_port
 from tests.services.slurm import slurm_cluster  # noqa: F401  (session fixture)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -32,12 +32,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 @pytest.fixture(autouse=True)
 def _state(tmp_path, monkeypatch):
     monkeypatch.setenv("LAUNCH4D_STATE", str(tmp_path / "state"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_job(tmp_path: Path, name: str, steps: int, checkpoint_every: int = 0, **slurm) -> Path:
@@ -58,19 +52,12 @@ def write_job(tmp_path: Path, name: str, steps: int, checkpoint_every: int = 0, 
     return p
 
 
-def launch(*args: str, ok: bool = True):
-    res = CliRunner().invoke(cli, [str(a) for a in args])
-    if ok:
-        assert res.exit_code == 0, res.output
-    return res
-
-
 def submit(job: Path, *extra: str) -> dict:
-    return json.loads(launch("submit", job, "--json", *extra).output)
+    return json.loads(invoke("submit", job, "--json", *extra, check=True).output)
 
 
 def status(job_id: str) -> dict:
-    return json.loads(launch("status", job_id, "--json").output)
+    return json.loads(invoke("status", job_id, "--json", check=True).output)
 
 
 def log_text(run_dir: str, job_id: str, stream: str = "out") -> str:
@@ -122,21 +109,22 @@ def test_submit_runs_to_completion_with_the_plans_rank_placement(slurm_cluster, 
     assert jid.isdigit() and sub["backend"] == "slurm"
     assert {"train.sbatch", "plan.json", "job.yaml"} <= {p.name for p in Path(run_dir).iterdir()}
 
-    followed = launch("logs", "e2e-ok", "-f").output          # returns once the job has ended
+    followed = invoke("logs", "e2e-ok", "-f", check=True).output          # returns once the job has ended
     assert "[rank0]: step 4/4 | loss" in followed
-    res = launch("status", "e2e-ok", "--wait", "--timeout", "600", "--interval", "1", "--max-interval", "5", "--json")
+    res = invoke("status", "e2e-ok", "--wait", "--timeout", "600", "--interval", "1", "--max-interval", "5",
+                 "--json", check=True)
     st = json.loads(res.output)
     assert (st["state"], st["slurm_state"], st["source"]) == ("SUCCEEDED", "COMPLETED", "squeue")
 
-    out = launch("logs", jid).output
+    out = invoke("logs", jid, check=True).output
     assert out == followed
     for step in range(1, 5):
         assert f"[rank0]: step {step}/4 | loss" in out
     assert "launch4d: step finished with exit code 0" in out
-    rank0 = json.loads(launch("logs", jid, "--rank", "0", "--json").output)["lines"]
+    rank0 = json.loads(invoke("logs", jid, "--rank", "0", "--json", check=True).output)["lines"]
     assert rank0 and all(not ln.startswith("[rank") for ln in rank0)
     assert sum(ln.startswith("step ") for ln in rank0) == 4
-    rank3_err = json.loads(launch("logs", jid, "--rank", "3", "--stream", "err", "--json").output)["lines"]
+    rank3_err = json.loads(invoke("logs", jid, "--rank", "3", "--stream", "err", "--json", check=True).output)["lines"]
     assert not any("step 1/4 |" in ln for ln in rank3_err)        # rank 3's stderr (often empty) holds no step line
 
     # Ranks landed where the plan said: node index i of the plan is the i-th node Slurm gave
@@ -168,7 +156,8 @@ def test_the_plans_host_order_beats_slurms(slurm_cluster, tmp_path):  # noqa: F8
     job = write_job(tmp_path, "e2e-order", steps=2)
     sub = submit(job, "--preflight", tmp_path / "bw.json")
     jid, run_dir = sub["id"], sub["run_dir"]
-    st = json.loads(launch("status", jid, "--wait", "--timeout", "600", "--interval", "1", "--max-interval", "5", "--json").output)
+    st = json.loads(invoke("status", jid, "--wait", "--timeout", "600", "--interval", "1", "--max-interval", "5",
+                           "--json", check=True).output)
     assert st["slurm_state"] == "COMPLETED", log_text(run_dir, jid)[-3000:]
     plan = Plan.load(Path(run_dir) / "plan.json")
     assert plan.hosts == ["n2", "n1"]
@@ -187,11 +176,11 @@ def test_cancel_a_running_job(slurm_cluster, tmp_path):  # noqa: F811
     jid, run_dir = sub["id"], sub["run_dir"]
     wait_for(lambda: "node_rank 1" in log_text(run_dir, jid), 300, "torchrun started on both nodes", run_dir, jid)
     assert status(jid)["state"] == "RUNNING"
-    res = launch("cancel", jid, "--json")
+    res = invoke("cancel", jid, "--json", check=True)
     assert json.loads(res.output)["cancelled"] is True
     st = wait_for(lambda: (s := status(jid))["done"] and s, 180, "the job to end")
     assert (st["state"], st["slurm_state"]) == ("CANCELLED", "CANCELLED")
-    again = json.loads(launch("cancel", jid, "--json").output)          # idempotent: exit 0, says so
+    again = json.loads(invoke("cancel", jid, "--json", check=True).output)          # idempotent: exit 0, says so
     assert again["cancelled"] is False and again["already_ended"] is True
     wait_for(lambda: slurm_cluster._nodes_idle(), 180, "nodes idle again")
     # nothing of the job is left running on the "nodes"
@@ -225,7 +214,8 @@ def test_preemption_and_requeue_resume_from_checkpoint(slurm_cluster, tmp_path):
     slurm_cluster.run("scontrol", "requeue", jid)
     wait_for(lambda: status(jid)["restarts"] == 2, 180, "restart count 2", run_dir, jid)
     release(slurm_cluster, jid, run_dir)
-    res = launch("status", jid, "--wait", "--timeout", "600", "--interval", "1", "--max-interval", "5", "--json")
+    res = invoke("status", jid, "--wait", "--timeout", "600", "--interval", "1", "--max-interval", "5",
+                 "--json", check=True)
     assert json.loads(res.output)["slurm_state"] == "COMPLETED", log_text(run_dir, jid)[-3000:]
 
     err = log_text(run_dir, jid, "err")
@@ -244,12 +234,12 @@ def test_submit_over_ssh(slurm_cluster, tmp_path):  # noqa: F811
     require_sshd()
     with SshCluster(tmp_path / "ssh", ["login"], env={"SLURM_CONF": str(slurm_cluster.conf)}) as ssh:
         node = ssh.nodes["login"]
-        common = dict(login_host="127.0.0.1", login_port=node.port, login_user=ssh.user,
-                      identity_file=str(ssh.client_key), remote_dir=str(tmp_path / "remote"))
+        common: dict[str, Any] = dict(login_host="127.0.0.1", login_port=node.port, login_user=ssh.user,
+                                      identity_file=str(ssh.client_key), remote_dir=str(tmp_path / "remote"))
 
         # An unknown host key is refused, and nothing is created on the login node.
         job = write_job(tmp_path, "e2e-ssh", steps=3, known_hosts=str(ssh.known_hosts), **common)
-        res = launch("submit", job, ok=False)
+        res = invoke("submit", job)
         assert res.exit_code == 2 and "host key is not in known_hosts" in res.output
         assert not (tmp_path / "remote").exists()
 
@@ -258,9 +248,10 @@ def test_submit_over_ssh(slurm_cluster, tmp_path):  # noqa: F811
         jid, remote = sub["id"], sub["run_dir"]
         assert sub["host"] == "127.0.0.1" and remote.startswith(str(tmp_path / "remote") + "/e2e-ssh-")
         assert {"train.sbatch", "plan.json", "job.yaml"} <= {p.name for p in Path(remote).iterdir()}
-        st = json.loads(launch("status", jid, "--wait", "--timeout", "600", "--interval", "1", "--max-interval", "5", "--json").output)
+        st = json.loads(invoke("status", jid, "--wait", "--timeout", "600", "--interval", "1", "--max-interval", "5",
+                               "--json", check=True).output)
         assert st["slurm_state"] == "COMPLETED"
-        lines = json.loads(launch("logs", "e2e-ssh", "--rank", "0", "--json").output)["lines"]
+        lines = json.loads(invoke("logs", "e2e-ssh", "--rank", "0", "--json", check=True).output)["lines"]
         assert [ln.split(" |")[0] for ln in lines if ln.startswith("step ")] == ["step 1/3", "step 2/3", "step 3/3"]
 
 
@@ -273,13 +264,13 @@ def test_bad_inputs_give_one_line_and_leave_nothing(slurm_cluster, tmp_path, mon
         return lines[0]
 
     job = write_job(tmp_path, "bad-part", steps=2, partition="nope")
-    msg = one_line_error(launch("submit", job, ok=False))
+    msg = one_line_error(invoke("submit", job))
     assert "sbatch refused the job" in msg and "invalid partition" in msg
     assert not runs.exists() or not any(runs.iterdir())
 
     job = write_job(tmp_path, "bad-login", steps=2, login_host="127.0.0.1", login_port=1,
                     accept_unknown_host=True, ssh_timeout_s=5)
-    msg = one_line_error(launch("submit", job, ok=False))
+    msg = one_line_error(invoke("submit", job))
     assert "cannot reach login node 127.0.0.1:1" in msg
     assert not runs.exists() or not any(runs.iterdir())
 
@@ -288,10 +279,10 @@ def test_bad_inputs_give_one_line_and_leave_nothing(slurm_cluster, tmp_path, mon
     os.symlink("/bin/bash", bindir / "bash")
     monkeypatch.setenv("PATH", str(bindir))
     job = write_job(tmp_path, "no-sbatch", steps=2)
-    msg = one_line_error(launch("submit", job, ok=False))
+    msg = one_line_error(invoke("submit", job))
     assert "sbatch not found on PATH" in msg
     assert not runs.exists() or not any(runs.iterdir())
-    res = launch("status", "no-sbatch", ok=False)
+    res = invoke("status", "no-sbatch")
     assert res.exit_code == 2 and "not known to launch4d" in res.output
 
 
@@ -344,14 +335,14 @@ def test_site_options_are_judged_by_the_real_sbatch(slurm_cluster, tmp_path):  #
         assert f"Comment={comment}" in shown and "Contiguous=1" in shown and "Reason=JobHeldUser" in shown
         assert "Switches=1@00:05:00" in shown
     finally:
-        launch("cancel", jid)
+        invoke("cancel", jid, check=True)
     for extra, path, flag in (({"extra": ["--hold", "--no-such-flag=1"]}, "backend.slurm.extra[1]", "--no-such-flag"),
                               ({"segment": 2}, "backend.slurm.segment", "--segment")):
         if "unrecognized" not in slurm_cluster.run("sbatch", f"{flag}=1", "--test-only", "--wrap=true",
                                                    check=False).stderr:
             continue                              # a newer sbatch that has --segment
         job = write_job(tmp_path, "e2e-bad-site", steps=2, **extra)
-        res = launch("submit", job, ok=False)
+        res = invoke("submit", job)
         lines = [ln for ln in res.output.splitlines() if ln.strip()]
         assert res.exit_code == 2 and len(lines) == 1, res.output
         assert lines[0].startswith(f"error: {path}: the installed sbatch does not accept {flag}"), lines[0]
@@ -371,7 +362,7 @@ def test_status_wait_and_logs_follow_ride_out_a_controller_restart(slurm_cluster
     client_conf = str(slurm_cluster.impatient_client_conf())
     monkeypatch.setenv("SLURM_CONF", client_conf)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "SLURM_CONF": client_conf}
-    cmd = [sys.executable, "-c", "from launcher.cli import main; main()"]
+    cmd = [LAUNCH]
     waiter = subprocess.Popen(cmd + ["status", jid, "--wait", "--interval", "1", "--max-interval", "4",
                                      "--retry-budget", "600", "--json"], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
@@ -383,10 +374,10 @@ def test_status_wait_and_logs_follow_ride_out_a_controller_restart(slurm_cluster
         wait_for(lambda: "node_rank 1" in log_text(run_dir, jid), 300, "torchrun on both nodes", run_dir, jid)
         assert status(jid)["state"] == "RUNNING"
         slurm_cluster.stop_controller()
-        res = launch("status", jid, "--retry-budget", "3", "--interval", "1", ok=False)
+        res = invoke("status", jid, "--retry-budget", "3", "--interval", "1")
         assert res.exit_code == 2 and "Slurm controller not answering" in res.output
         assert "retry budget 3 s" in res.output
-        listed = {j["id"]: j for j in json.loads(launch("jobs", "--json").output)["jobs"]}
+        listed = {j["id"]: j for j in json.loads(invoke("jobs", "--json", check=True).output)["jobs"]}
         assert listed[jid]["current"] is False and listed[jid]["state"] == "RUNNING"   # last known
         assert "Slurm controller not answering" in listed[jid]["detail"]
         time.sleep(12)                                   # an outage both waiting commands must notice
@@ -398,7 +389,7 @@ def test_status_wait_and_logs_follow_ride_out_a_controller_restart(slurm_cluster
         fout, ferr = follower.communicate(timeout=300)
         assert follower.returncode == 0, ferr
         assert "launch4d: step finished with exit code 0" in fout
-        listed = {j["id"]: j for j in json.loads(launch("jobs", "--json").output)["jobs"]}
+        listed = {j["id"]: j for j in json.loads(invoke("jobs", "--json", check=True).output)["jobs"]}
         assert (listed[jid]["current"], listed[jid]["state"]) == (True, "SUCCEEDED")
     finally:
         for p in (waiter, follower):
@@ -425,8 +416,7 @@ def test_plan_benchmark_runs_the_top_plans_as_one_job_array(slurm_cluster, tmp_p
     job = tmp_path / "bench.yaml"
     job.write_text(yaml.safe_dump(d))
     bench = tmp_path / "bench"
-    res = launch("plan", job, "--benchmark", "2", "--benchmark-steps", "3", "--benchmark-dir", bench, "--json",
-                 ok=False)
+    res = invoke("plan", job, "--benchmark", "2", "--benchmark-steps", "3", "--benchmark-dir", bench, "--json")
     assert res.exit_code == 0, res.output[-3000:]
     payload = json.loads(res.stdout)
     runs = payload["benchmark"]
@@ -440,13 +430,13 @@ def test_plan_benchmark_runs_the_top_plans_as_one_job_array(slurm_cluster, tmp_p
         st = status(task)
         assert (st["state"], st["run_dir"]) == ("SUCCEEDED", r["run_dir"])
         assert r["run_dir"] == str(bench / f"{r['index']}-{r['layout']}")
-        lines = json.loads(launch("logs", task, "--rank", "0", "--json").output)["lines"]
+        lines = json.loads(invoke("logs", task, "--rank", "0", "--json", check=True).output)["lines"]
         assert [ln.split(" |")[0] for ln in lines if ln.startswith("step ")] == ["step 1/3", "step 2/3", "step 3/3"]
         assert json.loads((Path(r["run_dir"]) / "plan.json").read_text())["train"]["steps"] == 3
 
     # calibrate on both runs: what was fitted, each run's error before and after, the fit never worse
-    both = json.loads(launch("calibrate", *(r["run_dir"] for r in runs), "-o", tmp_path / "both.json",
-                             "--json").output)
+    both = json.loads(invoke("calibrate", *(r["run_dir"] for r in runs), "-o", tmp_path / "both.json",
+                             "--json", check=True).output)
     assert "compute_efficiency" in both["params"] and [r["run_dir"] for r in both["runs"]] == \
         [r["run_dir"] for r in runs]
     assert set(both["params"]) | set(both["not_fitted"]) == {"compute_efficiency", "latency_s", "net_per_gpu_gbs",
@@ -456,7 +446,7 @@ def test_plan_benchmark_runs_the_top_plans_as_one_job_array(slurm_cluster, tmp_p
 
     # a profile from the first run alone; a new plan of that run's layout with it predicts what it measured
     profile = tmp_path / "cluster-profile.json"
-    launch("calibrate", runs[0]["run_dir"], "-o", profile)
+    invoke("calibrate", runs[0]["run_dir"], "-o", profile, check=True)
     first = Plan.load(Path(runs[0]["run_dir"]) / "plan.json")
     d["cluster"]["profile"] = str(profile)
     d["parallel"] = {"tp": first.tp, "cp": first.cp, "pp": first.pp, "zero": first.zero_stage,
@@ -464,7 +454,7 @@ def test_plan_benchmark_runs_the_top_plans_as_one_job_array(slurm_cluster, tmp_p
     if first.pp > 1:
         d["parallel"].update(schedule=first.schedule, virtual_stages=first.virtual_stages)
     job.write_text(yaml.safe_dump(d))
-    replanned = json.loads(launch("plan", job, "--json").output)
+    replanned = json.loads(invoke("plan", job, "--json", check=True).output)
     assert replanned["calibration"]["profile"] == str(profile)
     assert replanned["best"]["layout"] == json.loads(first.to_json())["layout"]
     predicted, measured = replanned["best"]["estimate"]["step_time_s"], runs[0]["measured_step_s"]
@@ -472,9 +462,9 @@ def test_plan_benchmark_runs_the_top_plans_as_one_job_array(slurm_cluster, tmp_p
     # the two-run profile gives the same layout the fit's own prediction
     d["cluster"]["profile"] = str(tmp_path / "both.json")
     job.write_text(yaml.safe_dump(d))
-    with_both = json.loads(launch("plan", job, "--json").output)["best"]["estimate"]["step_time_s"]
+    with_both = json.loads(invoke("plan", job, "--json", check=True).output)["best"]["estimate"]["step_time_s"]
     assert with_both == pytest.approx(both["runs"][0]["predicted_after_s"], rel=1e-3)
-    assert "calibrated cluster profile" in launch("plan", job).output
+    assert "calibrated cluster profile" in invoke("plan", job, check=True).output
 
 
 def test_the_fields_status_asks_for_are_ones_this_slurm_has(slurm_cluster, tmp_path):  # noqa: F811

@@ -11,21 +11,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
 from launcher.verify.roles import extend, extend_in_flight, micro_batch_counts, plan_roles, shared_traces
+from tests.cli_helpers import LAUNCH, launch
 from tests.conftest import EXAMPLES, REPO
 from tests.trainer_helpers import make_plan
 
 pytestmark = pytest.mark.integration
-
-
-def launch(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=900)
 
 
 def test_roles_are_pipeline_ranks_with_their_stages():
@@ -80,7 +76,7 @@ def test_shortcuts_equal_the_exact_trace():
     The six traces run two at a time (the one-role layouts keep one CPU busy each)."""
     from launcher.verify import trace_plan
 
-    cases = [({"layers": 8}, dict(tp=2, dp=2, zero=3, global_batch=8)),
+    cases: list[tuple[dict[str, int], dict[str, Any]]] = [({"layers": 8}, dict(tp=2, dp=2, zero=3, global_batch=8)),
              ({"layers": 8}, dict(dp=4, zero=3, recompute="full", global_batch=8)),
              # ZeRO 2 extends from 3 and 4 layers a stage, as ZeRO 3 (roles.layer_variants): 6 a stage here;
              # 8 micro-batches: the first rank (5 in flight) traces 7 and adds the 8th's buffers
@@ -132,6 +128,7 @@ def test_interleaved_replay_equals_the_exact_trace(v, stage_layers):
     assert all("WARNING" not in r.schedule_note for r in fast.roles)      # every replayed step closes
     for a, b in zip(fast.roles, exact.roles):
         assert b.status == "traced" and b.micro_batches_traced == [8]
+        assert a.peak_gb is not None and b.peak_gb is not None, a.role.name
         assert round(a.peak_gb * GB) == round(b.peak_gb * GB), a.role.name
         for c, x in b.categories_gb.items():
             assert round(a.categories_gb[c] * GB) == round(x * GB), (a.role.name, c)
@@ -173,7 +170,7 @@ def test_plan_verify_tiny_example_traces_every_category(tmp_path):
     """`launch plan --verify` on the tiny example: verify's report in the plan's JSON, and the plan
     written with memory_traced."""
     out = tmp_path / "plan.json"
-    r = launch("plan", str(EXAMPLES / "tiny-cpu.yaml"), "--verify", "-o", str(out), "--json")
+    r = launch("plan", str(EXAMPLES / "tiny-cpu.yaml"), "--verify", "-o", str(out), "--json", timeout=900)
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)["verify"]
     assert rep["builds"] and rep["fits"] and rep["world_size"] == 4
@@ -199,7 +196,7 @@ def test_verify_exits_1_when_a_role_does_not_fit(tmp_path):
     plan.gpu = dataclasses.replace(plan.gpu, memory_gb=1)     # 1 GB: less than the runtime allowance alone
     path = tmp_path / "plan.json"
     plan.save(path)
-    r = launch("verify", str(path))
+    r = launch("verify", str(path), timeout=900)
     assert r.returncode == 1, r.stderr
     assert "DOES NOT FIT" in r.stdout
 
@@ -211,7 +208,7 @@ def test_verify_bad_input_is_one_line_exit_2(tmp_path):
     plan.layout = dataclasses.replace(plan.layout, tp=3)
     path = tmp_path / "bad.json"
     plan.save(path)
-    r = launch("verify", str(path))
+    r = launch("verify", str(path), timeout=900)
     # the loader names the file, then the field (plan.json's invariants: one line)
     assert r.returncode == 2 and r.stderr.startswith(f"error: {path}: plan.") and r.stderr.count("\n") == 1
 
@@ -251,7 +248,7 @@ def test_verify_mixtral_example_traces_every_moe_role(tmp_path):
     job["parallel"] = {"tp": 1, "cp": 1, "pp": 4, "ep": 4, "zero": 1, "recompute": "selective", "micro_batch": 1}
     path = tmp_path / "mixtral-pp4-ep4.yaml"
     path.write_text(yaml.safe_dump(job))
-    r = launch("verify", str(path), "--json")
+    r = launch("verify", str(path), "--json", timeout=900)
     assert r.returncode in (0, 1), r.stderr
     rep = json.loads(r.stdout)
     assert rep["builds"] and len(rep["roles"]) > 1
@@ -274,7 +271,7 @@ def test_verify_traces_interleaved_1f1b_under_zero3(tmp_path):
         "cluster: {nodes: 1, gpus_per_node: 4, gpu: cpu}\n"
         "parallel: {tp: 1, cp: 1, pp: 2, dp: 2, zero: 3, virtual_stages: 2,"
         " schedule: interleaved-1f1b, micro_batch: 1, recompute: none}\n")
-    r = launch("verify", str(job), "--json")
+    r = launch("verify", str(job), "--json", timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads(r.stdout)
     assert rep["builds"] and len(rep["roles"]) == 2
@@ -310,9 +307,9 @@ def test_sigterm_of_verify_leaves_no_tracing_process():
     import signal
     import time
 
-    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "verify", str(EXAMPLES / "llama3-70b-64xh100.yaml")],
+    proc = subprocess.Popen([LAUNCH, "verify", str(EXAMPLES / "llama3-70b-64xh100.yaml")],
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline, seen = time.monotonic() + 120, set()
+    deadline, seen = time.monotonic() + 120, set[int]()
     while len(seen) < 2 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
         seen |= _descendants(proc.pid)           # the fork server, then its tracing workers

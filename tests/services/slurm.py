@@ -52,6 +52,14 @@ def _which(name: str) -> str | None:
                                        if os.access(p, os.X_OK)), None)
 
 
+def _tool(name: str) -> str:
+    """The path of a tool that missing_reason() found."""
+    path = _which(name)
+    if path is None:
+        raise RuntimeError(f"{name} is not installed")
+    return path
+
+
 def missing_reason() -> str | None:
     for tool in ("slurmctld", "slurmd", "sbatch", "munged", "munge"):
         if not _which(tool):
@@ -155,7 +163,7 @@ class SlurmCluster:
             shutil.chown(d, "munge", "munge")
         shutil.chown(key, "munge", "munge")
         key.chmod(0o400)
-        subprocess.run(["runuser", "-u", "munge", "--", _which("munged")], check=True, timeout=30)
+        subprocess.run(["runuser", "-u", "munge", "--", _tool("munged")], check=True, timeout=30)
         for _ in range(50):
             if subprocess.run("munge -n | unmunge", shell=True, capture_output=True).returncode == 0:
                 pid_file = Path("/run/munge/munged.pid")
@@ -170,11 +178,11 @@ class SlurmCluster:
         self.write_config()
         self._start_munge()
         log = open(self.root / "daemons.out", "ab")
-        self.procs.append(subprocess.Popen([_which("slurmctld"), "-D", "-f", str(self.conf)],
+        self.procs.append(subprocess.Popen([_tool("slurmctld"), "-D", "-f", str(self.conf)],
                                            env=self.env, stdout=log, stderr=log))
         self._wait(lambda: self.run("scontrol", "ping", check=False).returncode == 0, 30, "slurmctld")
         for name in self.nodes:
-            cmd = [_which("slurmd"), "-D", "-N", name, "-f", str(self.conf)]
+            cmd = [_tool("slurmd"), "-D", "-N", name, "-f", str(self.conf)]
             if self.separate_hostnames:
                 cmd = ["unshare", "--uts", "sh", "-c", f'hostname {name} && exec "$@"', "sh", *cmd]
             self.procs.append(subprocess.Popen(cmd, env=self.env, stdout=log, stderr=log))
@@ -194,7 +202,7 @@ class SlurmCluster:
                 return
             for p in self.procs:
                 if p.poll() is not None:
-                    raise RuntimeError(f"{what}: a daemon exited ({p.args}); see {self.root}")
+                    raise RuntimeError(f"{what}: a daemon exited ({p.args!r}); see {self.root}")
             time.sleep(0.3)
         raise RuntimeError(f"{what}: not ready after {timeout:.0f}s; logs in {self.root}")
 
@@ -259,7 +267,7 @@ class SlurmCluster:
         if self.procs[0].poll() is None:
             return
         log = open(self.root / "daemons.out", "ab")
-        self.procs[0] = subprocess.Popen([_which("slurmctld"), "-D", "-f", str(self.conf)], env=self.env,
+        self.procs[0] = subprocess.Popen([_tool("slurmctld"), "-D", "-f", str(self.conf)], env=self.env,
                                          stdout=log, stderr=log)
         self._wait(lambda: self.run("scontrol", "ping", check=False).returncode == 0, 60, "slurmctld again")
 

@@ -39,6 +39,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.job_helpers import free_port
+
 SSHD = "/usr/sbin/sshd"
 
 
@@ -60,12 +62,6 @@ def require_sshd() -> None:
     why = sshd_available()
     if why:
         absent(why)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def keygen(path: Path) -> None:
