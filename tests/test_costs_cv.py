@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
 
 import benchmarks.calibrate_costs as cc
-from launcher.cli import cli
 from launcher.plan.costs import STACKS, advertised_bandwidth, compute_efficiency, estimate
 from launcher.plan.explain import CV_ERROR, uncertainty
 from launcher.plan.ledger import Layout
 from launcher.plan.spec import TrainSpec, resolve_gpu, resolve_model
+from tests.cli_helpers import invoke
 
 pytestmark = pytest.mark.unit
 
@@ -114,10 +113,10 @@ def test_uncertainty_marks_the_plans_within_the_cross_validated_error():
 
 def test_launch_plan_prints_and_carries_the_uncertainty():
     job = "examples/llama3-8b-8xh100.yaml"
-    out = CliRunner().invoke(cli, ["plan", job])
+    out = invoke("plan", job)
     assert out.exit_code == 0, out.output
     assert f"cross-validated error is ±{CV_ERROR:.0%}" in out.output and "uncertainty:" in out.output
-    data = json.loads(CliRunner().invoke(cli, ["plan", job, "--json"]).output)
+    data = json.loads(invoke("plan", job, "--json").output)
     u = data["uncertainty"]
     assert u["cv_error"] == CV_ERROR and len(u["alternatives"]) == len(data["alternatives"])
     best = data["best"]["estimate"]["step_time_s"]

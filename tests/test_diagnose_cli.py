@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from launcher.backends import jobstate
 from launcher.cli import cli
+from tests.cli_helpers import invoke
 from tests.conftest import REPO, shared_file
 from tests.test_diagnose import F_DESYNC, F_IB, F_IB_PAIR, LOGS, diagnose_plan
 
@@ -56,17 +57,17 @@ def test_human_output_lists_evidence_most_likely_first():
 
 
 def test_bad_inputs_exit_2(tmp_path):
-    res = CliRunner().invoke(cli, ["diagnose", str(tmp_path / "nope" / "x.log")])
+    res = invoke("diagnose", str(tmp_path / "nope" / "x.log"))
     assert res.exit_code == 2 and "no such file" in res.output
     res = CliRunner().invoke(cli, ["diagnose", "no-such-job"], env={"LAUNCH4D_STATE": str(tmp_path / "st")})
     assert res.exit_code == 2 and "not known" in res.output
     bad = tmp_path / "plan.json"
     bad.write_text("{not json")
-    res = CliRunner().invoke(cli, ["diagnose", str(shared_file(LOGS, F_IB)), "--plan", str(bad)])
+    res = invoke("diagnose", str(shared_file(LOGS, F_IB)), "--plan", str(bad))
     assert res.exit_code == 2 and "plan.json" in res.output
     bw = tmp_path / "bw.json"
     bw.write_text(json.dumps({"version": 99}))
-    res = CliRunner().invoke(cli, ["diagnose", str(shared_file(LOGS, F_IB)), "--bwmap", str(bw)])
+    res = invoke("diagnose", str(shared_file(LOGS, F_IB)), "--bwmap", str(bw))
     assert res.exit_code == 2 and "version" in res.output
 
 

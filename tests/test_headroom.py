@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
 
-from launcher.cli import cli
 from launcher.plan.planner import plan_job
 from launcher.plan.spec import spec_from_dict
+from tests.cli_helpers import invoke
 from tests.conftest import EXAMPLES
 from tests.plan_helpers import chosen
 
@@ -53,16 +52,16 @@ def test_larger_headroom_changes_what_fits():
 def test_bad_headroom_is_one_line_exit_2(tmp_path):
     f = tmp_path / "j.yaml"
     f.write_text("model: tiny\ntrain: {seq_len: 64, global_batch: 8}\ncluster: {gpu: cpu, memory_headroom: 1.5}\n")
-    r = CliRunner().invoke(cli, ["plan", str(f)])
+    r = invoke("plan", str(f))
     assert r.exit_code == 2 and "cluster.memory_headroom" in r.output
     assert len(r.output.strip().splitlines()) == 1
 
 
 def test_plan_output_says_how_close_and_json_records_traced(tmp_path):
-    r = CliRunner().invoke(cli, ["plan", str(EXAMPLES / "llama3-8b-8xh100.yaml")])
+    r = invoke("plan", str(EXAMPLES / "llama3-8b-8xh100.yaml"))
     assert r.exit_code == 0 and "% of the limit (80 GB less 10% headroom; ledger)" in r.output
     assert "mem %" in r.output
     out = tmp_path / "plan.json"
-    CliRunner().invoke(cli, ["plan", str(EXAMPLES / "llama3-8b-8xh100.yaml"), "-o", str(out)])
+    invoke("plan", str(EXAMPLES / "llama3-8b-8xh100.yaml"), "-o", str(out))
     d = json.loads(out.read_text())
     assert d["memory_traced"] is False and {"limit_gb", "used_pct", "headroom"} <= set(d["memory"])
