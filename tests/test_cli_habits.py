@@ -6,23 +6,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 from launcher.cli import COMMANDS
+from tests.cli_helpers import launch
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.unit
-
-ENV = {**os.environ, "PYTHONPATH": str(REPO)}
-
-
-def launch(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, cwd=REPO,
-                          env=env or ENV, timeout=120)
-
 
 def test_verbosity(tmp_path):
     """A local preflight on this machine (no GPU: every probe fails, quickly): progress by default,
@@ -45,9 +36,9 @@ def test_verbosity(tmp_path):
 
 def test_shell_completion_is_clicks():
     """README's completion line works: click's _LAUNCH_COMPLETE prints a script, and completes names."""
-    script = launch(env={**ENV, "_LAUNCH_COMPLETE": "bash_source"})
+    script = launch(env={**os.environ, "_LAUNCH_COMPLETE": "bash_source"})
     assert script.returncode == 0 and "_LAUNCH_COMPLETE=bash_complete" in script.stdout
-    words = launch(env={**ENV, "_LAUNCH_COMPLETE": "bash_complete", "COMP_WORDS": "launch pre", "COMP_CWORD": "1"})
+    words = launch(env={**os.environ, "_LAUNCH_COMPLETE": "bash_complete", "COMP_WORDS": "launch pre", "COMP_CWORD": "1"})
     assert "plain,preflight" in words.stdout.split()
 
 

@@ -8,9 +8,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +18,7 @@ from launcher.plan import presets
 from launcher.plan.ledger import param_counts
 from launcher.plan.planner import plan_job
 from launcher.plan.spec import resolve_gpu, resolve_model, resolve_model_notes, spec_from_dict
+from tests.cli_helpers import launch
 
 pytestmark = pytest.mark.unit
 
@@ -27,7 +27,7 @@ HF = Path(__file__).parent / "data" / "hf"
 #: config -> (fields the family implies, total parameters, active parameters) — the published counts
 #: (model cards: Qwen3-30B-A3B 30.5 B / 3.3 B activated, Gemma 7B 8.54 B, Llama 3.1 8B 8.03 B, Mixtral 46.7 B /
 #: 12.9 B, DeepSeek-MoE 16B 16.4 B / 2.8 B, Qwen2-7B 7.6 B, BLOOM-7b1 7.07 B)
-FAMILIES = {
+FAMILIES: dict[str, tuple[dict[str, Any], float, float | None]] = {
     "qwen3-30b-a3b": (dict(layers=48, hidden=2048, heads=32, kv_heads=4, head_dim=128, experts=128, experts_per_token=8,
                            moe_ffn_hidden=768, rope_theta=1e6, tied_embeddings=False), 30.53e9, 3.35e9),
     "gemma-7b": (dict(layers=28, hidden=3072, heads=16, head_dim=256, ffn_hidden=24576, mlp="geglu",
@@ -71,8 +71,7 @@ def test_notes_name_each_key_not_reproduced():
 def test_latent_attention_is_refused_at_plan_time_naming_the_key(tmp_path):
     with pytest.raises(SpecError, match=r"^model\.kv_lora_rank: 512: DeepSeek's multi-head latent attention"):
         resolve_model(str(HF / "deepseek-v3.json"))
-    r = subprocess.run([sys.executable, "-m", "launcher", "plan", "--hf", str(HF / "deepseek-v3.json"), "--json"],
-                       capture_output=True, text=True)
+    r = launch("plan", "--hf", HF / "deepseek-v3.json", "--json")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert json.loads(r.stdout)["field"] == "model.kv_lora_rank"
 
@@ -82,16 +81,14 @@ def test_config_path_is_relative_to_the_job_file_and_plans_at_full_size(tmp_path
     shutil.copy(HF / "qwen3-30b-a3b.json", tmp_path / "hf" / "config.json")
     job = tmp_path / "job.yaml"
     job.write_text("model: hf/config.json\ntrain: {seq_len: 4096, global_batch: 256}\ncluster: {nodes: 2, gpu: H100}\n")
-    r = subprocess.run([sys.executable, "-m", "launcher", "plan", str(job), "--json", "--top", "0"],
-                       capture_output=True, text=True, cwd="/")
+    r = launch("plan", job, "--json", "--top", "0", cwd=Path("/"))
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["best"]["fits"] and out["best"]["model"]["head_dim"] == 128
     assert out["model"]["params"] == pytest.approx(30.53e9, rel=2e-3)
     assert out["model"]["active_params"] == pytest.approx(3.35e9, rel=2e-3)
     assert any(n.startswith("model: router_aux_loss_coef") for n in out["notes"])
-    text = subprocess.run([sys.executable, "-m", "launcher", "plan", str(job), "--top", "0"],
-                          capture_output=True, text=True).stdout
+    text = launch("plan", job, "--top", "0").stdout
     assert "(30.53 B parameters, 3.35 B active per token)" in text.splitlines()[0]
 
 
