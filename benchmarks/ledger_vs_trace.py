@@ -230,8 +230,8 @@ EXTRA = [
     ("llama3-8b/2L tp2 cp2 dp4 shard2 z2 hsdp", case({**presets.MODELS["llama3-8b"], "layers": 2}, 2, 8, 8192, 8,
                                                      tp=2, cp=2, pp=1, zero=2, recompute="selective", micro_batch=1,
                                                      dp_shard=2)),
-    # not met, as the plain layout with the same 2-rank shard group (tp2 cp2 dp1 z2: the same 9.627 GB traced): its
-    # peak is the root unit's gather of the 128k-row embedding and head, a moment the ledger does not price
+    # one rank per shard group: its peak was the root unit's gather of the 128k-row embedding and head until the
+    # norm and head became a unit of their own (fsdp.apply_fsdp)
     ("llama3-8b/2L tp2 cp2 dp4 shard1 z2 hsdp", case({**presets.MODELS["llama3-8b"], "layers": 2}, 2, 8, 8192, 8,
                                                      tp=2, cp=2, pp=1, zero=2, recompute="selective", micro_batch=1,
                                                      dp_shard=1)),

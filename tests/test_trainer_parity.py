@@ -355,7 +355,7 @@ def test_cli_under_torchrun_writes_metrics_and_heartbeats(tmp_path):
     assert all(math.isfinite(m["loss"]) for m in recs)
     beats = read_heartbeats(tmp_path / "run")
     assert [(b["rank"], b["phase"], b["step"]) for b in beats] == [(0, "done", 2), (1, "done", 2)]
-    assert "ZeRO 3: fully_shard per block + root" in r.stderr       # the log says how ZeRO mapped
+    assert "ZeRO 3: fully_shard per block, embedding, norm+head and root" in r.stderr       # the log says how ZeRO mapped
     assert "TP group" not in r.stderr
 
 
@@ -438,8 +438,8 @@ def test_fsdp_wraps_every_block_then_root(tmp_path):
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
         mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp_cp",))
-        for zero in (3, 2):
-            m = Transformer(make_plan().model, seq_len=8)
+        for zero, tied in ((3, False), (2, False), (3, True)):
+            m = Transformer(make_plan(model_over={"tied_embeddings": tied}).model, seq_len=8)
             m.init_weights(1)
             apply_fsdp(m, mesh, zero=zero, bf16=False)
             assert isinstance(m, FSDPModule)
@@ -447,6 +447,17 @@ def test_fsdp_wraps_every_block_then_root(tmp_path):
             for b in m.layers.values():
                 info = b._get_fsdp_state()._fsdp_param_group.post_forward_mesh_info
                 assert (info is not None) == (zero == 3)      # ZeRO 3 reshards after forward, 2 keeps
+            # the embedding a unit of its own (as a block) unless it is also the head; norm and head one unit,
+            # kept gathered to their backward, which follows at once
+            assert isinstance(m.tok_embeddings, FSDPModule) != tied
+            if not tied:
+                unit = m.tok_embeddings._get_fsdp_state()._fsdp_param_group
+                assert (unit.post_forward_mesh_info is not None) == (zero == 3)
+                head = m.output._get_fsdp_state()
+                assert head is m.norm._get_fsdp_state()
+                assert head._fsdp_param_group.post_forward_mesh_info is None
+            root = m._get_fsdp_state()._fsdp_param_group
+            assert (root is not None) == tied                 # the root holds only a tied embedding-and-head
     finally:
         dist.destroy_process_group()
     assert "reshard_after_forward=True" in describe(3, 8) and "reshard_after_forward=False" in describe(2, 8)

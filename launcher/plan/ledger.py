@@ -434,15 +434,22 @@ class RankParams:
 
     blocks_dense: float     # its transformer blocks: attention, norms (÷tp), the router (whole)
     blocks_expert: float    # its experts (÷ep; whole under TP), an FSDP unit of their own with ep > 1
-    root: float             # embedding / output head / final norm: the FSDP root unit (÷tp)
+    root: float             # embedding / output head / final norm: everything outside the blocks (÷tp)
     head: float             # the weight the loss multiplies with on this rank (0 without the head)
     largest: float          # the largest single local parameter (per-parameter optimizer temporaries)
     block: float            # one block's dense + expert parameters (one FSDP all-gather)
     block_mlp: float = 0.0  # one FSDP unit's MLP parameters: the block's MLP or experts, one expert with EP
+    embedding_unit: float = 0.0   # the embedding as an FSDP unit of its own (fsdp.apply_fsdp; not a tied head)
+    head_unit: float = 0.0        # the final norm and output head, one FSDP unit (a tied copy under PP)
 
     @property
     def total(self) -> float:
         return self.blocks_dense + self.blocks_expert + self.root
+
+    @property
+    def root_unit(self) -> float:
+        """What FSDP's root unit holds: a tied embedding that is also this stage's head, with the final norm."""
+        return self.root - self.embedding_unit - self.head_unit
 
 
 def pp_rank_of(lay: Layout, role: str | int) -> int:
@@ -514,12 +521,19 @@ def _rank_params(model, t: int, pp: int, ep: int, v: int, r: int, vee: bool = Fa
     expert = c.layer_expert * moe_here / (et * ep)
     vh = model.vocab * model.hidden / t
     root, head_w = 0.0, 0.0
-    if r == 0:
+    has_embedding, has_head = r == 0, r == (0 if vee else pp - 1)
+    if has_embedding:
         root += c.embedding / t
-    if r == (0 if vee else pp - 1):
+    if has_head:
         tied_copy = c.embedding if model.tied_embeddings and pp > 1 else 0   # model.keep_only
         root += (c.head + tied_copy + c.final_norm) / t
         head_w = vh          # the untied head, or the (tied) embedding the loss multiplies with
+    # FSDP's units outside the blocks (fsdp.apply_fsdp): the embedding, and the norm with the head, each its own,
+    # but where the embedding is also this stage's head (tied, pp = 1): both stay in the root
+    tied_here = has_embedding and has_head and model.tied_embeddings and pp == 1
+    embedding_unit = c.embedding / t if has_embedding and not tied_here else 0.0
+    head_unit = (c.head + (c.embedding if model.tied_embeddings and pp > 1 else 0) + c.final_norm) / t \
+        if has_head and not tied_here else 0.0
     largest = max(vh if root else 0.0, model.expert_ffn * model.hidden / et, model.q_width * model.hidden / t,
                   model.ffn_hidden * model.hidden / t if dense_here else 0.0)
     moe_block = (c.layer_dense - router) / t + router + c.layer_expert / (et * ep)
@@ -529,7 +543,7 @@ def _rank_params(model, t: int, pp: int, ep: int, v: int, r: int, vee: bool = Fa
     mlp_unit = c.layer_expert / (et * ep) if ep == 1 else c.layer_expert / (et * c.experts)
     if dense_here:
         mlp_unit = max(mlp_unit, mlp_params(model.hidden, model.ffn_hidden, model.mlp) / t)
-    return RankParams(dense, expert, root, head_w, largest, block, mlp_unit)
+    return RankParams(dense, expert, root, head_w, largest, block, mlp_unit, embedding_unit, head_unit)
 
 
 @lru_cache(maxsize=4096)
@@ -598,28 +612,34 @@ def selective_recomputed_bytes(model, tokens: float, seq_tokens: float, tp: int,
     return out
 
 
-def dense_mlp_backward_bytes(model, tokens: float, lay: Layout, num: Numerics, fsdp: bool) -> float:
-    """A dense MLP's backward working set at its larger moment (traced): w2's backward (its input
+def dense_mlp_backward_bytes(model, tokens: float, lay: Layout, num: Numerics, fsdp: bool) -> tuple[float, float]:
+    """(what the moment adds to the activations, its temporaries): a dense MLP's backward working set at its
+    larger moment (traced): w2's backward (its input
     gradient [tokens, ffn/tp], its weight gradient [hidden, ffn/tp] as the mm makes it, under TP the
     block output's gradient all-gathered for it, and under selective recompute w2's recomputed input)
     or the activation's backward (w2's input gradient and the gradients of silu(w1 x) and w3 x; GELU:
     of w1 x), while FSDP keeps w2's unsharded weight gradient until the block's post-backward. By the
-    activation's backward w2's stored (or recomputed) input is freed: the stored activations (or the
-    recomputed block) count it, so it is taken off here."""
+    activation's backward w2's stored (or recomputed) input is freed: taken off the activations (what recompute
+    remakes is filed as activations, as the trace files it)."""
     e, h, f = num.act, model.hidden, model.ffn_hidden / lay.tp
     row = f * e * tokens
     wgrad = h * f * e
     selective = lay.recompute == "selective"
-    at_w2 = row + wgrad + (h * e * tokens if lay.tp > 1 else 0.0) + (row if selective else 0.0)
-    at_act = (3 if model.mlp != "gelu" else 2) * row + (wgrad if fsdp else 0.0) - (0.0 if selective else row)
+    # (w2's input remade by selective recompute, until its backward has run)
+    at_w2 = (row if selective else 0.0), row + wgrad + (h * e * tokens if lay.tp > 1 else 0.0)
+    at_act = -(0.0 if selective else row), (3 if model.mlp != "gelu" else 2) * row + (wgrad if fsdp else 0.0)
     # w1's (and w3's) backward: the activation's gradients and the MLP input's gradient, summed over its
     # consumers; by then the MLP's own saved tensors are freed (stored: w1, w3 outputs, silu, product;
-    # selective: w1, w3 outputs and the recomputed silu), which the activations or the recomputed block count
+    # selective: w1, w3 outputs and the recomputed silu): taken off the activations
     mats = 2 if model.mlp != "gelu" else 1
     freed = (2 * mats if not selective else 2 * mats - 1) * row
     # w1's backward: the gradient of its output, w3's and w1's input gradients [tokens, hidden] (w3's done, w1's
     # being made) and, under FSDP, every MLP weight's unsharded gradient (w2, w3, w1) until the block's post-backward
-    at_in = row + mats * e * h * tokens + ((mats + 1) * wgrad if fsdp else 0.0) - freed
+    at_in = row + mats * e * h * tokens + ((mats + 1) * wgrad if fsdp else 0.0)
+    if lay.tp > 1:
+        # the sequence-parallel gather_linear's backward (w1 and w3 at once): both outputs' gradients, and the
+        # input gathered again for the weight gradients (sequence_parallel.workspace_bytes)
+        at_in += (mats - 1) * row + e * h * tokens
     if lay.tp > 1 and lay.micro_batch > 1:
         # the sequence-parallel linear's backward (trainer/sequence_parallel.py) reduce-scatters its input
         # gradient from a sequence-major copy (a view when the micro-batch is one sequence)
@@ -631,10 +651,10 @@ def dense_mlp_backward_bytes(model, tokens: float, lay: Layout, num: Numerics, f
         # gradient, beside the output gradient's two e4m3 copies and the e4m3 weight; w1's its output gradient's cast
         cast = 8 if lay.tp == 1 else 5
         if fp8_converts(h, model.ffn_hidden, num.fp8):
-            at_w2 += cast * f * tokens + 2 * h * tokens + h * f
+            at_w2 = at_w2[0], at_w2[1] + cast * f * tokens + 2 * h * tokens + h * f
         if fp8_converts(model.ffn_hidden, h, num.fp8):
             at_in += cast * f * tokens
-    return max(at_w2, at_act, at_in)
+    return max(at_w2, at_act, (-freed, at_in), key=sum)
 
 
 def rope_buffer_bytes(model, train, lay: Layout, num: Numerics) -> float:
@@ -705,8 +725,7 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
         grads = step_grads = 4 * (dense / n + rp.blocks_expert / n_exp)
         optimizer = opt_b * (dense / n + rp.blocks_expert / n_exp)
         gathered = num.gathered
-        # the root unit is fully_shard(reshard_after_forward=False): gathered through forward and backward
-        params += gathered * rp.root
+        params += outside_gathered(lay, num, rp)
         if lay.zero == 2:
             # ZeRO 2 keeps every block gathered from forward to backward (under PP, torch's pipelining
             # also disables reshard-after-backward until the last micro-batch: stage.py); ZeRO 3 blocks
@@ -782,24 +801,42 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
     # --- the forward/backward peak: the loss's backward (last stage) or the first block's backward
     # (on the last stage the other in-flight micro-batches' loss inputs wait beside a block's backward: GPipe)
     waiting = loss_input_bytes(model, lay, num, tokens) if has_head else 0.0
-    peaks = ([_loss_peak(model, train, lay, num, tokens, acts, held)] if has_head else []) + \
-        [_block_peak(model, lay, num, tokens, acts + waiting * (held - 1), recomputed, rp.block if fsdp else 0.0,
-                     lay.zero, per_layer, rp.block_mlp if fsdp else 0.0,
-                     rp.head if fsdp and not (lay.pp == 1 and model.tied_embeddings) else 0.0,
-                     max(1, round(layers / max(1, lay.virtual_stages))))]
+    block_acts = acts + waiting * (held - 1)
+    top_block = _block_peak(model, lay, num, tokens, block_acts, recomputed, rp.block if fsdp else 0.0,
+                            lay.zero, per_layer, rp.block_mlp if fsdp else 0.0,
+                            max(1, round(layers / max(1, lay.virtual_stages))))
+    head_rs = 0.0
+    if fsdp and lay.pp == 1 and rp.head_unit:
+        # the norm-and-head unit is gathered for the loss (reshard_after_forward False) and, without a pipeline,
+        # reduce-scatters right after the norm's backward: its fp32 reduce-scatter input lives through the top
+        # block's backward, until the next unit's post-backward (torch keeps one such buffer)
+        loss_peak = _loss_peak(model, train, lay, num, tokens, acts, held)
+        loss_peak = (loss_peak[0], loss_peak[1], loss_peak[2] + num.gathered * rp.head_unit, loss_peak[3])
+        head_rs = 4 * rp.head_unit
+        top_block = (*top_block[:3], top_block[3] + head_rs)
+    elif has_head:
+        loss_peak = _loss_peak(model, train, lay, num, tokens, acts, held)
+    peaks = ([loss_peak] if has_head else []) + [top_block]
     if has_head and lay.pp == 1 and model.tied_embeddings:
         # the head's gradient waits in the tied weight's AccumulateGrad input buffer until the embedding's
         # backward adds its share, at the end of the backward (autograd's InputBuffer)
         peaks[-1] = (peaks[-1][0], peaks[-1][1] + _head_grad_bytes(num, rp), *peaks[-1][2:])
     acts_, temps, gathered_block, comm = max(peaks, key=sum)  # on a tie the loss's (first)
+    # ZeRO 0/1 without a pipeline: the gradients of the head and the blocks (each a share of the rank's)
+    per_param = grads / rp.total if rp.total else 0.0
+    lean_head_grads = 0.0 if model.tied_embeddings else per_param * (rp.root - rp.embedding_unit)
     if lay.grad_accum > held:
         # an earlier micro-batch's backward has run here: the whole stage's gradients exist
         accumulated = grads
     else:
         # the first backward (no pipeline and one micro-batch, GPipe, or a 1F1B rank whose warm-up holds
         # every micro-batch): gradients appear only as one micro-batch's activations are freed
-        # (under a pipeline each micro-batch's backward is its own: at its top no gradient exists yet)
-        accumulated = 0.0 if lay.pp > 1 and lay.virtual_stages <= 1 else max(0.0, grads - acts_ / held)
+        # (under a pipeline each micro-batch's backward is its own: at its top no gradient exists yet; without
+        # one only the head's: FSDP's reduce-scattered shard, or the lean optimizer's gradient of an untied head
+        # (a tied one waits in the embedding's AccumulateGrad); the lower blocks' backwards are priced below)
+        accumulated = 0.0 if lay.pp > 1 and lay.virtual_stages <= 1 else \
+            4 * rp.head_unit / n if fsdp and lay.pp == 1 else \
+            lean_head_grads if lay.pp == 1 else max(0.0, grads - acts_ / held)
     candidates = [RankMemory(params + buffers + gathered_block, accumulated, optimizer, acts_, temps, comm,
                              "forward/backward")]
     if r == 0:
@@ -812,9 +849,12 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
             / lay.tp * (2 if model.tied_embeddings and has_head else 0)
         # ZeRO 3 under PP: every block of the stage (with interleaving: of the model chunk whose backward
         # ends) is still gathered: pipelining turns reshard-after-backward off until the last micro-batch
-        # (ZeRO 2's gathered blocks are already in params)
+        # (ZeRO 2's gathered blocks are already in params); without PP the embedding's unit, gathered again
+        # for its backward (ZeRO 3), and every block resharded after its backward (ZeRO 2)
         end_gathered = num.gathered * (rp.blocks_dense + rp.blocks_expert) / max(1, lay.virtual_stages) \
-            if fsdp and lay.zero == 3 and lay.pp > 1 else 0.0
+            if fsdp and lay.zero == 3 and lay.pp > 1 else \
+            num.gathered * rp.embedding_unit if fsdp and lay.zero == 3 else \
+            -num.gathered * (rp.blocks_dense + rp.blocks_expert) if fsdp and lay.pp == 1 else 0.0
         later_end = True
         if r == 0 and num.mode == "fsdp-bf16" and lay.pp > 1 and lay.virtual_stages <= 1 and lay.grad_accum <= held:
             # the first backward's end (no earlier one here): FSDP's post-backward upcasts the embedding's bf16
@@ -836,34 +876,63 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
         later = ([_loss_peak(model, train, lay, num, tokens, drained, held - 1)] if has_head else []) + \
             [_block_peak(model, lay, num, tokens, drained + waiting * (held - 2), recomputed,
                          rp.block if fsdp else 0.0, min(lay.zero, 2), per_layer, rp.block_mlp if fsdp else 0.0,
-                         rp.head if fsdp else 0.0, layers)]
+                         layers)]
         l_acts, l_temps, _, l_comm = max(later, key=sum)
         kept = num.gathered * (rp.blocks_dense + rp.blocks_expert) if fsdp and lay.zero == 3 else 0.0
         candidates.append(RankMemory(params + buffers + kept, grads, optimizer, l_acts, l_temps, l_comm,
                                      "later backward"))
+    if not fsdp and lay.pp == 1 and lay.grad_accum <= held and layers > 1:
+        # the lean optimizer's first backward, block by block: the blocks above have left their gradients in the
+        # weights' dtype (or grad_dtype fp32's buffer) and freed this micro-batch's activations
+        blocks_grads = per_param * (rp.blocks_dense + rp.blocks_expert)
+        for j in sorted({1, layers - 2, layers - 1} & set(range(1, layers))):
+            candidates.append(RankMemory(params + buffers, lean_head_grads + blocks_grads * j / layers, optimizer,
+                                         peaks[-1][0] - j * per_layer, peaks[-1][1], 0.0,
+                                         f"block {layers - 1 - j}'s backward"))
     if fsdp and lay.pp == 1 and layers > 0:
         # FSDP's post-backward of a block (fsdp.apply_fsdp: one unit per block, experts apart with EP):
         # foreach_reduce copies the unit's gradients (param dtype) into its fp32 reduce-scatter input,
         # which lives until the next unit's post-backward (torch keeps one such buffer); ZeRO 3 has
         # resharded the block and prefetched the one below. At the top block: its activations freed,
-        # the head's gradient waiting for the root's post-backward
+        # the head unit's gradient already reduce-scattered (its fp32 shard: the only gradient of a first backward)
         unit = rp.block - (rp.blocks_expert / layers if lay.ep > 1 else 0.0)
         rs, below = 4 * unit, (num.gathered * rp.block if lay.zero == 3 and layers > 1 else 0.0)
-        held_grads = grads if lay.grad_accum > 1 else 0.0
+        held_grads = grads if lay.grad_accum > 1 else 4 * rp.head_unit / n
         own_gathered = num.gathered * rp.block if lay.zero == 2 else 0.0
-        # the head's gradient waiting for the root's post-backward, and the gradient the block passes down
-        head_wait = num.gathered * rp.head + num.residual * model.hidden * tokens / lay.tp
+        # the gradient the block passes down, and a tied head's gradient waiting for the root's post-backward
+        # (an own head unit has reduce-scattered its gradient before the top block's backward)
+        head_wait = num.residual * model.hidden * tokens / lay.tp + (0.0 if rp.head_unit else num.gathered * rp.head)
         candidates.append(RankMemory(params + buffers - own_gathered, held_grads + num.gathered * unit, optimizer,
                                      acts - per_layer, head_wait, rs + below, "top block's post-backward"))
-        if layers > 1:
-            # the next block's backward: its working set (as the top block's) beside the top block's reduce-scatter
-            # input, its gathered weights and (ZeRO 3) the prefetch of the block below it
-            below2 = num.gathered * rp.block if lay.zero == 3 and layers > 2 else 0.0
-            candidates.append(RankMemory(params + buffers + (num.gathered * rp.block if lay.zero == 3 else 0.0),
-                                         held_grads, optimizer, acts - per_layer, peaks[-1][1], rs + below2,
-                                         "second block's backward"))
+        # a lower block's backward, j blocks from the top: its working set (as the top block's) beside the block
+        # above's reduce-scatter input, its gathered weights and (ZeRO 3) the prefetch of the block below it (of
+        # the embedding below the lowest); the j blocks above have freed this micro-batch's activations and, on a
+        # first backward, left their fp32 gradient shards (full recompute keeps little per block: the gradients
+        # grow faster than the activations shrink, and the peak is near the bottom), and under ZeRO 2 resharded
+        blocks_sharded = step_grads - 4 * rp.root / n
+        for j in sorted({1, layers - 2, layers - 1} & set(range(1, layers))):
+            done = held_grads if lay.grad_accum > 1 else held_grads + blocks_sharded * j / layers
+            below_j = num.gathered * (rp.block if j < layers - 1 else rp.embedding_unit) if lay.zero == 3 else 0.0
+            here = num.gathered * rp.block * (1 if lay.zero == 3 else -j if lay.zero == 2 else 0)
+            candidates.append(RankMemory(params + buffers + here, done, optimizer, peaks[-1][0] - j * per_layer,
+                                         peaks[-1][1], rs + below_j,
+                                         "second block's backward" if j == 1 else f"block {layers - 1 - j}'s backward"))
     fwd_bwd = max(candidates, key=lambda c: c.total)
     return fwd_bwd if fwd_bwd.total >= step.total else step
+
+
+def outside_gathered(lay: Layout, num: Numerics, rp: RankParams) -> float:
+    """What FSDP keeps gathered outside the blocks through forward and backward (fsdp.apply_fsdp's units): the
+    root unit (a tied embedding-and-head); the embedding under ZeRO 2 (reshard_after_forward False) and under
+    PP (pipelining turns reshard-after-backward off until the last micro-batch: gathered again for the first
+    backward, it stays); the norm and head under PP (without a pipeline they are gathered only for the loss
+    and resharded at their post-backward: rank_memory prices that)."""
+    units = rp.root_unit
+    if lay.zero == 2 or lay.pp > 1:
+        units += rp.embedding_unit
+    if lay.pp > 1:
+        units += rp.head_unit
+    return num.gathered * units
 
 
 def _step_memory(model, train, gpu, lay: Layout, num: Numerics, rp: RankParams, fsdp: bool, n: int, n_exp: int,
@@ -876,7 +945,7 @@ def _step_memory(model, train, gpu, lay: Layout, num: Numerics, rp: RankParams, 
     stepped = dense / n + rp.blocks_expert / n_exp          # what step() updates
     # (the grad-norm clip reduces each tensor in place: loss._norm_sq)
     temp = optimizer_temp_bytes(train, gpu, stepped, rp.largest / n)
-    held_params = params - num.gathered * rp.root
+    held_params = params - outside_gathered(lay, num, rp)
     if lay.zero == 2:
         # ZeRO 2's gathered blocks are resharded by the last backward (FSDP's reshard-after-backward, which
         # pipelining turns back on for the last micro-batch): the step holds the shards only
@@ -1131,7 +1200,7 @@ def _interleaved_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, 
     # once without them (the loss's per micro-batch in flight of the head chunk) and added to per moment
     loss = _loss_peak(model, train, lay, num, tokens, 0.0, 1) if r == pp - 1 else None
     block = {n: _block_peak(model, lay, num, tokens, 0.0, recomputed, rp.block if fsdp else 0.0, lay.zero,
-                            per_layer, rp.block_mlp if fsdp else 0.0, rp.head if fsdp else 0.0, n)
+                            per_layer, rp.block_mlp if fsdp else 0.0, n)
              for n in set(chunk_layers)}
     # pipeline_buffer_bytes per moment: one stage tensor's bytes times received + kept - shared stage tensors
     buffer_bytes, received, shares = _pipeline_buffers(model, lay, num, tokens, r)
@@ -1185,7 +1254,7 @@ def _interleaved_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, 
             # ... and its bottom block: the blocks above have freed this micro-batch's activations and left their
             # gradients (accumulated on the first backward)
             bottom = kept[k] * (n - 1) / n if j == 0 else own
-            low = (base, before + bottom, opt, acts - per_layer * (n - 1), blk[1], 0.0)
+            low = (base, before + bottom, opt, acts - per_layer * (n - 1) + blk[0], blk[1], 0.0)
             total = low[0] + low[1] + low[2] + low[3] + low[4] + low[5]
             if total > best_total:
                 best_total, best = total, (*low, "bottom block's backward")
@@ -1301,7 +1370,7 @@ def _split_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, state:
     gw = 4 if fsdp or train.grad_dtype == "fp32" else num.gathered
     loss = _loss_peak(model, train, lay, num, tokens, 0.0, 1) if last else None
     block = {n: _block_peak(model, lay, num, tokens, 0.0, recomputed, rp.block if fsdp else 0.0, lay.zero,
-                            per_layer, rp.block_mlp if fsdp else 0.0, rp.head if fsdp else 0.0, n)
+                            per_layer, rp.block_mlp if fsdp else 0.0, n)
              for n in set(chunk_layers)}
     each, received, shares = _pipeline_buffers(model, lay, num, tokens, r)
     base, opt = state.params, state.optimizer
@@ -1411,11 +1480,12 @@ def _head_grad_bytes(num: Numerics, rp: RankParams | None, elems: float = 0.0) -
 
 def _block_peak(model, lay: Layout, num: Numerics, tokens: float, acts: float, recomputed: float,
                 fsdp_block: float, zero: int, per_layer: float = 0.0, fsdp_mlp: float = 0.0,
-                fsdp_head: float = 0.0, part: int = 1) -> tuple[float, ...]:
+                part: int = 1) -> tuple[float, ...]:
     """(activations, temporaries, gathered block, comm buffers) in a block's backward near the top of
-    the stack: the stored activations; as temporaries, what exists only during that block's backward
-    (the block recomputed under full recompute, which torch's tracker sees made in backward, and its
-    MLP's gradient temporaries: one expert's routed tokens at a time under MoE). FSDP (`fsdp_block`:
+    the stack: the stored activations and what recompute remakes of the block (activations again, as
+    Korthikanti counts them; inside a compiled block's backward graph, temporaries); as temporaries, what
+    exists only during that block's backward (its MLP's gradient temporaries: one expert's routed tokens at
+    a time under MoE). FSDP (`fsdp_block`:
     one block's parameters, 0 without FSDP): ZeRO 3 has gathered that block and prefetches the next
     (FSDP2's backward prefetch: one block's all-gather buffer); without a pipeline the block above's
     gradients are reduce-scattered after it (rank_memory's FSDP post-backward candidates)."""
@@ -1427,21 +1497,24 @@ def _block_peak(model, lay: Layout, num: Numerics, tokens: float, acts: float, r
         # saves the gathered V) and wo's (a sequence shard under TP)
         hkv = model.kv_width
         acts -= (model.q_width + model.hidden + hkv * (2 if lay.cp > 1 else 1)) / lay.tp * num.act * tokens
+    def moment(remade: float, temps: float) -> tuple[float, float]:
+        """(activations, temporaries) a backward moment adds: what recompute remade and its working set."""
+        return (0.0, remade + temps) if lay.compile else (remade, temps)
+
     if model.experts > 1:
-        temps = recomputed + mlp_backward_bytes(model, routed, mtp, num.act)
+        in_block = moment(recomputed, mlp_backward_bytes(model, routed, mtp, num.act))
         if lay.ep > 1 and recomputed > 0:
             # backward re-runs the MoE's forward: at its end, beside what it recomputed, EP's dispatch copies
             # of every routed row (moe.MoE._experts: the all-to-all receive buffer and its by-expert regrouping
             # in the input dtype; the empty_like the experts' output is copied into in its restored order, and
             # that copy, in the matmul dtype)
             rows = mt * model.experts_per_token
-            temps = max(temps, recomputed + rows * model.hidden * (2 * num.residual + 2 * num.act))
+            in_block = max(in_block, moment(recomputed + rows * model.hidden * (2 * num.residual + 2 * num.act), 0.0),
+                           key=sum)
     else:
-        temps = recomputed + dense_mlp_backward_bytes(model, tokens, lay, num, fsdp_block > 0)
-    # the output head's gradient in the parameter dtype, made in the loss's backward, waits for the root
-    # unit's FSDP post-backward at the end of the whole backward
-    head_grad = num.gathered * fsdp_head
-    mlp_kept, after_mlp = _mlp_kept_bytes(model, mt, mtp, num, lay.recompute, lay.ep), 0.0
+        remade, temps = dense_mlp_backward_bytes(model, tokens, lay, num, fsdp_block > 0)
+        in_block = moment(recomputed + remade, temps)
+    mlp_kept, after_mlp = _mlp_kept_bytes(model, mt, mtp, num, lay.recompute, lay.ep), (0.0, 0.0)
     if fsdp_mlp and model.experts > 1:
         # after the MoE's backward, before the block's FSDP post-backward: all its local experts' weight
         # gradients in the parameter dtype (FSDP casts them to the fp32 reduce dtype only then), beside
@@ -1450,7 +1523,7 @@ def _block_peak(model, lay: Layout, num: Numerics, tokens: float, acts: float, r
         # about six fp32 [tokens, hidden] tensors, traced)
         mlp_recomputed = mlp_activation_bytes(model, mt, mtp, num.act, ep=lay.ep) - mlp_kept
         norm_backward = 6 * 4 * model.hidden * tokens / lay.tp
-        after_mlp = max(0.0, recomputed - mlp_recomputed) + num.gathered * fsdp_mlp + norm_backward
+        after_mlp = moment(max(0.0, recomputed - mlp_recomputed), num.gathered * fsdp_mlp + norm_backward)
     gathered = num.gathered * fsdp_block if zero == 3 else 0.0
     if zero == 3 and lay.pp > 1:
         # torch's pipelining turns reshard-after-backward off (stage.py): every block of the part stays
@@ -1459,14 +1532,15 @@ def _block_peak(model, lay: Layout, num: Numerics, tokens: float, acts: float, r
         # block j's MLP, once past it) have freed their activations: the peak is at the top (j = 0) or,
         # when a block's parameters outweigh its activations (MoE experts), near the bottom (j = L-2)
         j = max(0, part - 2)                 # part: the blocks of one of the rank's pipeline stages
-        top = (acts, temps + head_grad, gathered, gathered)
-        in_mlp = (acts - j * per_layer, temps + head_grad, (j + 1) * gathered, gathered)
-        past_mlp = (acts - j * per_layer - mlp_kept, max(after_mlp, recomputed) + head_grad, (j + 1) * gathered,
-                    gathered)
+        past = max(after_mlp, moment(recomputed, 0.0), key=sum)
+        top = (acts + in_block[0], in_block[1], gathered, gathered)
+        in_mlp = (acts - j * per_layer + in_block[0], in_block[1], (j + 1) * gathered, gathered)
+        past_mlp = (acts - j * per_layer - mlp_kept + past[0], past[1], (j + 1) * gathered, gathered)
         return max(top, in_mlp, past_mlp, key=sum)
     # the top block's backward: ZeRO 3 prefetches the block below; nothing is reduce-scattered yet (the
     # blocks' post-backwards are priced in rank_memory)
-    return acts, max(temps, after_mlp) + head_grad, gathered, gathered
+    extra, temps = max(in_block, after_mlp, key=sum)
+    return acts + extra, temps, gathered, gathered
 
 
 def _mlp_kept_bytes(model, tokens: float, tp: int, num: Numerics, mode: str, ep: int = 1) -> float:

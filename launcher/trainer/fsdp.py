@@ -14,8 +14,11 @@ reduce-scattered inside it and the shards all-reduced across replicas (once per 
 all-reduce off until the last micro-batch, FSDPModule.set_requires_all_reduce); ZeRO 1 shards the lean
 optimizer over dp_shard·cp and all-reduces each shard across replicas (dist_optim.py).
 
-`fully_shard` goes on each transformer block, then on the root — never on the root alone
-(seed failure mode 2). Gradients are summed, not averaged (divide factor 1), because the loss
+`fully_shard` goes on the embedding, each transformer block, the final norm with the output head, then
+the root — never on the root alone (seed failure mode 2). The embedding and the head are units of their
+own, as torchtitan's: a 128k vocabulary's embedding is as large as a few blocks, and in the root it would
+stay gathered, with its unsharded gradient, all step. A tied embedding that is also this stage's head
+stays in the root (one parameter cannot be in two units). Gradients are summed, not averaged (divide factor 1), because the loss
 is already normalised by the global token count (loss.py).
 """
 
@@ -37,9 +40,9 @@ def describe(zero: int, dp_size: int, replicas: int = 1) -> str:
     hybrid = (f"; hybrid: sharded over {dp_size // replicas} ranks, {replicas} replicas, shards all-reduced "
               "across them" if replicas > 1 else "")
     if zero == 3:
-        return "ZeRO 3: fully_shard per block + root, reshard_after_forward=True" + hybrid
+        return "ZeRO 3: fully_shard per block, embedding, norm+head and root, reshard_after_forward=True" + hybrid
     if zero == 2:
-        return "ZeRO 2: fully_shard per block + root, reshard_after_forward=False" + hybrid
+        return "ZeRO 2: fully_shard per block, embedding, norm+head and root, reshard_after_forward=False" + hybrid
     if zero == 1:
         return ("ZeRO 1: replicated weights; gradients reduce-scattered (sum) into even fp32 shards, "
                 "master weights and optimizer state sharded, updated weights all-gathered" + hybrid)
@@ -60,12 +63,18 @@ def apply_fsdp(model: Transformer, dp_mesh, zero: int, bf16: bool, expert_mesh=N
 
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
         else MixedPrecisionPolicy()
+    tied_here = model.tok_embeddings is not None and model.output is None and model.norm is not None
+    if model.tok_embeddings is not None and not tied_here:
+        fully_shard(model.tok_embeddings, mesh=dp_mesh, reshard_after_forward=zero == 3, mp_policy=mp)
     for block in model.layers.values():
         for moe in (m for m in block.modules() if isinstance(m, MoE) and m.ep.ep > 1):
             for expert in moe.experts.values():
                 fully_shard(expert, mesh=expert_mesh, reshard_after_forward=zero == 3, mp_policy=mp)
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=zero == 3, mp_policy=mp)
-    # the root keeps embedding/norm/output unsharded after forward: backward needs them at once
+    if model.norm is not None and model.output is not None:
+        # gathered until their backward, which follows the forward at once (the loss is next)
+        fully_shard([model.norm, model.output], mesh=dp_mesh, reshard_after_forward=False, mp_policy=mp)
+    # the root holds what is left (a tied embedding-and-head), unsharded after forward: backward needs it at once
     fully_shard(model, mesh=dp_mesh, reshard_after_forward=False, mp_policy=mp)
     for m in model.modules():
         if isinstance(m, FSDPModule):

@@ -179,6 +179,19 @@ class FeedForward(nn.Module):
         return sp_ops.linear_scatter(inner, local(self.w2.weight), *self.sp, *float8.fp8_flags(self.w2))
 
 
+class Embedding(nn.Embedding):
+    """The token embedding as a module of its own (FSDP makes it a unit of its own, as torchtitan).
+    Under TP it holds its vocabulary rows and scatters the sequence out (sequence_parallel.embedding_scatter):
+    `sp` is (first vocabulary row of this rank, TP size, TP group name), set by tensor_parallel."""
+
+    sp: tuple[int, int, str] | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sp is None:
+            return super().forward(x)
+        return sp_ops.embedding_scatter(x, local(cast(torch.Tensor, self.weight)), *self.sp)
+
+
 class Block(nn.Module):
     def __init__(self, a: ModelSpec, index: int = 0, alibi: AlibiBias | None = None):
         super().__init__()
@@ -221,7 +234,7 @@ class Transformer(nn.Module):
     def __init__(self, a: ModelSpec, seq_len: int):
         super().__init__()
         self.args = a
-        self.tok_embeddings: nn.Module | None = nn.Embedding(a.vocab, a.hidden)
+        self.tok_embeddings: Embedding | None = Embedding(a.vocab, a.hidden)
         alibi = AlibiBias(a.heads) if a.position == "alibi" else None
         self.layers = nn.ModuleDict({str(i): Block(a, i, alibi) for i in range(a.layers)})
         self.norm: nn.Module | None = RMSNorm(a.hidden, NORM_EPS)
@@ -232,8 +245,6 @@ class Transformer(nn.Module):
         self.register_buffer("rope_sin", torch.empty(seq_len, width), persistent=False)
         self.positions = torch.arange(seq_len)   # this rank's absolute token positions (CP changes it)
         self.rope_dtype = torch.float32         # the compute dtype (the engine sets bf16): no cast per forward
-        # (first vocabulary row of this rank, TP size, TP group name) once TP shards the embedding
-        self.embed_sp: tuple[int, int, str] | None = None
 
     def keep_only(self, first: int, last: int, has_embedding: bool, has_head: bool) -> None:
         """Turn this model into a pipeline stage owning layers [first, last)."""
@@ -303,12 +314,7 @@ class Transformer(nn.Module):
         self.set_positions(self.positions)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.tok_embeddings is None:
-            h = x
-        elif self.embed_sp is not None:      # this rank's vocabulary rows, its sequence shard out
-            h = sp_ops.embedding_scatter(x, local(cast(torch.Tensor, self.tok_embeddings.weight)), *self.embed_sp)
-        else:
-            h = self.tok_embeddings(x)
+        h = x if self.tok_embeddings is None else self.tok_embeddings(x)
         # the tables are held in the compute dtype (rope_dtype): no copy here, and FSDP's cast of each
         # block's inputs to bf16 finds them cast
         cos, sin = self.rope_cos.to(h.dtype), self.rope_sin.to(h.dtype)

@@ -78,7 +78,7 @@ def apply_tp(model: Transformer, tp_mesh: DeviceMesh) -> None:
         # token ids replicated in, sequence-sharded hidden states out (sequence_parallel.embedding_scatter)
         _shard_weight(model.tok_embeddings, tp_mesh, 0)
         rows = cast(torch.Tensor, model.tok_embeddings.weight).shape[0] // tp_mesh.size()
-        model.embed_sp = (tp_mesh.get_local_rank() * rows, tp_mesh.size(), str(tp_mesh.get_group().group_name))
+        model.tok_embeddings.sp = (tp_mesh.get_local_rank() * rows, tp_mesh.size(), str(tp_mesh.get_group().group_name))
     if model.norm is not None:
         parallelize_module(model, tp_mesh, {"norm": SequenceParallel()})
     if model.output is not None:

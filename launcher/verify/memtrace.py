@@ -28,8 +28,9 @@ What it takes to run the trainer unchanged in that world (../shared/notes/testbe
   (torch's files them as backward temporaries), and the grad-norm clip's float64 copies, made
   between the backward and the optimizer, and what optimizer.step makes beside the state it updates
   are temporaries (torch's files them as activations and optimizer state).
-  What recompute makes in backward is a temporary throughout (torch's files what an FSDP unit
-  inside the checkpointed block, an EP expert, recomputes as activations), and FSDP's
+  What recompute remakes in backward (a checkpointed block's body run again) is an activation, as
+  Korthikanti's and Megatron's counts have it (torch's files it as a backward temporary, except what an
+  FSDP unit inside the block, an EP expert, recomputes), and FSDP's
   reduce-scatter input is a communication buffer from its allocation on (torch's re-files it so
   only when the collective runs).
 """
@@ -64,7 +65,7 @@ from launcher.trainer import sequence_parallel as sp_ops
 from launcher.trainer.config import TrainerConfig
 from launcher.trainer.engine import Engine
 from launcher.trainer.mesh import build_mesh
-from launcher.trainer.model import Transformer
+from launcher.trainer.model import Block, Transformer
 
 #: tracker categories -> the categories launch verify reports
 CATEGORIES = {
@@ -199,9 +200,11 @@ class RankMemTracker(FSDPMemTracker):
         self._window: dict | None = None   # figures at the highest total since the last mark()
         self._filing: _FSDPRefType | None = None   # what an FSDP gather makes is (see _file_gathers)
         self._group_methods: dict = {}
+        self._recomputing = False          # a checkpointed block's body is being run again in backward
 
     def _register_module_and_optimizer_hooks(self) -> None:
         super()._register_module_and_optimizer_hooks()
+        self._one_wrap_per_unit()
         managed: set[int] = set()
         for m in self._root_mod.modules():
             if isinstance(m, FSDPModule) and (group := m._get_fsdp_state()._fsdp_param_group):
@@ -217,7 +220,8 @@ class RankMemTracker(FSDPMemTracker):
                             mock.patch.object(DefaultReduceScatter, "allocate",
                                               self._allocating(DefaultReduceScatter.allocate)),
                             mock.patch.object(pipeline_mod.Stage, "backward_weight_one_chunk",
-                                              self._weight_step(pipeline_mod.Stage.backward_weight_one_chunk))]
+                                              self._weight_step(pipeline_mod.Stage.backward_weight_one_chunk)),
+                            mock.patch.object(Block, "_body", self._recompute(Block._body))]
         for patch in self._rs_patches:
             patch.start()
         self._file_gathers()
@@ -225,6 +229,23 @@ class RankMemTracker(FSDPMemTracker):
             self._mod_tracker._get_mod_name(part)
         if self._lean is not None:
             self._file_lean(self._lean)
+
+    def _one_wrap_per_unit(self) -> None:
+        """One FSDP unit over several modules (the final norm with the output head, fsdp.apply_fsdp) has one
+        param group: torch's tracker wraps its pre- and post-backward once per module, so the group would run
+        wrapped twice (its post-backward's buffers counted from the wrong module's stats) and stay wrapped
+        once after the trace. Wrap it once, under its first module, and restore it from the original."""
+        for m in list(self._fsdp_mod_to_saved_methods.keys()):
+            state = m._get_fsdp_state()
+            mods = state._modules
+            if len(mods) < 2 or m is not mods[0] or not (group := state._fsdp_param_group):
+                continue
+            saved = self._fsdp_mod_to_saved_methods[m]
+            group.pre_backward = self._fsdp_param_group_pre_backward(m, saved.pre_backward)
+            group.post_backward = self._fsdp_param_group_post_backward(m, saved.post_backward)
+            for other in mods[1:]:
+                if other in self._fsdp_mod_to_saved_methods:
+                    self._fsdp_mod_to_saved_methods[other] = saved
 
     def _file_lean(self, lean) -> None:
         """The lean optimizer's tensors by what they are: masters as optimizer state; what reduce_grads
@@ -295,6 +316,25 @@ class RankMemTracker(FSDPMemTracker):
         FSDPParamGroup.unshard = filed_unshard  # type: ignore[method-assign]
         FSDPParamGroup.wait_for_unshard = filed_wait  # type: ignore[method-assign]
 
+    def _recompute(self, body):
+        """Block._body, flagged while backward runs it again (recompute): what it remakes are the block's
+        activations, held until the block's backward is done with them. A compiled block's graph is traced
+        once, not flagged (dynamo must not see the flag flip)."""
+        tracker = self
+
+        def run(block, *args, **kwargs):
+            # inside autograd's engine (a backward's graph task): the recompute, whoever runs the backward
+            in_backward = torch._C._current_graph_task_id() != -1
+            if torch._dynamo.is_compiling() or not in_backward or tracker._recomputing:
+                return body(block, *args, **kwargs)
+            tracker._recomputing = True
+            try:
+                return body(block, *args, **kwargs)
+            finally:
+                tracker._recomputing = False
+
+        return run
+
     def _weight_step(self, step):
         """A split backward's weight step (pipeline.Stage), with the gradients it writes into .grad by hand
         filed as gradients: no AccumulateGrad runs there, so neither _grad_hook nor torch's tracker sees
@@ -357,10 +397,8 @@ class RankMemTracker(FSDPMemTracker):
             # made inside optimizer.step: its transients (foreach AdamW's sqrt(v)); the state it updates in
             # place exists from step 2 on (init_optimizer_state), tracked as optimizer state already
             reftype = _FSDPRefType.TEMP
-        elif self._in_ac and reftype == _FSDPRefType.ACT and self._mod_tracker.is_bw:
-            # recomputed in backward inside an FSDP unit's forward (an EP expert in a checkpointed block):
-            # torch's tracker files those as activations, the rest of the same recompute as temporaries
-            reftype = _FSDPRefType.TEMP
+        elif self._recomputing and reftype == _FSDPRefType.TEMP:
+            reftype = _FSDPRefType.ACT     # remade by recompute (see _recompute)
         super()._track(reftype, t)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
