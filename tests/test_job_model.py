@@ -15,15 +15,14 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
-from click.testing import CliRunner
 
-from launcher.cli import cli
 from launcher.errors import UserError
 from launcher.plan import capabilities
 from launcher.plan.model import Plan, check_plan, plan_schema
 from launcher.plan.planner import plan_job
 from launcher.plan.schema_doc import DOC, render_reference, updated
 from launcher.plan.spec import job_schema, load_spec, spec_from_dict
+from tests.cli_helpers import invoke
 from tests.plan_helpers import chosen
 
 pytestmark = pytest.mark.unit
@@ -116,7 +115,7 @@ def test_hostile_job_file_is_one_line_exit_2_nothing_written(case, content, expe
     else:
         job.write_text(content)
     out = tmp_path / "out" / "plan.json"
-    r = CliRunner().invoke(cli, ["plan", str(job), "-o", str(out)])
+    r = invoke("plan", str(job), "-o", str(out))
     lines = r.output.strip().splitlines()
     assert r.exit_code == 2, r.output[:2000]
     assert len(lines) == 1 and len(lines[0]) < 400, lines[:3]
@@ -127,7 +126,7 @@ def test_hostile_job_file_is_one_line_exit_2_nothing_written(case, content, expe
 
 @pytest.mark.parametrize("value", ["nan", "-1", "inf", "0", "-inf"])
 def test_memory_params_must_be_finite_and_positive(value):
-    r = CliRunner().invoke(cli, ["memory", "--params", value])
+    r = invoke("memory", "--params", value)
     assert r.exit_code == 2
     assert r.output.strip().splitlines() == [f"error: --params: {float(value)} is not a finite number > 0 (e.g. 7e9)"]
 
@@ -252,7 +251,7 @@ def test_job_schema_accepts_every_example_and_rejects_what_the_loader_rejects():
 
 def test_cli_schema_json():
     for which, title in (("job", "launch4d job file"), ("plan", "launch4d plan.json")):
-        r = CliRunner().invoke(cli, ["schema", which, "--json"])
+        r = invoke("schema", which, "--json")
         assert r.exit_code == 0 and json.loads(r.output)["title"] == title
 
 

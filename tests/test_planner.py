@@ -9,18 +9,18 @@ import subprocess
 import sys
 
 import pytest
-from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launcher.cli import cli
 from launcher.formats.bwmap import BandwidthMap, NodeReport
 from launcher.plan.layout import groups, groups_node_local
 from launcher.plan.ledger import Layout, fitting_ledger, memory_ledger
 from launcher.plan.model import Plan
 from launcher.plan.planner import plan_job, stage_layers
 from launcher.plan.spec import load_spec, spec_from_dict
+from tests.cli_helpers import invoke, launch
 from tests.conftest import EXAMPLES, REPO
+from tests.plan_helpers import chosen
 
 pytestmark = pytest.mark.unit
 
@@ -120,7 +120,7 @@ def test_the_lowest_fitting_zero_stage_is_kept_where_a_higher_one_does_not_fit()
     assert not memory_ledger(m, t, g, dataclasses.replace(z2, zero=3), headroom).fits
     result = plan_job(spec, top=3)
     # the lean ZeRO 1 (bf16 weights and gradients, 12/dp B of fp32 state) fits too, and beats both
-    assert result.best.fits and result.best.zero_stage in (1, 2)
+    assert chosen(result).fits and chosen(result).zero_stage in (1, 2)
     assert result.rejected["dominated by a lower ZeRO stage that fits"] >= 1
 
 
@@ -140,7 +140,7 @@ def test_example_plans_are_sensible(name, tp_max):
 def test_moe_plans_use_expert_parallelism_and_tp_only_under_zero_0_1():
     """Attention TP with whole experts (expert TP 1) is searched too, under ZeRO 0/1 only; experts over ep."""
     result = plan_job(load_spec(EXAMPLES / "mixtral-8x7b.yaml"), top=5)
-    for p in [result.best] + result.alternatives:
+    for p in [chosen(result)] + result.alternatives:
         assert 8 % p.degrees["ep"] == 0 and (p.dp * p.cp) % p.degrees["ep"] == 0
         assert p.tp == 1 or p.zero_stage in (0, 1)
     with pytest.raises(Exception, match="parallel.zero: 3 with a mixture-of-experts model under tp 2"):
@@ -149,8 +149,8 @@ def test_moe_plans_use_expert_parallelism_and_tp_only_under_zero_0_1():
 
 def test_pipeline_only_where_memory_asks():
     # 405B cannot fit without splitting layers or sequences; 1B never needs a pipeline on 8 GPUs
-    assert plan_job(job("llama3-1b", gb=64)).best.pp == 1
-    big = plan_job(job("llama3-405b", nodes=16, seq=8192, gb=256)).best
+    assert chosen(plan_job(job("llama3-1b", gb=64))).pp == 1
+    big = chosen(plan_job(job("llama3-405b", nodes=16, seq=8192, gb=256)))
     assert big.tp * big.pp * big.cp > 1
 
 
@@ -164,7 +164,7 @@ def test_fixed_layout_not_fitting_is_shown_with_fits_false():
 
 def test_partially_fixed_layout_searches_the_rest():
     result = plan_job(job("llama3-70b", nodes=8, parallel={"tp": 8}))
-    assert result.best.tp == 8 and all(a.tp == 8 for a in result.alternatives)
+    assert chosen(result).tp == 8 and all(a.tp == 8 for a in result.alternatives)
 
 
 def test_forced_cross_node_tp_is_planned_with_cost_and_warning():
@@ -172,24 +172,24 @@ def test_forced_cross_node_tp_is_planned_with_cost_and_warning():
                            "train": {"seq_len": 2048, "global_batch": 16},
                            "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu": "h100-sxm"},
                            "parallel": {"tp": 16, "allow_cross_node_tp": True}})
-    best = plan_job(spec).best
+    best = chosen(plan_job(spec))
     assert best.tp == 16 and not best.tp_node_local and best.forced
     assert any("spans nodes" in w for w in best.warnings)
-    local = plan_job(spec_from_dict({**{"model": {"layers": 8, "hidden": 2048, "heads": 16, "vocab": 32000}},
+    local = chosen(plan_job(spec_from_dict({**{"model": {"layers": 8, "hidden": 2048, "heads": 16, "vocab": 32000}},
                                      "train": {"seq_len": 2048, "global_batch": 16},
-                                     "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu": "h100-sxm"},
-                                     "parallel": {"tp": 8, "pp": 1, "cp": 1}})).best
+                                            "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu": "h100-sxm"},
+                                            "parallel": {"tp": 8, "pp": 1, "cp": 1}})))
     assert best.estimate["tp_comm_s"] > 3 * local.estimate["tp_comm_s"]
 
 
 def test_warnings_for_bubble_and_logits():
     spec = job("llama3-8b", nodes=1, gb=8, parallel={"tp": 1, "pp": 4, "cp": 1, "micro_batch": 1, "zero": 0,
                                                       "recompute": "full", "schedule": "1f1b"})
-    best = plan_job(spec).best
+    best = chosen(plan_job(spec))
     assert any("micro-batches < 4 × 4 stages" in w for w in best.warnings)
     spec = job("llama3-8b", seq=8192, gb=64, gpu="h200", parallel={"tp": 1, "pp": 1, "cp": 1, "micro_batch": 8,
                                                                     "zero": 3, "recompute": "full"})
-    assert any("unchunked logits" in w for w in plan_job(spec).best.warnings)
+    assert any("unchunked logits" in w for w in chosen(plan_job(spec)).warnings)
 
 
 def test_stage_layers_uneven_gives_ends_less():
@@ -216,14 +216,14 @@ def test_measured_bandwidth_is_used_and_named(tmp_path):
     spec = job("llama3-8b", nodes=2)
     result = plan_job(spec, BandwidthMap.load(path), bwmap_name=str(path))
     assert result.bandwidth.intra_gbs == 300.0 and result.bandwidth.net_per_gpu_gbs == 20.0
-    assert "measured" in result.best.bandwidth["source"] and str(path) in result.best.bandwidth["source"]
-    assert result.best.hosts == ["n0", "n1"]
-    assert [r.nic for r in result.best.ranks[:4]] == ["mlx5_0", "mlx5_0", "mlx5_1", "mlx5_1"]
+    assert "measured" in chosen(result).bandwidth["source"] and str(path) in chosen(result).bandwidth["source"]
+    assert chosen(result).hosts == ["n0", "n1"]
+    assert [r.nic for r in chosen(result).ranks[:4]] == ["mlx5_0", "mlx5_0", "mlx5_1", "mlx5_1"]
 
 
 def test_excluded_nodes_are_skipped(tmp_path):
     path = bwmap(tmp_path, exclude=["n0"])
-    best = plan_job(job("llama3-8b", nodes=2), BandwidthMap.load(path)).best
+    best = chosen(plan_job(job("llama3-8b", nodes=2), BandwidthMap.load(path)))
     assert best.hosts == ["n1", "n2"] and best.bandwidth["excluded_nodes"] == ["n0"]
     with pytest.raises(Exception, match="only 3 healthy nodes"):
         plan_job(job("llama3-8b", nodes=4), BandwidthMap.load(path))
@@ -233,7 +233,7 @@ def test_pcie_box_with_bridged_pairs_puts_tp2_on_bridges(tmp_path):
     path = bwmap(tmp_path, groups=[[0, 2], [1, 3]], nodes=1)
     spec = spec_from_dict({"model": "tiny", "train": {"seq_len": 64, "global_batch": 8},
                            "cluster": {"nodes": 1, "gpus_per_node": 4, "gpu": "l40s"}, "parallel": {"tp": 2}})
-    best = plan_job(spec, BandwidthMap.load(path)).best
+    best = chosen(plan_job(spec, BandwidthMap.load(path)))
     assert best.gpu_order == [0, 2, 1, 3]
     by_rank = {r.rank: r.gpu for r in best.ranks}
     for grp in groups(best.degrees, best.mesh_order, "tp"):
@@ -245,7 +245,7 @@ def test_pcie_box_with_bridged_pairs_puts_tp2_on_bridges(tmp_path):
 
 def test_plan_json_schema_and_output_file(tmp_path):
     out = tmp_path / "plan.json"
-    r = CliRunner().invoke(cli, ["plan", str(EXAMPLES / "llama3-70b-64xh100.yaml"), "--json", "-o", str(out)])
+    r = invoke("plan", str(EXAMPLES / "llama3-70b-64xh100.yaml"), "--json", "-o", str(out))
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     assert set(d) >= {"best", "alternatives", "searched", "rejected"}
@@ -264,28 +264,27 @@ def test_plan_json_schema_and_output_file(tmp_path):
 
 
 def test_plan_human_output_and_exit_codes(tmp_path):
-    r = CliRunner().invoke(cli, ["plan", str(EXAMPLES / "llama3-8b-8xh100.yaml")])
+    r = invoke("plan", str(EXAMPLES / "llama3-8b-8xh100.yaml"))
     assert r.exit_code == 0 and "best: tp=" in r.output and "rank map" in r.output and "searched" in r.output
     job_file = tmp_path / "j.yaml"
     job_file.write_text("model: llama3-70b\ntrain: {seq_len: 4096, global_batch: 8}\n"
                         "cluster: {nodes: 1, gpus_per_node: 8, gpu: h100-sxm}\n"
                         "parallel: {tp: 1, cp: 1, pp: 1, zero: 0, recompute: none, micro_batch: 1}\n")
-    r = CliRunner().invoke(cli, ["plan", str(job_file)])
+    r = invoke("plan", str(job_file))
     assert r.exit_code == 1 and "DOES NOT FIT" in r.output
 
 
 def test_previous_plan_global_batch_change_warns(tmp_path):
     old = tmp_path / "old.json"
-    CliRunner().invoke(cli, ["plan", str(EXAMPLES / "llama3-8b-8xh100.yaml"), "-o", str(old)])
+    invoke("plan", str(EXAMPLES / "llama3-8b-8xh100.yaml"), "-o", str(old))
     new_job = tmp_path / "j.yaml"
     new_job.write_text((EXAMPLES / "llama3-8b-8xh100.yaml").read_text().replace("global_batch: 64", "global_batch: 128"))
-    r = CliRunner().invoke(cli, ["plan", str(new_job), "--previous", str(old), "--json"])
+    r = invoke("plan", str(new_job), "--previous", str(old), "--json")
     assert any("hyperparameter change" in w for w in json.loads(r.output)["best"]["warnings"])
 
 
 def test_plan_as_real_subprocess():
-    r = subprocess.run([sys.executable, "-m", "launcher.cli", "plan", str(EXAMPLES / "mixtral-8x7b.yaml"), "--json"],
-                       capture_output=True, text=True, cwd=REPO)
+    r = launch("plan", EXAMPLES / "mixtral-8x7b.yaml", "--json", cwd=REPO)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["best"]["fits"] is True
 
@@ -306,7 +305,7 @@ def test_llama3_405b_interleaves_as_meta_did():
     open, the lean trainer's selective recompute fits at v 4 (not at 8) and wins there (7.6 s a step vs 9.2)."""
     spec = job("llama3-405b", nodes=2048, seq=8192, gb=2048,
                parallel={"tp": 8, "cp": 1, "pp": 16, "dp": 128, "recompute": "full"})
-    best = plan_job(spec, top=1).best
+    best = chosen(plan_job(spec, top=1))
     assert best.virtual_stages == 8
     assert best.stage_layers == [0] + [1] * 126 + [0]
     assert best.estimate["bubble_fraction"] == pytest.approx(15 / 128, abs=1e-5)
@@ -352,7 +351,8 @@ def _cand(t: float, tp=1, cp=1, pp=1, dp=64, zero=3, recompute="full"):
 
     lay = Layout(tp=tp, cp=cp, pp=pp, dp=dp, ep=1, zero=zero, recompute=recompute, micro_batch=1,
                  grad_accum=8, schedule="1f1b" if pp > 1 else "none", virtual_stages=1)
-    return Candidate(lay, dataclasses.make_dataclass("Led", ["per_gpu_gb", "limit_gb"])(60.0, 72.0), _Est(t))
+    led = dataclasses.make_dataclass("Led", ["per_gpu_gb", "limit_gb"])(60.0, 72.0)
+    return Candidate(lay, led, _Est(t))  # type: ignore[arg-type]  # stand-ins with what why_chosen reads
 
 
 def _why(cands, seq, fixed=()):
@@ -403,13 +403,13 @@ def test_examples_say_their_deciding_rule():
         result = plan_job(spec, top=3)
         ch = result.choice
         assert ch["rule"] in ("fastest", "tie_band", "cp_short_seq", "forced"), name
-        fastest = min([result.best] + result.alternatives, key=lambda p: p.estimate["step_time_s"])
-        gap = result.best.estimate["step_time_s"] / fastest.estimate["step_time_s"] - 1
+        fastest = min([chosen(result)] + result.alternatives, key=lambda p: p.estimate["step_time_s"])
+        gap = chosen(result).estimate["step_time_s"] / fastest.estimate["step_time_s"] - 1
         if gap > 0.05:               # passed over a plan more than the band faster: the line says why
             assert ch["rule"] == "cp_short_seq" and fastest.cp > 1 and "a further 5%" in ch["line"], name
         if name == "tiny-cpu.yaml":
             assert ch["rule"] == "forced" and "forced:" in ch["line"]
-    r = CliRunner().invoke(cli, ["plan", str(EXAMPLES / "llama3-70b-64xh100.yaml"), "--top", "1"])
+    r = invoke("plan", str(EXAMPLES / "llama3-70b-64xh100.yaml"), "--top", "1")
     assert "\nwhy: " in r.output and "no simpler layout fits in GPU memory." not in r.output.split("why: ")[1][:40]
 
 
@@ -436,13 +436,13 @@ def test_nothing_fits_names_the_closest_and_the_smallest_world(tmp_path):
                                    for n in range(2, world["nodes"]))
     f = tmp_path / "j.yaml"
     f.write_text("model: llama3-70b\ntrain: {seq_len: 8192, global_batch: 64}\ncluster: {gpu: h100-sxm}\n")
-    r = CliRunner().invoke(cli, ["plan", str(f)])
+    r = invoke("plan", str(f))
     assert r.exit_code == 1
     line = next(x for x in r.output.splitlines() if x.startswith("no layout fits:"))
     assert f"needs {near['per_gpu_gb']:.1f} GB per GPU against a limit of 72.0 GB" in line
     assert f"it fits from {world['world_size']} GPUs ({world['nodes']} nodes × 8; set cluster.nodes: {world['nodes']})" \
         in line
-    j = json.loads(CliRunner().invoke(cli, ["plan", str(f), "--json"]).output)
+    j = json.loads(invoke("plan", str(f), "--json").output)
     assert j["best"] is None and j["nothing_fits"]["smallest_world"] == world
 
 
@@ -465,8 +465,7 @@ def test_layout_mistakes_name_the_field(tmp_path, parallel, gb, field, words):
     assert err.value.path == field and words in str(err.value)
     f = tmp_path / "j.yaml"
     f.write_text(json.dumps(data))
-    r = subprocess.run([sys.executable, "-m", "launcher", "plan", str(f), "--json"], capture_output=True, text=True,
-                       cwd=REPO)
+    r = launch("plan", f, "--json", cwd=REPO)
     assert r.returncode == 2 and r.stderr.startswith(f"error: {field}: ") and len(r.stderr.splitlines()) == 1
     assert json.loads(r.stdout) == {"error": f"{field}: {err.value.args[0].split(': ', 1)[1]}", "field": field,
                                     "exit_code": 2}
