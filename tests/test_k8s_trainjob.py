@@ -14,14 +14,13 @@ import subprocess
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
 from launcher.backends.k8s_crd import load_crd, validate
-from launcher.cli import cli
 from launcher.errors import UserError
 from launcher.plan.planner import plan_job
 from launcher.plan.spec import spec_from_dict
 from launcher.render.k8s import render_k8s
+from tests.cli_helpers import invoke
 from tests.conftest import EXAMPLES, spec_file
 from tests.plan_helpers import chosen
 
@@ -218,11 +217,11 @@ def test_image_is_required_and_latest_warns(tmp_path):
     assert rendered.warnings == []
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(job_dict(**{"backend.k8s.image": "ghcr.io/x/launch4d:latest"})))
-    res = CliRunner().invoke(cli, ["render", str(job), "--json"])
+    res = invoke("render", str(job), "--json")
     assert res.exit_code == 0
     assert "tag `latest` moves" in res.stderr
     job.write_text(yaml.safe_dump(job_dict(**{"backend.k8s.image": None})))
-    res = CliRunner().invoke(cli, ["render", str(job)])
+    res = invoke("render", str(job))
     assert res.exit_code == 2 and "backend.k8s.image: required" in res.output
 
 
@@ -259,7 +258,7 @@ def test_image_is_required_and_latest_warns(tmp_path):
 def test_bad_k8s_fields_are_one_clear_line(field, value, message, tmp_path):
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(job_dict(**{field: value})))
-    res = CliRunner().invoke(cli, ["render", str(job)])
+    res = invoke("render", str(job))
     assert res.exit_code == 2 and message in res.output and "Traceback" not in res.output
     assert len([ln for ln in res.output.splitlines() if ln.startswith("error")]) == 1, res.output
 
@@ -296,8 +295,8 @@ def test_preflight_bandwidth_map_keeps_failed_nodes_out(tmp_path, monkeypatch):
     bw = BandwidthMap(nodes={h: NodeReport(host=h, gpus=2) for h in ("gpu-a1", "gpu-a2", "gpu-a3")},
                       exclude=["gpu-a2"])
     (tmp_path / "bw.json").write_text(json.dumps(bw.to_dict()))
-    res = CliRunner().invoke(cli, ["submit", str(EXAMPLES / "tiny-k8s.yaml"), "--preflight", str(tmp_path / "bw.json"),
-                                   "--dry-run", "--json"])
+    res = invoke("submit", str(EXAMPLES / "tiny-k8s.yaml"), "--preflight", str(tmp_path / "bw.json"),
+                 "--dry-run", "--json")
     assert res.exit_code == 0, res.output
     tj = [d for d in yaml.safe_load_all(json.loads(res.stdout)["request"]) if d][-1]
     assert_valid(tj)

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from click.testing import CliRunner
 
-from launcher.cli import cli
 from launcher.plan.ledger import (
     GIB,
     act_gb,
@@ -16,6 +14,7 @@ from launcher.plan.ledger import (
     per_gpu_state_gb,
     tp_bytes_per_step,
 )
+from tests.cli_helpers import invoke
 
 pytestmark = pytest.mark.unit
 
@@ -96,7 +95,7 @@ def test_korthikanti_params_and_optimizer_18_bytes():
 
 
 def test_memory_command_prints_seed_tables():
-    out = CliRunner().invoke(cli, ["memory"]).output
+    out = invoke("memory").output
     for text in ["16 B", "112 GB", "208 GB", "1120 GB", "[38.5, 71.5, 385.0]", "[26.2, 48.8, 262.5]",
                  "[14.0, 26.0, 140.0]", "104.15 GB", "18.25 GB", "1.07 GB", "7.516192768 GB/step",
                  "175.0%", "87.5%", "43.8%", "21.9%", "10.9%", "150 ms", "416 GB"]:
@@ -106,9 +105,9 @@ def test_memory_command_prints_seed_tables():
 def test_memory_command_json_and_adhoc():
     import json
 
-    d = json.loads(CliRunner().invoke(cli, ["memory", "--json"]).output)
+    d = json.loads(invoke("memory", "--json").output)
     assert d["zero_table"][3]["gb"] == [14.0, 26.0, 140.0]
-    r = CliRunner().invoke(cli, ["memory", "--params", "7e9", "--world", "8", "--zero", "3", "--json"])
+    r = invoke("memory", "--params", "7e9", "--world", "8", "--zero", "3", "--json")
     assert json.loads(r.output)["state_gb"] == [{"stage": 3, "gb": 14.0}]
 
 

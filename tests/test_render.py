@@ -25,6 +25,7 @@ from launcher.plan.spec import load_spec, spec_from_dict
 from launcher.render import check_k8s_name
 from launcher.render.k8s import render_k8s
 from launcher.render.sbatch import render_slurm
+from tests.cli_helpers import invoke
 from tests.conftest import EXAMPLES, spec_file
 from tests.plan_helpers import chosen
 
@@ -408,7 +409,7 @@ def test_invalid_kubernetes_names(name, tmp_path):
     d["name"] = name
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(d))
-    res = CliRunner().invoke(cli, ["render", str(job), "-o", str(tmp_path / "out")])
+    res = invoke("render", str(job), "-o", str(tmp_path / "out"))
     assert res.exit_code == 2
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: name:")

@@ -22,17 +22,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from launcher.cli import cli
 from launcher.errors import UserError
 from launcher.formats.shell import SBATCH_SAFE, quote
 from launcher.plan.planner import plan_job
 from launcher.plan.spec import spec_from_dict
 from launcher.render.k8s import render_k8s
 from launcher.render.sbatch import render_slurm
+from tests.cli_helpers import invoke
 from tests.conftest import EXAMPLES
 
 pytestmark = pytest.mark.unit
@@ -220,7 +219,7 @@ def test_job_file_name_with_a_newline_stays_in_its_comment(tmp_path):
     job = tmp_path / "job\ntouch pwned\n#.yaml"
     job.write_text((EXAMPLES / "tiny-slurm.yaml").read_text())
     out = tmp_path / "out"
-    res = CliRunner().invoke(cli, ["render", str(job), "--backend", "slurm", "-o", str(out)])
+    res = invoke("render", str(job), "--backend", "slurm", "-o", str(out))
     assert res.exit_code == 0, res.output
     script = (out / "train.sbatch").read_text()
     assert "rendered from $'job\\x0atouch pwned\\x0a#.yaml'" in script

@@ -7,11 +7,10 @@ import sys
 
 import pytest
 import yaml
-from click.testing import CliRunner
 
-from launcher.cli import cli
 from launcher.errors import SpecError
 from launcher.plan.spec import load_spec, spec_from_dict
+from tests.cli_helpers import invoke
 from tests.conftest import EXAMPLES, REPO
 
 pytestmark = pytest.mark.unit
@@ -116,17 +115,17 @@ def test_seq_len_divisible_by_cp_tp():
 def test_cli_bad_job_exit_2_one_line(tmp_path):
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(with_("parallel.tp", 3)))
-    r = CliRunner().invoke(cli, ["plan", str(job)])
+    r = invoke("plan", str(job))
     assert r.exit_code == 2
     assert r.output.strip().splitlines() == ["error: parallel.tp: 3 does not divide model.heads=32"]
 
 
 def test_cli_missing_file_and_bad_yaml(tmp_path):
-    r = CliRunner().invoke(cli, ["plan", str(tmp_path / "nope.yaml")])
+    r = invoke("plan", str(tmp_path / "nope.yaml"))
     assert r.exit_code == 2 and "cannot read job file" in r.output
     bad = tmp_path / "bad.yaml"
     bad.write_text("model: [unclosed\n")
-    r = CliRunner().invoke(cli, ["plan", str(bad)])
+    r = invoke("plan", str(bad))
     assert r.exit_code == 2 and "is not valid YAML" in r.output and "Traceback" not in r.output
 
 
