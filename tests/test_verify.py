@@ -185,7 +185,7 @@ def test_plan_verify_tiny_example_traces_every_category(tmp_path):
     assert cats["optimizer"] == pytest.approx(state["optimizer"], rel=1e-3)
     assert cats["optimizer"] == pytest.approx(2 * state["grads"], rel=0.02)
     assert cats["activations"] > 0
-    assert role["peak_gb"] == pytest.approx(sum(cats.values()), rel=1e-6)
+    assert role["peak_gb"] == pytest.approx(sum(cats.values()), rel=1e-5)     # each rounded to 6 digits
     assert role["ledger_gb"] is not None and set(role["ledger_gb"]) == set(cats)
     assert [(b["rank"], b["ok"], b["error"]) for b in rep["build_checks"]] == [(3, True, None)]
     assert json.loads(out.read_text())["memory_traced"] is True

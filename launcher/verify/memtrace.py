@@ -324,8 +324,8 @@ class RankMemTracker(FSDPMemTracker):
 
         def run(block, *args, **kwargs):
             # inside autograd's engine (a backward's graph task): the recompute, whoever runs the backward
-            in_backward = torch._C._current_graph_task_id() != -1
-            if torch._dynamo.is_compiling() or not in_backward or tracker._recomputing:
+            # (asked only outside dynamo, which cannot trace the question)
+            if torch._dynamo.is_compiling() or tracker._recomputing or torch._C._current_graph_task_id() == -1:
                 return body(block, *args, **kwargs)
             tracker._recomputing = True
             try:

@@ -95,8 +95,10 @@ class VerifyReport:
 
 
 def _round(x):
+    """Six significant digits, not decimal places: a CPU example's whole rank is a few MB (0.0026 GB), and its
+    categories must still add up to its peak in the JSON."""
     if isinstance(x, float):
-        return round(x, 4)
+        return float(f"{x:.6g}")
     if isinstance(x, dict):
         return {k: _round(v) for k, v in x.items()}
     if isinstance(x, list):
