@@ -262,7 +262,9 @@ def layout(shape: str, *, tp: int = 1, pp: int = 1, cp: int = 1, dp: int = 2, ep
     name = " ".join([f"{shape}/{layers}L", f"tp{tp}", f"pp{pp}" + (f"v{v}" if v > 1 else ""), f"cp{cp}", f"dp{dp}"]
                     + ([f"ep{ep}"] if ep > 1 else []) + [f"z{zero}", recompute, f"mb{mb}", f"s{seq // 1024}k"])
     job = {"model": model,
-           "train": {"seq_len": seq, "global_batch": mb * ga * dp, "precision": "bf16", "grad_dtype": "fp32"},
+           # eager blocks, as Megatron runs them (the planner would compile them on H100: another activation profile)
+           "train": {"seq_len": seq, "global_batch": mb * ga * dp, "precision": "bf16", "grad_dtype": "fp32",
+                     "compile": False},
            "cluster": {"nodes": world // gpn, "gpus_per_node": gpn, "gpu": "h100-sxm"}, "parallel": par}
     return name, job
 
