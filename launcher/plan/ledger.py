@@ -1190,7 +1190,7 @@ def _interleaved_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, 
     embedding = c.embedding / lay.tp if r == 0 else 0.0
     blocks = rp.blocks_dense + rp.blocks_expert
     # each chunk's gradient: its blocks'; the embedding's on stage 0;
-    # the head's and final norm's on the last stage (the rest of the root unit)
+    # the head's and final norm's on the last stage (everything outside the blocks but the embedding)
     # (FSDP under PP: unsharded, in the fp32 reduce dtype; ZeRO 0/1: in the weights' dtype, or grad_dtype fp32's)
     gw = 4 if fsdp or train.grad_dtype == "fp32" else num.gathered
     chunk_grads = [gw * blocks * n / max(1, layers) for n in chunk_layers]
