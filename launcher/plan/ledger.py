@@ -520,20 +520,18 @@ def _rank_params(model, t: int, pp: int, ep: int, v: int, r: int, vee: bool = Fa
     dense = ((c.layer_dense - router) / t + router) * moe_here + c.dense_layer / t * dense_here
     expert = c.layer_expert * moe_here / (et * ep)
     vh = model.vocab * model.hidden / t
-    root, head_w = 0.0, 0.0
     has_embedding, has_head = r == 0, r == (0 if vee else pp - 1)
-    if has_embedding:
-        root += c.embedding / t
+    embedding_part = c.embedding / t if has_embedding else 0.0
+    head_part, head_w = 0.0, 0.0
     if has_head:
         tied_copy = c.embedding if model.tied_embeddings and pp > 1 else 0   # model.keep_only
-        root += (c.head + tied_copy + c.final_norm) / t
+        head_part = (c.head + tied_copy + c.final_norm) / t
         head_w = vh          # the untied head, or the (tied) embedding the loss multiplies with
+    root = embedding_part + head_part
     # FSDP's units outside the blocks (fsdp.apply_fsdp): the embedding, and the norm with the head, each its own,
     # but where the embedding is also this stage's head (tied, pp = 1): both stay in the root
     tied_here = has_embedding and has_head and model.tied_embeddings and pp == 1
-    embedding_unit = c.embedding / t if has_embedding and not tied_here else 0.0
-    head_unit = (c.head + (c.embedding if model.tied_embeddings and pp > 1 else 0) + c.final_norm) / t \
-        if has_head and not tied_here else 0.0
+    embedding_unit, head_unit = (0.0, 0.0) if tied_here else (embedding_part, head_part)
     largest = max(vh if root else 0.0, model.expert_ffn * model.hidden / et, model.q_width * model.hidden / t,
                   model.ffn_hidden * model.hidden / t if dense_here else 0.0)
     moe_block = (c.layer_dense - router) / t + router + c.layer_expert / (et * ep)
@@ -805,18 +803,14 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
     top_block = _block_peak(model, lay, num, tokens, block_acts, recomputed, rp.block if fsdp else 0.0,
                             lay.zero, per_layer, rp.block_mlp if fsdp else 0.0,
                             max(1, round(layers / max(1, lay.virtual_stages))))
-    head_rs = 0.0
-    if fsdp and lay.pp == 1 and rp.head_unit:
+    loss_peak = _loss_peak(model, train, lay, num, tokens, acts, held) if has_head else None
+    if fsdp and lay.pp == 1 and rp.head_unit and loss_peak:
         # the norm-and-head unit is gathered for the loss (reshard_after_forward False) and, without a pipeline,
         # reduce-scatters right after the norm's backward: its fp32 reduce-scatter input lives through the top
         # block's backward, until the next unit's post-backward (torch keeps one such buffer)
-        loss_peak = _loss_peak(model, train, lay, num, tokens, acts, held)
         loss_peak = (loss_peak[0], loss_peak[1], loss_peak[2] + num.gathered * rp.head_unit, loss_peak[3])
-        head_rs = 4 * rp.head_unit
-        top_block = (*top_block[:3], top_block[3] + head_rs)
-    elif has_head:
-        loss_peak = _loss_peak(model, train, lay, num, tokens, acts, held)
-    peaks = ([loss_peak] if has_head else []) + [top_block]
+        top_block = (*top_block[:3], top_block[3] + 4 * rp.head_unit)
+    peaks = ([loss_peak] if loss_peak else []) + [top_block]
     if has_head and lay.pp == 1 and model.tied_embeddings:
         # the head's gradient waits in the tied weight's AccumulateGrad input buffer until the embedding's
         # backward adds its share, at the end of the backward (autograd's InputBuffer)
@@ -824,7 +818,7 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
     acts_, temps, gathered_block, comm = max(peaks, key=sum)  # on a tie the loss's (first)
     # ZeRO 0/1 without a pipeline: the gradients of the head and the blocks (each a share of the rank's)
     per_param = grads / rp.total if rp.total else 0.0
-    lean_head_grads = 0.0 if model.tied_embeddings else per_param * (rp.root - rp.embedding_unit)
+    lean_head_grads = per_param * rp.head_unit      # a tied head (no unit of its own) waits in AccumulateGrad
     if lay.grad_accum > held:
         # an earlier micro-batch's backward has run here: the whole stage's gradients exist
         accumulated = grads
@@ -885,7 +879,7 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
         # the lean optimizer's first backward, block by block: the blocks above have left their gradients in the
         # weights' dtype (or grad_dtype fp32's buffer) and freed this micro-batch's activations
         blocks_grads = per_param * (rp.blocks_dense + rp.blocks_expert)
-        for j in sorted({1, layers - 2, layers - 1} & set(range(1, layers))):
+        for j in _lower_blocks(layers):
             candidates.append(RankMemory(params + buffers, lean_head_grads + blocks_grads * j / layers, optimizer,
                                          peaks[-1][0] - j * per_layer, peaks[-1][1], 0.0,
                                          f"block {layers - 1 - j}'s backward"))
@@ -910,7 +904,7 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
         # first backward, left their fp32 gradient shards (full recompute keeps little per block: the gradients
         # grow faster than the activations shrink, and the peak is near the bottom), and under ZeRO 2 resharded
         blocks_sharded = step_grads - 4 * rp.root / n
-        for j in sorted({1, layers - 2, layers - 1} & set(range(1, layers))):
+        for j in _lower_blocks(layers):
             done = held_grads if lay.grad_accum > 1 else held_grads + blocks_sharded * j / layers
             below_j = num.gathered * (rp.block if j < layers - 1 else rp.embedding_unit) if lay.zero == 3 else 0.0
             here = num.gathered * rp.block * (1 if lay.zero == 3 else -j if lay.zero == 2 else 0)
@@ -919,6 +913,13 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
                                          "second block's backward" if j == 1 else f"block {layers - 1 - j}'s backward"))
     fwd_bwd = max(candidates, key=lambda c: c.total)
     return fwd_bwd if fwd_bwd.total >= step.total else step
+
+
+def _lower_blocks(layers: int) -> list[int]:
+    """The lower blocks whose backward can be a first backward's peak, as j blocks from the top: the second
+    (the top block's reduce-scatter input beside it) and the two lowest (the most gradients, the fewest
+    activations; the lowest prefetches the embedding). Gradients and activations change linearly in between."""
+    return sorted({1, layers - 2, layers - 1} & set(range(1, layers)))
 
 
 def outside_gathered(lay: Layout, num: Numerics, rp: RankParams) -> float:

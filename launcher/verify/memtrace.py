@@ -320,18 +320,14 @@ class RankMemTracker(FSDPMemTracker):
         """Block._body, flagged while backward runs it again (recompute): what it remakes are the block's
         activations, held until the block's backward is done with them. A compiled block's graph is traced
         once, not flagged (dynamo must not see the flag flip)."""
-        tracker = self
+        flagged = self._flagged("_recomputing", body)
 
         def run(block, *args, **kwargs):
             # inside autograd's engine (a backward's graph task): the recompute, whoever runs the backward
             # (asked only outside dynamo, which cannot trace the question)
-            if torch._dynamo.is_compiling() or tracker._recomputing or torch._C._current_graph_task_id() == -1:
+            if torch._dynamo.is_compiling() or self._recomputing or torch._C._current_graph_task_id() == -1:
                 return body(block, *args, **kwargs)
-            tracker._recomputing = True
-            try:
-                return body(block, *args, **kwargs)
-            finally:
-                tracker._recomputing = False
+            return flagged(block, *args, **kwargs)
 
         return run
 
