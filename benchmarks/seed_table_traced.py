@@ -40,8 +40,9 @@ def row(zero: int, layers: int, vocab: int = MODEL["vocab"]) -> dict:
     ledger against the trace (ledger_vs_trace.compare's row: its misses)."""
     from benchmarks.ledger_vs_trace import compare
 
-    spec = spec_from_dict(job(zero, layers, vocab))
-    res = compare(f"seed z{zero}", job(zero, layers, vocab))[0]
+    seed_job = job(zero, layers, vocab)
+    spec = spec_from_dict(seed_job)
+    res = compare(f"seed z{zero}", seed_job)[0]
     if "traced_gb" not in res:
         return {"zero": zero, "error": res.get("error")}
     cats = res["traced"]
