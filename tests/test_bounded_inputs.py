@@ -123,7 +123,7 @@ def test_import_without_an_nvlink_file_excludes_nobody(tmp_path):
 def test_slurm_client_output_in_another_encoding_is_read_not_a_traceback(tmp_path):
     """squeue/sacct print job names and reasons as the bytes they were given (Latin-1, say): the Slurm
     backend's command runner decodes them with replacement instead of raising."""
-    from launcher.backends.slurm import run
+    from launcher.backends.slurm_login import run
     from launcher.transport.local import LocalTransport
 
     rc, out, err = run(LocalTransport(), ["bash", "-c", r"printf '42|RUNNING|caf\xe9|n1|0:05\n'; printf '\xff' >&2"])

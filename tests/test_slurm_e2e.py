@@ -471,13 +471,8 @@ def test_the_fields_status_asks_for_are_ones_this_slurm_has(slurm_cluster, tmp_p
     """The real squeue and sacct judge our field lists: squeue takes our format (an unknown one is
     refused); sacct is probed once with --helpformat and, where accounting exists, takes exactly
     the fields we would ask for. Here (no slurmdbd) sacct refuses everything, which status says."""
-    from launcher.backends.slurm import (
-        _SACCT_FIELDS,
-        SACCT_WANTED,
-        SQUEUE_FORMAT,
-        SlurmBackend,
-        sacct_fields,
-    )
+    from launcher.backends.slurm import SlurmBackend
+    from launcher.backends.slurm_status import _SACCT_FIELDS, SACCT_WANTED, SQUEUE_FORMAT, sacct_fields
     from launcher.formats.jobs import JobRecord
     from launcher.transport.local import LocalTransport
 

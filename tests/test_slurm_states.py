@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.backends.slurm import (
+from launcher.backends import filter_rank
+from launcher.backends.slurm import SlurmBackend
+from launcher.backends.slurm_login import sbatch_error
+from launcher.backends.slurm_status import (
     _SACCT_FIELDS,
     SHORT_STATES,
     SLURM_STATES,
-    SlurmBackend,
-    filter_rank,
     normalize_state,
-    sbatch_error,
     state_of,
 )
 from launcher.errors import UserError
