@@ -6,7 +6,7 @@ pp 1/2/4 with gpipe / 1F1B / interleaved 1F1B, cp 1/2, tp 1/2/8 — the plan is 
 world size (launcher.verify.trace_plan: fake process group, FakeTensorMode, torch's memory
 tracker) and each pipeline rank's traced peak and categories are printed beside
 launcher.plan.ledger.rank_memory for that rank, with the difference and whether it passes the
-bound of tests/test_ledger_vs_trace.py (`misses`).
+bound of tests/integration/test_ledger_vs_trace.py (`misses`).
 
 MATRIX covers every feasible pair of axis values (pairwise, not the full product: 24 layouts where
 the product has thousands; `uncovered_pairs` proves it). The large shapes keep their real widths,
@@ -351,7 +351,7 @@ def misses(row: dict) -> list[str]:
 def compare(name: str, job: dict, workers: int | None = None) -> list[dict]:
     """One row per traced role: the traced peak and categories beside the ledger's (GB). Eager blocks unless the
     job says train.compile (the planner would compile them on these GPUs; compiled blocks have their own terms:
-    tests/test_trainer_compile.py)."""
+    tests/integration/test_trainer_compile.py)."""
     from launcher.verify import trace_plan
 
     spec = spec_from_dict({**job, "train": {"compile": False, **job["train"]}})

@@ -9,7 +9,7 @@ ledger's total beside the trace's (benchmarks/ledger_vs_trace.py's bound: what i
 
     python benchmarks/seed_table_traced.py [--layers 32] [--json]
 
-tests/test_seed_table_traced.py asserts the same at the full depth (~1 min of CPU a stage).
+tests/integration/test_seed_table_traced.py asserts the same at the full depth (~1 min of CPU a stage).
 """
 
 from __future__ import annotations

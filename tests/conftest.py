@@ -74,13 +74,16 @@ KINDS = ("unit", "integration", "e2e")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test is of exactly one kind (a module-level `pytestmark = pytest.mark.unit|integration|e2e`),
-    so `-m unit` and the rest select the whole suite between them."""
-    wrong = sorted({item.nodeid.split("::")[0] for item in items
-                    if sum(item.get_closest_marker(k) is not None for k in KINDS) != 1})
+    """Every test is of exactly one kind, the folder it lives in (tests/unit, tests/integration, tests/e2e),
+    and says so with a module-level `pytestmark = pytest.mark.<kind>`, so `-m unit` and the rest select the
+    whole suite between them and a test cannot sit in one tier while claiming another."""
+    wrong = sorted({f"{module} (marked {'+'.join(marks) or 'nothing'})" for item in items
+                    for module in [item.nodeid.split("::")[0]]
+                    for marks in [[k for k in KINDS if item.get_closest_marker(k) is not None]]
+                    if marks != [module.split("/")[1] if module.count("/") >= 2 else "?"]})
     if wrong:
-        raise pytest.UsageError("each test module needs exactly one of pytestmark = pytest.mark."
-                                f"{'|'.join(KINDS)}: {', '.join(wrong)}")
+        raise pytest.UsageError("each test module lives in tests/<kind>/ and carries pytestmark = pytest.mark.<kind> "
+                                f"({'|'.join(KINDS)}): {', '.join(wrong)}")
 
 
 #: modules that name this session fixture share one pytest-xdist worker (one test Slurm, not one per worker)

@@ -50,7 +50,7 @@ HYBRID_SHARDING = True
 #: Compiled blocks (train.compile, trainer/compiled.py): every transformer block through torch.compile with
 #: fullgraph=True, after TP and recompute and before FSDP (torchtitan's apply_compile). Run on gloo against the
 #: single process: tp 2 (DTensor norms, the sequence-parallel ops) and ZeRO 3 with selective recompute in
-#: tests/test_trainer_compile.py, ZeRO 1, both CP kinds with and without recompute, PP 1F1B and ALiBi by hand;
+#: tests/integration/test_trainer_compile.py, ZeRO 1, both CP kinds with and without recompute, PP 1F1B and ALiBi by hand;
 #: what torch 2.13 does not trace whole is refused (compile_problem), each refusal the error it raised there.
 COMPILE = True
 
@@ -211,7 +211,7 @@ def fp8_problem(gpu) -> str | None:
 def interleave_problem(layers: int, pp: int, v: int) -> str | None:
     """Layers split over pp·v model chunks evenly, or with the first and last chunk (which also hold the
     embedding and the head) one layer short, down to none (Llama 3's 126 layers on pp 16 × v 8:
-    launcher.plan.layout.stage_layers; the trainer runs such chunks, tests/test_trainer_uneven.py)."""
+    launcher.plan.layout.stage_layers; the trainer runs such chunks, tests/integration/test_trainer_uneven.py)."""
     if v > 1 and -layers % (pp * v) > 2:
         return (f"layers={layers} do not split over pp·virtual_stages={pp * v} chunks evenly or with only the "
                 "first and last chunk one layer short")
@@ -296,7 +296,7 @@ def compile_problem(m: ModelSpec, schedule: str | None = None, tp: int | None = 
 
 
 def split_backward_problem(schedule: str, zero: int, recompute: str, dp_cp: int) -> tuple[str, str] | None:
-    """(field, reason) where the trainer cannot run a split-backward schedule (tests/test_trainer_schedules.py
+    """(field, reason) where the trainer cannot run a split-backward schedule (tests/integration/test_trainer_schedules.py
     runs the rest against the single process): torch finds a stage's weights through module.parameters() when
     its input-gradient step starts (pipelining/_backward.py stage_backward_input), and FSDP's ZeRO 3 has
     resharded every block after its forward, so those blocks' weight gradients would never be computed. Recompute

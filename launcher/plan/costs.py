@@ -561,7 +561,7 @@ def split_bubble(model, lay: Layout, fwd: dict[str, float]) -> float:
     forward F, input gradient I and weight gradient W in FLOPs: F its matmuls and attention, W the matmuls again
     (a weight's gradient costs its forward: Qi et al. 2023 §2, "T_F ≈ T_B ≈ T_W" for matmuls alone), I the matmuls
     and attention's backward (FLASH_BACKWARD forwards: it has no weights), the last stage's logits likewise. The
-    ZB paper's bubble formulas are this simulation's answer for F = I = W (tests/test_costs_schedules.py). Not
+    ZB paper's bubble formulas are this simulation's answer for F = I = W (tests/unit/test_costs_schedules.py). Not
     charged: p2p latency inside the bubble, and DualPipe-V's overlap of one micro-batch's forward with another's
     backward, which hides EP's all-to-all (DeepSeek-V3 §3.2.1), not compute, and the bundled trainer runs
     them one after the other."""

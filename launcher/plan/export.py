@@ -2,7 +2,7 @@
 command-line flags), so the layout chosen here can be trained with that stack.
 
 Why a translation and not a guess: every option name written here is one the stack documents (the
-versions are named in SOURCES; tests/test_export.py checks the names against a list transcribed from
+versions are named in SOURCES; tests/unit/test_export.py checks the names against a list transcribed from
 that source). A choice the stack can only approximate gets a note; one it cannot express at all gets a
 line in `cannot`, and the nearest runnable settings are written beside it (`launch export` then exits 1).
 """

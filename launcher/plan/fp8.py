@@ -20,7 +20,7 @@ one rank, which capabilities.fp8_converts decides on the whole model's (as the t
     fuses each tensor's casts into the one or two kernels torchao's own roofline counts (COMPILED_*_BYTES), and the
     input gradient's rescale into the op that reads it; the weight gradient, a graph output, is rescaled by one fused
     pointwise kernel (COMPILED_RESCALE_BYTES). Checked against the published end-to-end gain of this recipe
-    (tests/test_capability_picks.py): torchao's float8 README, "Training benchmarks" (torchtitan, Llama 3 8B, 8 H100,
+    (tests/unit/test_capability_picks.py): torchao's float8 README, "Training benchmarks" (torchtitan, Llama 3 8B, 8 H100,
     batch 1 at 8,192, compile, FSDP2, per-op SAC): bf16 6,150 tok/s, rowwise with bf16 all-gather 6,768 (+10.05%),
     tensorwise with float8 all-gather 7,689.5 (+25.03%); torchtitan's Dec 2024 table's 6,667 -> 8,532 (+28%) is
     tensorwise (its only float8 recipe until pytorch/torchtitan#808, Feb 2025), not the rowwise recipe run here.

@@ -390,7 +390,7 @@ def compiled_layer_savings(model, tokens: float, tp: int, num: Numerics, recompu
     and the MLP's) runs in the forward instead and its full-sequence output is kept, where the eager op keeps its
     input's shard: 2·e·h·(1 - 1/tp) more. Measured on the trainer's block by its saved tensors, the block input
     beside them (Llama 3 8B's widths, bf16: 49.0 hidden widths a token eager, 34.0 compiled; at tp 2 the two
-    gathered inputs in place of their shards) and traced (tests/test_compile_plan.py). Selective recompute keeps
+    gathered inputs in place of their shards) and traced (tests/unit/test_compile_plan.py). Selective recompute keeps
     what its policy says but for those gathered inputs (traced at Llama 3 8B: tp 1 8% under this, tp 8 6% over);
     full recompute keeps the block input either way (not compiled under tp > 1: capabilities.compile_problem).
     torchtitan's Llama 3.1 8B on 8 H100 (selective AC) reports 82.4 GiB eager, 77.0 compiled

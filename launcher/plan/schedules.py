@@ -4,7 +4,7 @@ Why a copy: the ledger (what a pipeline rank holds at each action) and the time 
 each rank's order of forwards and backwards, and launcher/plan never imports torch (a login node plans in
 a second). Each function below follows its torch counterpart line for line (torch/distributed/pipelining/
 schedules.py: ScheduleInterleavedZeroBubble's _calculate_single_rank_operations with _get_warmup_ops and
-_get_1f1b_rank_ops, ScheduleZBVZeroBubble's, ScheduleDualPipeV's), and tests/test_schedule_orders.py holds
+_get_1f1b_rank_ops, ScheduleZBVZeroBubble's, ScheduleDualPipeV's), and tests/unit/test_schedule_orders.py holds
 every copy to torch's own table over a grid of pp, stages per rank and micro-batches.
 
 An action is (local stage k, micro-batch j, kind): kind "F" forward, "B" full backward, "I" the input
@@ -235,7 +235,7 @@ def bubble_fraction(schedule: str, pp: int, v: int, m: int, stage_layers: tuple[
     DeepSeek-V3 writes them, arXiv 2412.19437 Table 2; Qi et al. 2023, arXiv 2401.10241 §3 and §6): 1F1B
     (p-1)(F+B), interleaved 1F1B (p-1)(F+B)/v (Narayanan et al. 2021), ZB-H1 (p-1)(F+B-2W), ZB-V half of that
     once m >= 2p-1, DualPipe (p/2-1)(F&B+B-3W); here for torch's own orders, uneven stages and any F:B:W
-    (tests/test_costs_schedules.py)."""
+    (tests/unit/test_costs_schedules.py)."""
     n = pp * v
     last = n - 1
 

@@ -8,7 +8,7 @@ and call torch._scaled_mm; everything else, collectives included, stays bf16. Th
 - a linear called as a module (no TP, and a MoE's shared experts) becomes torchao's Float8Linear;
 - under TP the attention's and MLP's linears are sequence_parallel.py's ops, which never call the module: their
   GEMMs go through :func:`mm` below, the same recipe written out (the same ops in the same dtypes as torchao's
-  Float8Linear, so the same bits: tests/test_float8.py), and the module is only marked (``linear.fp8``).
+  Float8Linear, so the same bits: tests/unit/test_float8.py), and the module is only marked (``linear.fp8``).
 Which linears convert is capabilities.fp8_converts on the whole model's shapes (train.fp8_linears).
 
 torchao is imported when a plan asks for fp8 (the [train] extra installs it).

@@ -102,7 +102,7 @@ def replay_micro_batches(plan: Plan) -> int:
     is a kind of its own (memtrace.action_keys: FSDP's post-backward at the second input-gradient step), and
     DualPipe-V's 2·pp, or 5 at pp 2 (torch's ScheduleDualPipeV runs no fewer than 2·pp; from there every rank's
     order has each kind of action of its micro-batches: the overlapped pairs, the zero-bubble halves, the full
-    backwards; tests/test_schedule_orders.py derives it from torch's orders)."""
+    backwards; tests/unit/test_schedule_orders.py derives it from torch's orders)."""
     if plan.schedule == "dualpipe-v":
         return max(5, 2 * plan.pp)
     return 4 if plan.schedule in capabilities.SPLIT_BACKWARD else REPLAY_MICRO_BATCHES
