@@ -244,7 +244,9 @@ def test_launch_run_names_a_straggler_then_the_stalled_rank(tmp_path):
     with reaped(run) as markers:
         import threading
 
-        reader = threading.Thread(target=lambda: err_lines.extend(run.stderr), daemon=True)
+        stderr = run.stderr
+        assert stderr is not None
+        reader = threading.Thread(target=lambda: err_lines.extend(stderr), daemon=True)
         reader.start()
         assert wait_until(lambda: any("stuck in _stall_forever" in ln for ln in err_lines), 240), "".join(err_lines)
         markers.append(marker := recorded_marker(tmp_path / "state"))

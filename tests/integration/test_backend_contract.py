@@ -34,6 +34,7 @@ import yaml
 from launcher.backends import CANCELLED, PENDING, RUNNING, SUCCEEDED, Backend, Request, procs
 from launcher.formats.jobs import JobRecord
 from tests.conftest import EXAMPLES
+from tests.plan_helpers import chosen
 from tests.services.slurm import slurm_cluster  # noqa: F401  (session fixture)
 
 pytestmark = pytest.mark.integration
@@ -55,7 +56,7 @@ class LocalHarness:
         self.tmp = tmp_path
         self.backend: Backend = LocalBackend()
         self.spec = load_spec(EXAMPLES / "tiny-cpu.yaml")
-        self.plan = plan_job(self.spec).best
+        self.plan = chosen(plan_job(self.spec))
 
     def run_dir(self, name: str) -> Path:
         return self.tmp / name
@@ -102,7 +103,7 @@ class SlurmHarness:
             s.bind(("127.0.0.1", 0))
             d["backend"]["slurm"]["master_port"] = s.getsockname()[1]
         self.spec = spec_from_dict(d)
-        self.plan = plan_job(self.spec).best
+        self.plan = chosen(plan_job(self.spec))
         self.backend = SlurmBackend()
         self.submitted: list[str] = []
 
@@ -249,14 +250,14 @@ class K8sHarness:
         def load(*a, **k):
             built.append(1)
             ac = client.ApiClient(client.Configuration(host="https://k8s.test:6443"))
-            ac.rest_client.pool_manager = self.api
+            ac.rest_client.pool_manager = self.api  # type: ignore[assignment]  # recorded responses in urllib3's place
             return ac
 
         monkeypatch.setattr(kb, "load_api_client", load)
         self.built = built
         self.backend = kb.KubernetesBackend()
         self.spec = load_spec(EXAMPLES / "tiny-k8s-pytorchjob.yaml")
-        self.plan = plan_job(self.spec).best
+        self.plan = chosen(plan_job(self.spec))
 
     def run_dir(self, name: str) -> Path:
         return self.tmp / name

@@ -19,7 +19,9 @@ what each one still misses. Add a layout here once the ledger meets it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
@@ -116,7 +118,7 @@ BUSIEST = {"uneven pp4 1f1b z2": 1}
 
 
 @pytest.fixture(scope="module")
-def traced(request) -> dict[str, Future]:
+def traced(request) -> Iterator[dict[str, Future]]:
     """Every layout this session runs, traced two at a time (a one-role layout keeps one CPU busy)."""
     pytest.importorskip("torch")
     params = [getattr(getattr(item, "callspec", None), "params", {}) for item in request.session.items
@@ -153,8 +155,8 @@ def test_the_matrix_covers_every_pair_of_axis_values():
 
 
 def test_misses_applies_the_bound_to_the_total_and_each_category():
-    row = {"traced_gb": 2.0, "ledger_gb": 2.1, "traced": {**dict.fromkeys(CATEGORIES, 0.5), "temporaries": 0.01},
-           "ledger": {**dict.fromkeys(CATEGORIES, 0.5), "temporaries": 0.01}}
+    row: dict[str, Any] = {"traced_gb": 2.0, "ledger_gb": 2.1, "traced": {**dict.fromkeys(CATEGORIES, 0.5), "temporaries": 0.01},
+                           "ledger": {**dict.fromkeys(CATEGORIES, 0.5), "temporaries": 0.01}}
     assert misses(row) == []
     row["ledger"] = {**row["ledger"], "grads": 0.6, "temporaries": 0.05}   # 0.04 GB: under 3 % of 2 GB
     assert misses(row) == ["grads +0.1 GB (+20%)"]

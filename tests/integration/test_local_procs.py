@@ -46,7 +46,9 @@ def test_cancel_leaves_a_pid_that_is_no_longer_the_jobs_alone(tmp_path):
         marked = subprocess.Popen(["sleep", "60"], start_new_session=True,
                                   env={**os.environ, procs.MARKER: "job-token"})
         try:
-            h = handle_for(marked.pid, tmp_path, "job-token", procs.start_time(marked.pid) + 1)
+            started = procs.start_time(marked.pid)
+            assert started is not None
+            h = handle_for(marked.pid, tmp_path, "job-token", started + 1)
             assert be.status(h).state == "FAILED" and be.status(h).exit_code is None
             assert be.cancel(h) is False
             time.sleep(0.2)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -61,7 +62,8 @@ def cluster(tmp_path_factory):
 
 def configure(c: SshCluster, bad: str | None = None, **settings: str | None) -> None:
     for n in NODES:
-        kw = dict(GOOD, GPU_QUERY=c.files / "gq.csv", NVLINK=c.files / "nv.txt", IBSTAT=c.files / "ib.txt")
+        kw: dict[str, str | Path | None] = {**GOOD, "GPU_QUERY": c.files / "gq.csv", "NVLINK": c.files / "nv.txt",
+                                            "IBSTAT": c.files / "ib.txt"}
         if n == bad:
             kw.update(settings)
         install(c.nodes[n].dir, c.root / "nodes", fixtures_dir(), **kw)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -257,7 +258,10 @@ class LocalKubelet:
     and its log is stdout and stderr merged, as the API returns it. (No API server can run here.)"""
 
     def __init__(self, env: dict[str, str] | None = None):
-        self.env, self.created, self.deleted, self.done = env, [], [], {}
+        self.env = env
+        self.created: list[Any] = []
+        self.deleted: list[str] = []
+        self.done: dict[str, Any] = {}
 
     def create_namespaced_pod(self, namespace, body):
         self.created.append(body)
@@ -290,7 +294,8 @@ def test_k8s_pod_manifest():
 
 def test_k8s_runner_splits_stderr_and_runs_probes(tmp_path):
     api = LocalKubelet()
-    be, submitted = KubernetesBackend(core_api=api), []
+    be = KubernetesBackend(core_api=api)
+    submitted: list[Any] = []
     r = K8sRunner(be, namespace="ml", poll_s=0, on_submit=submitted.append, render=render_template).run(
         "gpu01", "echo out; echo err >&2; exit 4", 10)
     assert (r.stdout, r.stderr, r.rc) == ("out\n", "err", 4)

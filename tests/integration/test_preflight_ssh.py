@@ -56,7 +56,7 @@ def cluster(tmp_path_factory):
 
 def configure(c: SshCluster, bad: str | None = None, **settings: str) -> None:
     for n in NODES:
-        kw = dict(GOOD, GPU_QUERY=c.files / "gq.csv", NVLINK=c.files / "nv.txt")
+        kw: dict[str, str | Path | None] = {**GOOD, "GPU_QUERY": c.files / "gq.csv", "NVLINK": c.files / "nv.txt"}
         if n == bad:
             kw.update({k: (c.files / v if v.endswith((".csv", ".txt")) and "/" not in v else v)
                        for k, v in settings.items()})

@@ -14,6 +14,7 @@ import math
 import os
 import subprocess
 import sys
+from typing import Any, cast
 
 import pytest
 import torch
@@ -30,7 +31,7 @@ STEPS = 3   # two optimizer updates between the first and the last compared loss
 # name -> make_plan kwargs; all compared with "ref" (one process, whole batch, grad_accum 8).
 # The TP/CP layouts take micro_batch 2 (4): their CPU cost is per micro-batch (DTensor dispatch), not
 # per token, and two or more micro-batches still accumulate (pipelines: at least pp of them).
-LAYOUTS = {
+LAYOUTS: dict[str, dict[str, Any]] = {
     "ref": dict(),
     "dp8_zero3": dict(dp=8, zero=3),
     "tp2_dp4_zero2": dict(tp=2, dp=4, zero=2),
@@ -48,7 +49,7 @@ LAYOUTS = {
 # GELU MLP with tied embeddings (the output projection is the vocab-sharded embedding under TP)
 # mixture of experts (4 experts, top-2, dropless); expert parallelism splits dp·cp (moe.py)
 MOE = dict(model_over={"experts": 4, "experts_per_token": 2})
-MOE_LAYOUTS = {
+MOE_LAYOUTS: dict[str, dict[str, Any]] = {
     "moe_ref": dict(MOE),
     "moe_dp4_ep2_zero3": dict(MOE, dp=4, ep=2, zero=3),          # experts: fully_shard over dp·cp/ep = 2
     "moe_dp4_ep4_zero0": dict(MOE, dp=4, ep=4, zero=0),          # one expert per rank, no replicas
@@ -60,7 +61,7 @@ MOE_LAYOUTS = {
     "moe_tp2_pp2_dp2_zero0": dict(MOE, tp=2, pp=2, dp=2, zero=0, micro_batch=2, schedule="1f1b"),
 }
 GELU_TIED = dict(model_over={"mlp": "gelu", "tied_embeddings": True})
-OTHER_MODEL = {
+OTHER_MODEL: dict[str, dict[str, Any]] = {
     "gelu_tied_ref": dict(GELU_TIED, checkpoint_every=2),       # (its step-2 checkpoint: a pp=1 tied one)
     "gelu_tied_tp2_dp2": dict(GELU_TIED, tp=2, dp=2, zero=2, micro_batch=2),
     # tied over pipeline stages (Megatron): stage 0's embedding, the last stage's identical head copy,
@@ -74,7 +75,7 @@ OTHER_MODEL = {
 # a vocabulary no TP degree divides (GPT-2's 50257 in small): padded to a multiple of vocab_multiple·tp, the
 # padding's logits masked; each run against the same model unpadded (vocab_multiple 1, tp 1)
 ODD = dict(vocab=250)
-ODD_VOCAB = {
+ODD_VOCAB: dict[str, tuple[dict[str, Any], str | None]] = {
     "odd_vocab_unpadded": (dict(model_over=dict(ODD, vocab_multiple=1)), None),
     "odd_vocab_tp2_dp4_zero1": (dict(model_over=ODD, tp=2, dp=4, zero=1, micro_batch=2), "odd_vocab_unpadded"),
     "odd_tied_unpadded": (dict(model_over=dict(ODD, vocab_multiple=1, mlp="gelu", tied_embeddings=True)), None),
@@ -86,7 +87,7 @@ TIED_CKPT_PP2 = "gelu_tied_pp2_1f1b_tp2_dp2/checkpoints/step-2"
 TIED_CKPT_PP1 = "gelu_tied_ref/checkpoints/step-2"
 # resume at step 2 from a tied pp=2 checkpoint (the same layout, and pp=1: the head copy is saved as the
 # embedding) and from a tied pp=1 checkpoint into pp=2 (the copy is loaded from the embedding)
-TIED_RESUME = {
+TIED_RESUME: dict[str, tuple[dict[str, Any], str]] = {
     "gelu_tied_pp2_resumed": (dict(GELU_TIED, pp=2, tp=2, dp=2, schedule="1f1b", zero=3, micro_batch=2),
                               TIED_CKPT_PP2),
     "gelu_tied_pp1_resumed_from_pp2": (dict(GELU_TIED), TIED_CKPT_PP2),
@@ -142,6 +143,7 @@ def test_padded_vocabulary_gives_the_unpadded_losses(parity_results, name):
     """tp 2 of a 250-token vocabulary (padded to 256 rows: 6 of TP rank 1's 128 are padding), ZeRO 1 and
     a tied pipeline under ZeRO 3: the losses and grad norms of the same model unpadded in one process."""
     ref = ODD_VOCAB[name][1]
+    assert ref is not None
     assert _losses(parity_results, name) == pytest.approx(_losses(parity_results, ref), rel=RTOL)
     assert parity_results[name]["grad_norms"] == pytest.approx(parity_results[ref]["grad_norms"], rel=RTOL)
 
@@ -242,7 +244,7 @@ def test_tied_head_copy_starts_identical_to_the_embedding():
     first.init_weights(7)
     last.init_weights(7)
     assert not first.tied_head_copy and last.tied_head_copy
-    assert torch.equal(last.output_weight(), first.tok_embeddings.weight)
+    assert first.tok_embeddings is not None and torch.equal(last.output_weight(), first.tok_embeddings.weight)
     whole = Transformer(args, seq_len=8)
     assert whole.output is None and not whole.tied_head_copy     # pp=1: one tensor, unchanged keys
 
@@ -270,11 +272,13 @@ def test_chunked_loss_equals_full_cross_entropy():
     y = torch.randint(0, 40, (2, 12))
     full = torch.nn.functional.cross_entropy((h @ w.t()).reshape(-1, 40), y.reshape(-1), reduction="sum") / 96
     full.backward()
+    assert h.grad is not None and w.grad is not None
     gh, gw = h.grad.clone(), w.grad.clone()
     h.grad = w.grad = None
     loss = ChunkedLoss(lambda: w, global_tokens=96, chunk=5)(h, y)   # 24 tokens in chunks of 5
     loss.backward()
     assert loss.item() == pytest.approx(full.item(), rel=1e-6)
+    assert h.grad is not None and w.grad is not None
     assert torch.allclose(h.grad, gh, atol=1e-6) and torch.allclose(w.grad, gw, atol=1e-6)
 
 
@@ -292,15 +296,15 @@ def test_seeded_init_is_layout_independent():
         assert torch.equal(p, ref[name]), name
     other = Transformer(args, seq_len=8)
     other.init_weights(8)
-    assert not torch.equal(other.layers["0"].attention.wq.weight, full.layers["0"].attention.wq.weight)
+    assert not torch.equal(cast(Any, other.layers["0"]).attention.wq.weight, cast(Any, full.layers["0"]).attention.wq.weight)
 
 
 def test_grad_norm_and_clip_matches_torch_in_one_process():
     from launcher.trainer.loss import grad_norm_and_clip
 
     torch.manual_seed(1)
-    a = [torch.nn.Parameter(torch.randn(5, 3)) for _ in range(3)]
-    b = [torch.nn.Parameter(t.detach().clone()) for t in a]
+    a: list[torch.Tensor] = [torch.nn.Parameter(torch.randn(5, 3)) for _ in range(3)]
+    b: list[torch.Tensor] = [torch.nn.Parameter(t.detach().clone()) for t in a]
     for x, y in zip(a, b):
         g = torch.randn_like(x) * 3
         x.grad, y.grad = g.clone(), g.clone()
@@ -308,7 +312,7 @@ def test_grad_norm_and_clip_matches_torch_in_one_process():
     theirs = float(torch.nn.utils.clip_grad_norm_(b, 1.0))
     assert ours == pytest.approx(theirs, rel=1e-6)
     for x, y in zip(a, b):
-        assert torch.allclose(x.grad, y.grad, atol=1e-6)
+        assert x.grad is not None and y.grad is not None and torch.allclose(x.grad, y.grad, atol=1e-6)
 
 
 def test_tp_host_problems_names_groups():
@@ -435,6 +439,12 @@ def test_fsdp_wraps_every_block_then_root(tmp_path):
     from launcher.trainer.fsdp import apply_fsdp, describe
     from launcher.trainer.model import Transformer
 
+    def unit_of(module: object) -> Any:
+        """The FSDP unit (parameter group) `module` was wrapped as."""
+        group = cast(FSDPModule, module)._get_fsdp_state()._fsdp_param_group
+        assert group is not None, module
+        return group
+
     dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
     try:
         mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp_cp",))
@@ -445,18 +455,16 @@ def test_fsdp_wraps_every_block_then_root(tmp_path):
             assert isinstance(m, FSDPModule)
             assert all(isinstance(b, FSDPModule) for b in m.layers.values())
             for b in m.layers.values():
-                info = b._get_fsdp_state()._fsdp_param_group.post_forward_mesh_info
+                info = unit_of(b).post_forward_mesh_info
                 assert (info is not None) == (zero == 3)      # ZeRO 3 reshards after forward, 2 keeps
             # the embedding a unit of its own (as a block) unless it is also the head; norm and head one unit,
             # kept gathered to their backward, which follows at once
             assert isinstance(m.tok_embeddings, FSDPModule) != tied
             if not tied:
-                unit = m.tok_embeddings._get_fsdp_state()._fsdp_param_group
-                assert (unit.post_forward_mesh_info is not None) == (zero == 3)
-                head = m.output._get_fsdp_state()
-                assert head is m.norm._get_fsdp_state()
-                assert head._fsdp_param_group.post_forward_mesh_info is None
-            root = m._get_fsdp_state()._fsdp_param_group
+                assert (unit_of(m.tok_embeddings).post_forward_mesh_info is not None) == (zero == 3)
+                assert cast(FSDPModule, m.output)._get_fsdp_state() is cast(FSDPModule, m.norm)._get_fsdp_state()
+                assert unit_of(m.output).post_forward_mesh_info is None
+            root = cast(FSDPModule, m)._get_fsdp_state()._fsdp_param_group
             assert (root is not None) == tied                 # the root holds only a tied embedding-and-head
     finally:
         dist.destroy_process_group()

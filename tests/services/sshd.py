@@ -95,6 +95,7 @@ class SshCluster:
         self.client_key = self.root / "client_key"
         self.ssh_config = self.root / "ssh_config"
         self.known_hosts = self.root / "known_hosts"
+        self.files = self.root / "files"   # where a test writes the replayed tools' outputs the nodes read
 
     def __enter__(self) -> SshCluster:
         self.start()

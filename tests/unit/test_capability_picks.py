@@ -32,6 +32,7 @@ from launcher.plan.ledger import memory_ledger
 from launcher.plan.planner import TIE_BAND, PlanResult, plan_job
 from launcher.plan.spec import spec_from_dict
 from tests.conftest import EXAMPLES
+from tests.plan_helpers import chosen
 
 pytestmark = pytest.mark.unit
 
@@ -46,12 +47,12 @@ def example(name: str) -> dict:
 
 def pick(job: dict) -> PlanResult:
     result = plan_job(spec_from_dict(job), top=0)
-    assert result.best is not None and result.best.fits, result.rejected
+    assert chosen(result).fits, result.rejected
     return result
 
 
 def step(result: PlanResult) -> float:
-    return result.best.estimate["step_time_s"]
+    return chosen(result).estimate["step_time_s"]
 
 
 # --- §1 pipeline schedules --------------------------------------------------------------------------------------
@@ -65,12 +66,12 @@ def test_a_zero_bubble_schedule_wins_the_bubble_bound_pipeline():
     by more than the tie band; its bubble is a small share of what 1F1B's (p-1)/m = 15/16 and interleaving's leave."""
     job = example(ZBV)
     del job["parallel"]["schedule"]
-    best = pick(job).best
+    best = chosen(pick(job))
     assert best.layout.schedule in capabilities.SPLIT_BACKWARD and best.layout.recompute == "none"
     whole = {s: pick(copy.deepcopy(job) | {"parallel": {**job["parallel"], "schedule": s}})
              for s in ("1f1b", "interleaved-1f1b")}
-    assert whole["1f1b"].best.estimate["bubble_fraction"] == pytest.approx(15 / 16)
-    assert best.estimate["bubble_fraction"] < whole["interleaved-1f1b"].best.estimate["bubble_fraction"] / 4
+    assert chosen(whole["1f1b"]).estimate["bubble_fraction"] == pytest.approx(15 / 16)
+    assert best.estimate["bubble_fraction"] < chosen(whole["interleaved-1f1b"]).estimate["bubble_fraction"] / 4
     assert best.estimate["step_time_s"] * (1 + TIE_BAND) < min(step(r) for r in whole.values())
 
 
@@ -80,7 +81,7 @@ def test_the_same_pipeline_with_many_micro_batches_keeps_a_whole_backward():
     job = example(ZBV)
     del job["parallel"]["schedule"]
     job["train"]["global_batch"] = 512
-    best = pick(job).best
+    best = chosen(pick(job))
     assert best.layout.pp == 16 and best.layout.schedule not in capabilities.SPLIT_BACKWARD
     assert best.estimate["bubble_fraction"] < 0.05
 
@@ -94,7 +95,7 @@ def test_hybrid_sharding_wins_on_128_nodes_at_100_gbits():
     """Llama 3.2 1B over 1,024 H100 at 100 Gb/s per GPU, dp_shard left to the search: shard inside each node,
     replicate across the 128; the same layout sharded over all 1,024 is slower by more than the tie band."""
     result = pick(example(HSDP))
-    best = result.best
+    best = chosen(result)
     assert best.layout.dp_shard == 8 and best.dp_replicas == 128
     spec, bw = spec_from_dict(example(HSDP)), result.bandwidth
     full = estimate(spec.model, spec.train, spec.gpu, dataclasses.replace(best.layout, dp_shard=None), bw, 8)
@@ -109,7 +110,7 @@ def test_full_sharding_stays_on_two_nodes_at_400_gbits():
     job["cluster"]["nodes"] = 2
     del job["cluster"]["network_gbs_per_gpu"]
     job["train"]["global_batch"] = 32
-    best = pick(job).best
+    best = chosen(pick(job))
     assert best.layout.dp_shard is None and best.layout.zero >= 1 and best.layout.dp == 16
     spec = spec_from_dict(job)
     hybrid = dataclasses.replace(best.layout, dp_shard=8)
@@ -126,7 +127,7 @@ def test_ulysses_wins_with_32_kv_heads_at_128k():
     by all-to-all, the example's layout without its cp_attention line."""
     job = example(ULYSSES)
     job["parallel"] = "auto"
-    lay = pick(job).best.layout
+    lay = chosen(pick(job)).layout
     assert (lay.cp, lay.cp_attention, lay.tp * lay.cp) == (8, "all-to-all", 8)
 
 
@@ -137,7 +138,7 @@ def test_ulysses_wins_with_32_kv_heads_at_128k():
 def test_all_gather_or_no_cp_where_ulysses_should_not_be_used(change, why):
     job = example(ULYSSES) | change
     job["parallel"] = "auto"
-    lay = pick(job).best.layout
+    lay = chosen(pick(job)).layout
     assert lay.cp_attention == "all-gather", why
     if "train" in change:
         assert lay.cp == 1, why
@@ -156,7 +157,7 @@ def test_fp8_is_faster_than_bf16_on_torchtitans_h100_shape():
     bf16 = example(COMPILE)
     fp8 = copy.deepcopy(bf16)
     fp8["train"] |= {"precision": "fp8", "fp8_linears": "auto"}
-    assert pick(fp8).best.layout == pick(bf16).best.layout
+    assert chosen(pick(fp8)).layout == chosen(pick(bf16)).layout
     assert 1.05 < step(pick(bf16)) / step(pick(fp8)) < 1.28
 
 
@@ -185,7 +186,7 @@ def test_fp8_is_slower_where_its_casts_dominate():
     bf16["train"] |= {"seq_len": 1024, "global_batch": 64}
     fp8 = copy.deepcopy(bf16)
     fp8["train"] |= {"precision": "fp8", "fp8_linears": "auto"}
-    assert pick(fp8).best.layout == pick(bf16).best.layout
+    assert chosen(pick(fp8)).layout == chosen(pick(bf16)).layout
     assert step(pick(fp8)) > step(pick(bf16))
 
 
@@ -197,10 +198,10 @@ def test_compiled_blocks_win_on_h100():
     job = example(COMPILE)
     del job["train"]["compile"]
     result = pick(job)
-    assert result.best.layout.compile
+    assert chosen(result).layout.compile
     eager = copy.deepcopy(job)
     eager["train"]["compile"] = False
-    assert pick(eager).best.layout == dataclasses.replace(result.best.layout, compile=False)
+    assert chosen(pick(eager)).layout == dataclasses.replace(chosen(result).layout, compile=False)
     assert step(result) < step(pick(eager))
 
 
@@ -210,8 +211,8 @@ def test_eager_blocks_under_a_split_backward_and_on_the_cpu_preset():
     nothing measured compile's gain and the planner keeps eager blocks."""
     job = example(ZBV)
     del job["parallel"]["schedule"]
-    best = pick(job).best
+    best = chosen(pick(job))
     assert best.layout.schedule in capabilities.SPLIT_BACKWARD and not best.layout.compile
     cpu = pick(example("tiny-cpu.yaml") | {"parallel": "auto"})
-    assert not cpu.best.layout.compile
+    assert not chosen(cpu).layout.compile
     assert cpu.rejected["no faster with compiled blocks (train.compile)"] > 0

@@ -15,19 +15,21 @@ from launcher.diagnose import diagnose
 from launcher.formats import rundir
 from launcher.plan.calibrate import base_params, predict, read_run
 from launcher.plan.commgroups import probe_spec, with_measured_step
+from launcher.plan.model import Plan
 from launcher.plan.planner import plan_job
 from launcher.plan.spec import spec_from_dict
+from tests.plan_helpers import chosen
 
 pytestmark = pytest.mark.unit
 
 
-def run_dir(tmp: Path, slow_factor: float) -> tuple[Path, object]:
+def run_dir(tmp: Path, slow_factor: float) -> tuple[Path, Plan]:
     """A 2-node H100 run of llama3-8b (tp8 on each node, DP across them) whose preflight measured every
     group as assumed but DP group 3, `slow_factor` times slower; 5 timed steps."""
     spec = {"name": "rd", "model": "llama3-8b", "train": {"seq_len": 4096, "global_batch": 64},
             "cluster": {"nodes": 2, "gpus_per_node": 8, "gpu": "h100-sxm"},
             "parallel": {"tp": 8, "cp": 1, "pp": 1, "zero": 1, "recompute": "full"}}
-    plan = plan_job(spec_from_dict(spec)).best
+    plan = chosen(plan_job(spec_from_dict(spec)))
     d = tmp / "run"
     d.mkdir()
     plan.save(d / rundir.PLAN)

@@ -8,21 +8,24 @@ test_slurm_e2e.py exercise the same code against the real commands.
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 
-from launcher.backends import filter_rank
+from launcher.backends import JobStatus, filter_rank
 from launcher.backends.slurm import SlurmBackend
-from launcher.backends.slurm_login import sbatch_error
+from launcher.backends.slurm_login import SSHTarget, sbatch_error
 from launcher.backends.slurm_status import (
     _SACCT_FIELDS,
     SHORT_STATES,
     SLURM_STATES,
+    SlurmJobStatus,
     normalize_state,
     state_of,
 )
 from launcher.errors import UserError
 from launcher.formats.jobs import JobRecord
-from launcher.transport import CHUNK_LIMIT, Completed
+from launcher.transport import CHUNK_LIMIT, Completed, Transport
 
 pytestmark = pytest.mark.unit
 
@@ -39,7 +42,8 @@ class FakeRunner:
     host = None
 
     def __init__(self, answers: dict[str, tuple[int, str, str]], files: dict[str, bytes] | None = None):
-        self.answers, self.files, self.calls = answers, files or {}, []
+        self.answers, self.files = answers, files or {}
+        self.calls: list[list[str]] = []
 
     def run(self, argv, cwd=None, timeout=60, **_):
         return Completed(*self.reply(argv))
@@ -69,7 +73,13 @@ def handle(requeue: bool = True) -> JobRecord:
 
 
 def backend(runner: FakeRunner) -> SlurmBackend:
-    return SlurmBackend(transport_factory=lambda target: runner)
+    """The backend over a recorded transport (duck-typed: only what the backend calls is answered)."""
+    return SlurmBackend(transport_factory=lambda target: cast(Transport, runner))
+
+
+def slurm_state(st: JobStatus) -> str:
+    assert isinstance(st, SlurmJobStatus), st
+    return st.slurm_state
 
 
 def test_every_slurm_state_is_mapped():
@@ -229,7 +239,7 @@ def test_wait_rides_out_a_controller_outage_with_backoff():
     clock, notes = FakeClock(), []
     st = wait(backend(r), handle(), budget_s=120, on_retry=lambda e, d, n: notes.append((str(e), d, n)),
               sleep=clock.sleep, clock=clock)
-    assert st.slurm_state == "COMPLETED"
+    assert slurm_state(st) == "COMPLETED"
     assert [(d, n) for _, d, n in notes] == [(2.0, 1), (4.0, 2), (8.0, 3)]
     assert "Slurm controller not answering (Unable to contact slurm controller (connect failure))" in notes[0][0]
 
@@ -262,7 +272,7 @@ def test_wait_polls_with_backoff_while_the_job_runs():
     clock = FakeClock()
     r = Runs(clock)
     st = wait(backend(r), handle(), sleep=clock.sleep, clock=clock)
-    assert st.slurm_state == "COMPLETED"
+    assert slurm_state(st) == "COMPLETED"
     assert clock.sleeps[:6] == [2.0, 4.0, 8.0, 16.0, 32.0, 60.0] and max(clock.sleeps) == 60.0
     assert len([c for c in r.calls if c[0] == "squeue"]) < 20          # not 300 polls at 2 s
 
@@ -279,10 +289,15 @@ def test_wait_keeps_one_transport_for_every_poll():
             Counted.closed += 1
 
     r, opened = Counted(2, "42|COMPLETED|None|n1|0:10\n"), []
-    be = SlurmBackend(transport_factory=lambda target: opened.append(target) or r)
+
+    def factory(target: SSHTarget | None) -> Transport:
+        opened.append(target)
+        return cast(Transport, r)
+
+    be = SlurmBackend(transport_factory=factory)
     clock = FakeClock()
     st = wait(be, handle(), sleep=clock.sleep, clock=clock)
-    assert st.slurm_state == "COMPLETED" and len([c for c in r.calls if c[0] == "squeue"]) == 3
+    assert slurm_state(st) == "COMPLETED" and len([c for c in r.calls if c[0] == "squeue"]) == 3
     assert len(opened) == 1 and Counted.closed == 1
 
 
