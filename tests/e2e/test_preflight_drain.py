@@ -21,6 +21,7 @@ import yaml
 
 from checks.drain import REASON_MAX, plan_drain
 from launcher.formats.bwmap import BandwidthMap, CheckResult, NodeReport
+from tests.cli_helpers import launch as run_launch
 from tests.conftest import EXAMPLES, REPO, shared_file
 from tests.services.slurm import slurm_cluster  # noqa: F401  (session fixture)
 
@@ -31,8 +32,7 @@ XID79 = ("xid", "akash-provider-gpu-xid79-fallen-off-bus-dmesg-T-crash-dump-mult
 
 def launch(*args: object) -> tuple[int, str]:
     """The real `launch` entry point (its exit status is the command's), stdout and stderr together."""
-    p = subprocess.run([sys.executable, "-c", "from launcher.cli import main; main()", *map(str, args)],
-                       capture_output=True, text=True, cwd=REPO, timeout=900)
+    p = run_launch(*args, cwd=REPO, timeout=900)
     return p.returncode, p.stdout + p.stderr
 
 

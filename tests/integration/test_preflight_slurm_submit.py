@@ -7,16 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
 
-from launcher.cli import cli
+from tests.cli_helpers import invoke as launch
 from tests.services.slurm import slurm_cluster  # noqa: F401  (session fixture)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def launch(*args: str):
-    return CliRunner().invoke(cli, [str(a) for a in args])
 
 
 def test_the_preflight_job_is_a_recorded_submission(slurm_cluster, tmp_path, monkeypatch):  # noqa: F811

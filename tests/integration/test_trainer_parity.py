@@ -21,7 +21,7 @@ import torch
 
 from launcher.errors import UserError
 from launcher.trainer.config import config_from_plan
-from tests.trainer_helpers import make_plan, spawn_layouts
+from tests.trainer_helpers import job_losses, make_plan, spawn_layouts
 
 pytestmark = pytest.mark.integration
 
@@ -115,18 +115,11 @@ def parity_results(tmp_path_factory) -> dict[str, dict]:
     return spawn_layouts(jobs, work)
 
 
-def _losses(results: dict, name: str, steps: int = STEPS) -> list[float]:
-    r = results[name]
-    assert "losses" in r, f"{name} failed: {r.get('error')}\n{r.get('trace', '')}"
-    assert len(r["losses"]) == steps
-    return r["losses"]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in LAYOUTS if n != "ref"])
 def test_loss_parity_with_single_process(parity_results, name):
-    ref = _losses(parity_results, "ref")
-    got = _losses(parity_results, name)
+    ref = job_losses(parity_results, "ref", STEPS)
+    got = job_losses(parity_results, name, STEPS)
     assert all(math.isfinite(x) for x in got)
     for step, (a, b) in enumerate(zip(got, ref), start=1):
         assert a == pytest.approx(b, rel=RTOL), f"{name} step {step}: {a} vs reference {b}"
@@ -144,7 +137,7 @@ def test_padded_vocabulary_gives_the_unpadded_losses(parity_results, name):
     a tied pipeline under ZeRO 3: the losses and grad norms of the same model unpadded in one process."""
     ref = ODD_VOCAB[name][1]
     assert ref is not None
-    assert _losses(parity_results, name) == pytest.approx(_losses(parity_results, ref), rel=RTOL)
+    assert job_losses(parity_results, name, STEPS) == pytest.approx(job_losses(parity_results, ref, STEPS), rel=RTOL)
     assert parity_results[name]["grad_norms"] == pytest.approx(parity_results[ref]["grad_norms"], rel=RTOL)
 
 
@@ -152,8 +145,8 @@ def test_padded_vocabulary_gives_the_unpadded_losses(parity_results, name):
 def test_gelu_tied_embeddings_parity(parity_results):
     ref = parity_results["gelu_tied_ref"]
     got = parity_results["gelu_tied_tp2_dp2"]
-    assert _losses(parity_results, "gelu_tied_tp2_dp2") == pytest.approx(_losses(parity_results, "gelu_tied_ref"),
-                                                                         rel=RTOL)
+    assert job_losses(parity_results, "gelu_tied_tp2_dp2", STEPS) == pytest.approx(
+        job_losses(parity_results, "gelu_tied_ref", STEPS), rel=RTOL)
     assert got["grad_norms"] == pytest.approx(ref["grad_norms"], rel=RTOL)
     assert ref["losses"] != parity_results["ref"]["losses"]     # really a different model
 
@@ -164,7 +157,7 @@ def test_tied_embeddings_over_pipeline_stages_parity(parity_results, name):
     """Tied embedding split over pp stages: same losses and grad norms as one process, and the
     embedding and its head copy still bit-identical after the last step."""
     ref = parity_results["gelu_tied_ref"]
-    assert _losses(parity_results, name) == pytest.approx(_losses(parity_results, "gelu_tied_ref"), rel=RTOL)
+    assert job_losses(parity_results, name, STEPS) == pytest.approx(job_losses(parity_results, "gelu_tied_ref", STEPS), rel=RTOL)
     assert parity_results[name]["grad_norms"] == pytest.approx(ref["grad_norms"], rel=RTOL)
     assert parity_results[name]["tied_max_diff"] == 0.0
 
@@ -174,15 +167,15 @@ def test_tied_embeddings_over_pipeline_stages_parity(parity_results, name):
 def test_tied_pipeline_checkpoint_resumes(parity_results, name):
     """Resumed at step 2 from a tied checkpoint (pp=2 -> pp=2, pp=2 -> pp=1, pp=1 -> pp=2): step 3 as
     the uninterrupted run."""
-    ref = _losses(parity_results, "gelu_tied_ref")
-    assert _losses(parity_results, name, steps=STEPS - 2) == pytest.approx(ref[2:], rel=RTOL)
+    ref = job_losses(parity_results, "gelu_tied_ref", STEPS)
+    assert job_losses(parity_results, name, STEPS - 2) == pytest.approx(ref[2:], rel=RTOL)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in MOE_LAYOUTS if n != "moe_ref"])
 def test_moe_expert_parallel_parity(parity_results, name):
-    ref = _losses(parity_results, "moe_ref")
-    got = _losses(parity_results, name)
+    ref = job_losses(parity_results, "moe_ref", STEPS)
+    got = job_losses(parity_results, name, STEPS)
     for step, (a, b) in enumerate(zip(got, ref), start=1):
         assert a == pytest.approx(b, rel=RTOL), f"{name} step {step}: {a} vs MoE reference {b}"
     assert ref != parity_results["ref"]["losses"]           # really a different (MoE) model
@@ -191,8 +184,8 @@ def test_moe_expert_parallel_parity(parity_results, name):
 
 @pytest.mark.slow
 def test_grad_accum_split_matches_dp_split(parity_results):
-    a = _losses(parity_results, "dp2_ga2_zero0")
-    b = _losses(parity_results, "dp4_ga1")
+    a = job_losses(parity_results, "dp2_ga2_zero0", STEPS)
+    b = job_losses(parity_results, "dp4_ga1", STEPS)
     assert a == pytest.approx(b, rel=RTOL)
 
 
@@ -206,9 +199,9 @@ def test_tp_group_across_hosts_is_an_error(parity_results):
 
 @pytest.mark.slow
 def test_tp_group_across_hosts_forced_runs(parity_results):
-    ref = _losses(parity_results, "ref")
-    assert _losses(parity_results, "tp_across_hosts_forced", steps=1)[0] == pytest.approx(ref[0], rel=RTOL)
-    assert _losses(parity_results, "tp_on_one_host", steps=1)[0] == pytest.approx(ref[0], rel=RTOL)
+    ref = job_losses(parity_results, "ref", STEPS)
+    assert job_losses(parity_results, "tp_across_hosts_forced", 1)[0] == pytest.approx(ref[0], rel=RTOL)
+    assert job_losses(parity_results, "tp_on_one_host", 1)[0] == pytest.approx(ref[0], rel=RTOL)
 
 
 # --- single-process checks ---------------------------------------------------------------------

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
 
+from tests.cli_helpers import launch
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.unit
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from launcher.cli import main; main()", "preflight", *args],
-                          capture_output=True, text=True, cwd=REPO, timeout=60)
+    """`launch preflight ARGS` as a user's shell runs it."""
+    return launch("preflight", *args, cwd=REPO, timeout=60)
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -8,18 +8,18 @@ import json
 import os
 import socket
 import subprocess
-import sys
 
 import pytest
 
+from tests.cli_helpers import launch
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.unit
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from launcher.cli import main; main()", "preflight", *args],
-                          capture_output=True, text=True, cwd=REPO, timeout=120, env=env)
+    """`launch preflight ARGS` as a user's shell runs it."""
+    return launch("preflight", *args, env=env, cwd=REPO, timeout=120)
 
 
 def test_ssh_dry_run_connects_to_nothing():

@@ -18,6 +18,7 @@ from checks.folder import load_dir
 from checks.judges.config import JudgeConfig, JudgeConfigError
 from checks.judges.figures import at_least, outliers
 from launcher.formats.bwmap import BandwidthMap
+from tests.cli_helpers import launch as cli
 from tests.conftest import REPO, shared_file
 from tests.replay.constructed import dmesg_xids, gpu_query_csv, ibstat_text, nvlink_status
 
@@ -159,11 +160,6 @@ def test_judge_primitives():
     flagged = outliers({"a": 100, "b": 98, "c": 101, "d": 60, "e": 85}, 0.75, 0.9)
     assert flagged["d"][0] == "fail" and flagged["e"][0] == "warn" and "a" not in flagged
     assert outliers({"a": 100, "b": 1}, 0.75, 0.9) == {}  # two values: no median to speak of
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from launcher.cli import main; main()", *args],
-                          capture_output=True, text=True, cwd=REPO)
 
 
 def test_cli_import_report_json_exit_codes_and_exclude(tmp_path):
