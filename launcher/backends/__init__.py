@@ -402,13 +402,19 @@ def trainer_env(spec: JobSpec, run_dir: str | Path) -> dict[str, str]:
     return env
 
 
+def rank_of(line: str) -> tuple[int | None, str]:
+    """(rank, text) of a job's log line: srun --label prefixes each line with its task ("0: "), torchrun with
+    the global rank ("[rank3]: ", TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE); rank None for torchrun's own lines."""
+    m = RANK_LINE.match(line)
+    return (int(m.group(1)), m.group(2)) if m else (None, line)
+
+
 def filter_rank(line: str, rank: int | None) -> str | None:
-    """srun --label prefixes each line with its task ("0: "); torchrun with the global rank
-    ("[rank3]: ", TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE). With `rank`, keep that rank's text."""
+    """The line (rank None), or with `rank` that rank's text only (None for another rank's line)."""
     if rank is None:
         return line
-    m = RANK_LINE.match(line)
-    return m.group(2) if m and int(m.group(1)) == rank else None
+    got, text = rank_of(line)
+    return text if got == rank else None
 
 
 def skip_lines(lines: Iterator[str], since: int | None) -> Iterator[str]:

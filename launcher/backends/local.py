@@ -65,7 +65,6 @@ if TYPE_CHECKING:
     from launcher.plan.spec import JobSpec
 
 LOG_PREFIX = "[rank${rank}]: "
-RANK_LINE = re.compile(r"^\[rank(\d+)\]: ?(.*)$")
 ROOT_CAUSE_EXIT = re.compile(r"Root Cause \(first observed failure\):.*?exitcode\s*:\s*(-?\d+)", re.S)
 NO_SPACE = "No space left on device"
 ROOT_CAUSE_RANK = re.compile(r"Root Cause \(first observed failure\):.*?rank\s*:\s*(\d+)", re.S)
@@ -81,12 +80,6 @@ def find_py_spy() -> str | None:
 def no_space(run_dir: str | Path) -> str:
     return (f"{NO_SPACE} in {run_dir}: free space, then run again with --resume auto "
             "(the last complete checkpoint is kept)")
-
-
-def rank_of(line: str) -> tuple[int | None, str]:
-    """(rank, text) of a node-log line; rank None for torchrun's own lines."""
-    m = RANK_LINE.match(line)
-    return (int(m.group(1)), m.group(2)) if m else (None, line)
 
 
 def job_exit_code(torchrun_rc: int, log_text: str, run_dir: Path | None = None,

@@ -82,7 +82,7 @@ def run_benchmark(spec, plans: list, base: Path, job_text: str | None, as_json: 
     """Run each plan in turn through the job's backend (local: torchrun here) and measure it."""
     from launcher.backends import get_backend
     from launcher.commands import progress
-    from launcher.commands.run_cmd import _start, check_devices, check_host_memory
+    from launcher.commands.local_job import check_devices, check_host_memory, start_job
 
     if spec.backend.kind == "slurm":
         return run_benchmark_slurm(spec, plans, base, job_text, timeout_s)
@@ -98,7 +98,7 @@ def run_benchmark(spec, plans: list, base: Path, job_text: str | None, as_json: 
             check_host_memory(plan, check_devices(plan, as_json, cpu=True))
         progress(f"launch: benchmark {i + 1}/{len(plans)}: {name}, {spec.train.steps} steps, run dir {rd}")
         t0 = time.time()
-        handle = _start(backend, spec, plan, rd, "never", job_text)
+        handle = start_job(backend, spec, plan, rd, "never", job_text)
         try:
             with sigterm_as_interrupt():
                 status = backend.wait(handle, timeout=timeout_s)

@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launcher.backends import PREEMPT_EXIT_CODE, PREEMPTED, SUCCEEDED, state_for_exit
-from launcher.backends.local import LocalBackend, job_exit_code, rank_of
+from launcher.backends import PREEMPT_EXIT_CODE, PREEMPTED, SUCCEEDED, rank_of, state_for_exit
+from launcher.backends.local import LocalBackend, job_exit_code
 from tests.cli_helpers import LAUNCH, launch, state_env
 from tests.conftest import EXAMPLES
 
@@ -275,7 +275,7 @@ def test_resume_into_another_layout(full_run, tmp_path, env):
 
 
 def test_stall_watch_names_the_rank_that_stopped(tmp_path, capsys):
-    from launcher.commands.run_cmd import StallWatch, stall_report
+    from launcher.commands.follow import StallWatch, stall_report
     from launcher.trainer.metrics import Heartbeat
 
     assert "no heartbeat files yet" in stall_report(tmp_path, 2)
@@ -347,7 +347,7 @@ def test_a_gpu_plan_on_a_machine_without_gpus(tmp_path, env):
 
 
 def test_host_memory_check_counts_every_rank():
-    from launcher.commands.run_cmd import CPU_RANK_OVERHEAD_GB, check_host_memory
+    from launcher.commands.local_job import CPU_RANK_OVERHEAD_GB, check_host_memory
     from launcher.errors import UserError
     from tests.unit.test_trainer_data import data_plan
 

@@ -403,12 +403,12 @@ def test_logs_follow_json_streams_one_object_per_line(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
     from launcher.cli import cli
-    from launcher.commands.run_cmd import _record
+    from launcher.commands.local_job import record_job
 
     monkeypatch.setenv("LAUNCH4D_STATE", str(tmp_path / "state"))
     h = LocalHarness(tmp_path)
     handle = h.backend.submit(h.quick(h.backend.dryrun(h.spec, h.plan, tmp_path / "run")))
-    _record(handle)
+    record_job(handle)
     res = CliRunner().invoke(cli, ["logs", handle.id, "-f", "--json"])
     assert res.exit_code == 0, res.output
     rows = [json.loads(line) for line in res.output.splitlines()]
