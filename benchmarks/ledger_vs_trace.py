@@ -251,11 +251,8 @@ EXTRA = [
                                                    tp=2, cp=1, pp=1, zero=1, recompute="selective", micro_batch=1)),
     ("llama3-70b/2L tp8 z1 full fp8", case({**presets.MODELS["llama3-70b"], "layers": 2}, 1, 8, 8192, 8, "fp8", tp=8,
                                            cp=1, pp=1, zero=1, recompute="full", micro_batch=1)),
-    # not met: a tp 1 MLP's backward with fp8 casts (torchao's), where the trace's peak falls later than the ledger's
-    # moment: full recompute under ZeRO 3 misses only the gradients as its bf16 twin does (0.031 GB: FSDP's
-    # accumulated gradient at the second block's backward; temporaries 0.173 vs 0.179 GB); without recompute the
-    # activations the trace has already freed (0.233 vs 0.200 GB) and the temporaries (0.096 vs 0.134); the lean
-    # ZeRO 1's peak, a backward with the casts, where the ledger's is its gradient reduce (totals -1.5 %)
+    # a tp 1 MLP's backward with torchao's casts (Float8Linear): where hidden > tokens the peak is w3's input gradient,
+    # its weight's fp32 copies beside the finished gradients (FSDP's unsharded ones, the lean ZeRO 1's in .grad)
     ("dense dp8 z3 full fp8", case(DENSE, 1, 8, 1024, 8, "fp8", train_extra={"fp8_linears": "all"}, tp=1, cp=1, pp=1,
                                    zero=3, recompute="full", micro_batch=1)),
     ("dense dp8 z3 none fp8", case(DENSE, 1, 8, 1024, 8, "fp8", train_extra={"fp8_linears": "all"}, tp=1, cp=1, pp=1,

@@ -610,22 +610,40 @@ def selective_recomputed_bytes(model, tokens: float, seq_tokens: float, tp: int,
     return out
 
 
-def dense_mlp_backward_bytes(model, tokens: float, lay: Layout, num: Numerics, fsdp: bool) -> tuple[float, float]:
-    """(what the moment adds to the activations, its temporaries): a dense MLP's backward working set at its
-    larger moment (traced): w2's backward (its input
-    gradient [tokens, ffn/tp], its weight gradient [hidden, ffn/tp] as the mm makes it, under TP the
-    block output's gradient all-gathered for it, and under selective recompute w2's recomputed input)
-    or the activation's backward (w2's input gradient and the gradients of silu(w1 x) and w3 x; GELU:
-    of w1 x), while FSDP keeps w2's unsharded weight gradient until the block's post-backward. By the
+def dense_mlp_backward_bytes(model, tokens: float, lay: Layout, num: Numerics, fsdp: bool,
+                             grad_bytes: float = 0.0) -> tuple[float, float, float]:
+    """(what the moment adds to the activations, its temporaries, its gradients): a dense MLP's backward working set
+    at its larger moment (traced): w2's backward (its input gradient [tokens, ffn/tp], its weight gradient [hidden,
+    ffn/tp] as the mm makes it, under TP the block output's gradient all-gathered for it, and under selective
+    recompute w2's recomputed input), the activation's backward (w2's input gradient and the gradients of silu(w1 x)
+    and w3 x; GELU: of w1 x), w3's or w1's, while FSDP keeps each unsharded weight gradient until the block's
+    post-backward. By the
     activation's backward w2's stored (or recomputed) input is freed: taken off the activations (what recompute
-    remakes is filed as activations, as the trace files it)."""
+    remakes is filed as activations, as the trace files it). `grad_bytes`: bytes an element of a weight's gradient
+    in .grad where a first backward without FSDP leaves it as each linear's backward ends (the lean optimizer's;
+    AccumulateGrad runs before the next linear's backward, traced), 0 elsewhere (FSDP holds them as temporaries
+    until the block's post-backward; a later backward adds them into .grad in place)."""
     e, h, f = num.act, model.hidden, model.ffn_hidden / lay.tp
+    done = grad_bytes * h * f                            # one finished linear's gradient in .grad
     row = f * e * tokens
     wgrad = h * f * e
     selective = lay.recompute == "selective"
     # (w2's input remade by selective recompute, until its backward has run)
-    at_w2 = (row if selective else 0.0), row + wgrad + (h * e * tokens if lay.tp > 1 else 0.0)
-    at_act = -(0.0 if selective else row), (3 if model.mlp != "gelu" else 2) * row + (wgrad if fsdp else 0.0)
+    remade = row if selective else 0.0
+    at_w2 = remade, row + wgrad + (h * e * tokens if lay.tp > 1 else 0.0)
+    w2_input = 0.0, 0.0
+    w1_input = at_w3 = 0.0, 0.0, 0.0
+    if lay.tp > 1:
+        # linear_scatter's backward (sequence_parallel.py): beside the block output's gradient (a sequence shard of
+        # the residual stream's) its all-gather, and with several sequences a micro-batch two copies of that
+        # sequence-major gather: the reshape the weight gradient reads and the one g @ w folds it into (bf16: fp8's
+        # input gradient reads the first), while the input gradient is made (the weight gradient after it; traced)
+        gathered, copies = e * h * tokens, (e * h * tokens if lay.micro_batch > 1 else 0.0)
+        fold = 0.0 if num.fp8 and fp8_converts(h, model.ffn_hidden, num.fp8) else copies
+        out_grad = num.residual * h * tokens / lay.tp
+        at_w2 = remade, out_grad + gathered + copies + row + wgrad
+        w2_input = remade, out_grad + gathered + copies + fold + row
+    at_act = -(0.0 if selective else row), (3 if model.mlp != "gelu" else 2) * row + (wgrad if fsdp else 0.0), done
     # w1's (and w3's) backward: the activation's gradients and the MLP input's gradient, summed over its
     # consumers; by then the MLP's own saved tensors are freed (stored: w1, w3 outputs, silu, product;
     # selective: w1, w3 outputs and the recomputed silu): taken off the activations
@@ -634,25 +652,56 @@ def dense_mlp_backward_bytes(model, tokens: float, lay: Layout, num: Numerics, f
     # w1's backward: the gradient of its output, w3's and w1's input gradients [tokens, hidden] (w3's done, w1's
     # being made) and, under FSDP, every MLP weight's unsharded gradient (w2, w3, w1) until the block's post-backward
     at_in = row + mats * e * h * tokens + ((mats + 1) * wgrad if fsdp else 0.0)
+    # without FSDP: w1's gradient as its GEMM makes it, beside the finished ones in .grad (w2's and w3's)
+    in_made = mats * done
+    if not fsdp:
+        at_in += wgrad
     if lay.tp > 1:
-        # the sequence-parallel gather_linear's backward (w1 and w3 at once): both outputs' gradients, and the
-        # input gathered again for the weight gradients (sequence_parallel.workspace_bytes)
-        at_in += (mats - 1) * row + e * h * tokens
-    if lay.tp > 1 and lay.micro_batch > 1:
-        # the sequence-parallel linear's backward (trainer/sequence_parallel.py) reduce-scatters its input
-        # gradient from a sequence-major copy (a view when the micro-batch is one sequence)
-        at_in += e * h * tokens
+        # the sequence-parallel gather_linear's backward (w1 and w3 at once, sequence_parallel.py): the weight
+        # gradients first (from the input gathered again), which it returns with the input gradient, then the sum
+        # of w1's and w3's input gradients [tokens, hidden], reduce-scattered from a sequence-major copy where the
+        # micro-batch is several sequences (a view for one): both outputs' gradients, the block output's gradient
+        # (a sequence shard), and under FSDP w2's unsharded one (traced)
+        in_made = done
+        at_in = mats * row + max(mats, 2 if lay.micro_batch > 1 else 1) * e * h * tokens \
+            + num.residual * h * tokens / lay.tp + (mats + (1 if fsdp else 0)) * wgrad
     if num.fp8:
         # fp8 (trainer/float8.py): a converted linear's backward casts its operands to e4m3, each cast holding an fp32
         # copy at its peak (torchao's out-of-place scaling and saturation: 8 B an element beside the e4m3 result; the
         # sequence-parallel ops' in place: 4 + 1). w2's largest is its input cast along the tokens for the weight
-        # gradient, beside the output gradient's two e4m3 copies and the e4m3 weight; w1's its output gradient's cast
+        # gradient, beside the output gradient's two e4m3 copies and the e4m3 weight; w1's (and w3's) the input
+        # gradient's casts, or its output gradient's along the tokens for the weight gradient
         cast = 8 if lay.tp == 1 else 5
-        if fp8_converts(h, model.ffn_hidden, num.fp8):
+        if fp8_converts(h, model.ffn_hidden, num.fp8) and lay.tp == 1:
+            # torchao's backward: the input gradient first (the output gradient cast along the hidden width, then
+            # the weight beside its e4m3 copy), then the weight gradient's casts along the tokens (of the input, 8
+            # B an element beside its e4m3 copy), before its GEMM: beside the block output's gradient
+            out_grad = num.residual * h * tokens
+            w2_input = remade, out_grad + max((cast + 1) * h * tokens, h * tokens + (cast + 1) * h * f)
+            at_w2 = remade, out_grad + row + (cast + 1) * f * tokens + 2 * h * tokens + h * f
+        elif fp8_converts(h, model.ffn_hidden, num.fp8):
             at_w2 = at_w2[0], at_w2[1] + cast * f * tokens + 2 * h * tokens + h * f
         if fp8_converts(model.ffn_hidden, h, num.fp8):
-            at_in += cast * f * tokens
-    return max(at_w2, at_act, (-freed, at_in), key=sum)
+            # the input gradient's GEMM casts the output gradient along the ffn width, then the weight [ffn/tp,
+            # hidden] beside that gradient's e4m3 copy (its fp32 copies and the e4m3 result: where hidden > tokens
+            # the larger)
+            in_gemm = max(cast * f * tokens, f * tokens + (cast + (1 if lay.tp == 1 else 0)) * h * f)
+            if lay.tp == 1:
+                # torchao's backward makes the input gradient first: w1's weight gradient is not made yet, nor its
+                # input gradient (the block output's gradient beside w3's); its weight gradient's GEMM then casts
+                # the output gradient along the tokens
+                w1_input = -freed, row + mats * e * h * tokens + ((mats * wgrad) if fsdp else 0.0) + in_gemm, \
+                    mats * done
+                at_in += cast * f * tokens
+            else:
+                at_in += in_gemm          # the sequence-parallel op: the weight gradients first, then the input's
+    if mats == 2 and lay.tp == 1:
+        # a gated MLP's w3 backward (its own nn.Linear at tp 1: the sequence-parallel op runs w1 and w3 at once):
+        # the gradients of silu(w1 x) and w3 x, the block output's gradient, FSDP's unsharded w2 gradient, and its
+        # input gradient's GEMM ([tokens, hidden], or fp8's casts); w1's output is still kept (silu's backward)
+        w3_gemm = in_gemm if num.fp8 and fp8_converts(model.ffn_hidden, h, num.fp8) else e * h * tokens
+        at_w3 = -(freed - row), 2 * row + num.residual * h * tokens + (wgrad if fsdp else 0.0) + w3_gemm, done
+    return max((*at_w2, 0.0), (*w2_input, 0.0), at_act, at_w3, w1_input, (-freed, at_in, in_made), key=sum)
 
 
 def rope_buffer_bytes(model, train, lay: Layout, num: Numerics) -> float:
@@ -800,26 +849,27 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
     # (on the last stage the other in-flight micro-batches' loss inputs wait beside a block's backward: GPipe)
     waiting = loss_input_bytes(model, lay, num, tokens) if has_head else 0.0
     block_acts = acts + waiting * (held - 1)
+    # ZeRO 0/1 without a pipeline: the gradients of the head and the blocks (each a share of the rank's)
+    per_param = grads / rp.total if rp.total else 0.0
+    first = lay.grad_accum <= held           # no earlier backward here: each weight's gradient is new in .grad
     top_block = _block_peak(model, lay, num, tokens, block_acts, recomputed, rp.block if fsdp else 0.0,
                             lay.zero, per_layer, rp.block_mlp if fsdp else 0.0,
-                            max(1, round(layers / max(1, lay.virtual_stages))))
+                            max(1, round(layers / max(1, lay.virtual_stages))),
+                            per_param if first and not fsdp else 0.0)
     loss_peak = _loss_peak(model, train, lay, num, tokens, acts, held) if has_head else None
     if fsdp and lay.pp == 1 and rp.head_unit and loss_peak:
         # the norm-and-head unit is gathered for the loss (reshard_after_forward False) and, without a pipeline,
         # reduce-scatters right after the norm's backward: its fp32 reduce-scatter input lives through the top
         # block's backward, until the next unit's post-backward (torch keeps one such buffer)
         loss_peak = (loss_peak[0], loss_peak[1], loss_peak[2] + num.gathered * rp.head_unit, loss_peak[3])
-        top_block = (*top_block[:3], top_block[3] + 4 * rp.head_unit)
+        top_block = (*top_block[:3], top_block[3] + 4 * rp.head_unit, *top_block[4:])
     peaks = ([loss_peak] if loss_peak else []) + [top_block]
     if has_head and lay.pp == 1 and model.tied_embeddings:
         # the head's gradient waits in the tied weight's AccumulateGrad input buffer until the embedding's
         # backward adds its share, at the end of the backward (autograd's InputBuffer)
         peaks[-1] = (peaks[-1][0], peaks[-1][1] + _head_grad_bytes(num, rp), *peaks[-1][2:])
-    acts_, temps, gathered_block, comm = max(peaks, key=sum)  # on a tie the loss's (first)
-    # ZeRO 0/1 without a pipeline: the gradients of the head and the blocks (each a share of the rank's)
-    per_param = grads / rp.total if rp.total else 0.0
     lean_head_grads = per_param * rp.head_unit      # a tied head (no unit of its own) waits in AccumulateGrad
-    if lay.grad_accum > held:
+    if not first:
         # an earlier micro-batch's backward has run here: the whole stage's gradients exist
         accumulated = grads
     else:
@@ -828,11 +878,14 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
         # (under a pipeline each micro-batch's backward is its own: at its top no gradient exists yet; without
         # one only the head's: FSDP's reduce-scattered shard, or the lean optimizer's gradient of an untied head
         # (a tied one waits in the embedding's AccumulateGrad); the lower blocks' backwards are priced below)
-        accumulated = 0.0 if lay.pp > 1 and lay.virtual_stages <= 1 else \
-            4 * rp.head_unit / n if fsdp and lay.pp == 1 else \
-            lean_head_grads if lay.pp == 1 else max(0.0, grads - acts_ / held)
-    candidates = [RankMemory(params + buffers + gathered_block, accumulated, optimizer, acts_, temps, comm,
-                             "forward/backward")]
+        # (interleaved and split-backward pipelines are priced in _interleaved_peak and _split_peak)
+        accumulated = 0.0 if lay.pp > 1 else 4 * rp.head_unit / n if fsdp else lean_head_grads
+    # the loss's backward of a first backward without a pipeline comes before any gradient: the head's is made by
+    # it (its FSDP unit reduce-scatters after the final norm's backward; the lean one's lands in .grad then)
+    before_any = 0.0 if lay.pp == 1 and first else accumulated
+    # (the block's own: what its MLP's linears have left in .grad, _block_peak)
+    candidates = [RankMemory(params + buffers + p[2], before_any if p is loss_peak else accumulated + p[4], optimizer,
+                             p[0], p[1], p[3], "forward/backward") for p in peaks]   # on a tie the loss's (first)
     if r == 0:
         # the end of a micro-batch's backward: one micro-batch's blocks are freed, the others in flight stay
         end_acts = acts - per_layer * layers
@@ -871,7 +924,7 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
             [_block_peak(model, lay, num, tokens, drained + waiting * (held - 2), recomputed,
                          rp.block if fsdp else 0.0, min(lay.zero, 2), per_layer, rp.block_mlp if fsdp else 0.0,
                          layers)]
-        l_acts, l_temps, _, l_comm = max(later, key=sum)
+        l_acts, l_temps, _, l_comm = max(later, key=sum)[:4]      # (a later backward adds into .grad in place)
         kept = num.gathered * (rp.blocks_dense + rp.blocks_expert) if fsdp and lay.zero == 3 else 0.0
         candidates.append(RankMemory(params + buffers + kept, grads, optimizer, l_acts, l_temps, l_comm,
                                      "later backward"))
@@ -880,8 +933,8 @@ def _rank_memory(model, train, gpu, lay: Layout, role: str | int, limit_gb: floa
         # weights' dtype (or grad_dtype fp32's buffer) and freed this micro-batch's activations
         blocks_grads = per_param * (rp.blocks_dense + rp.blocks_expert)
         for j in _lower_blocks(layers):
-            candidates.append(RankMemory(params + buffers, lean_head_grads + blocks_grads * j / layers, optimizer,
-                                         peaks[-1][0] - j * per_layer, peaks[-1][1], 0.0,
+            candidates.append(RankMemory(params + buffers, lean_head_grads + blocks_grads * j / layers + peaks[-1][4],
+                                         optimizer, peaks[-1][0] - j * per_layer, peaks[-1][1], 0.0,
                                          f"block {layers - 1 - j}'s backward"))
     if fsdp and lay.pp == 1 and layers > 0:
         # FSDP's post-backward of a block (fsdp.apply_fsdp: one unit per block, experts apart with EP):
@@ -1481,15 +1534,17 @@ def _head_grad_bytes(num: Numerics, rp: RankParams | None, elems: float = 0.0) -
 
 def _block_peak(model, lay: Layout, num: Numerics, tokens: float, acts: float, recomputed: float,
                 fsdp_block: float, zero: int, per_layer: float = 0.0, fsdp_mlp: float = 0.0,
-                part: int = 1) -> tuple[float, ...]:
-    """(activations, temporaries, gathered block, comm buffers) in a block's backward near the top of
+                part: int = 1, grad_bytes: float = 0.0) -> tuple[float, ...]:
+    """(activations, temporaries, gathered block, comm buffers, gradients) in a block's backward near the top of
     the stack: the stored activations and what recompute remakes of the block (activations again, as
     Korthikanti counts them; inside a compiled block's backward graph, temporaries); as temporaries, what
     exists only during that block's backward (its MLP's gradient temporaries: one expert's routed tokens at
     a time under MoE). FSDP (`fsdp_block`:
     one block's parameters, 0 without FSDP): ZeRO 3 has gathered that block and prefetches the next
     (FSDP2's backward prefetch: one block's all-gather buffer); without a pipeline the block above's
-    gradients are reduce-scattered after it (rank_memory's FSDP post-backward candidates)."""
+    gradients are reduce-scattered after it (rank_memory's FSDP post-backward candidates). The gradients: what a
+    first backward without FSDP has left in .grad of the block's dense MLP by the moment (`grad_bytes`:
+    dense_mlp_backward_bytes)."""
     mt, mtp = moe_tokens(model, tokens, lay.tp)
     routed = mt * model.experts_per_token / model.experts if model.experts > 1 else tokens
     if lay.recompute == "selective" and model.experts == 1:
@@ -1498,9 +1553,10 @@ def _block_peak(model, lay: Layout, num: Numerics, tokens: float, acts: float, r
         # saves the gathered V) and wo's (a sequence shard under TP)
         hkv = model.kv_width
         acts -= (model.q_width + model.hidden + hkv * (2 if lay.cp > 1 else 1)) / lay.tp * num.act * tokens
-    def moment(remade: float, temps: float) -> tuple[float, float]:
-        """(activations, temporaries) a backward moment adds: what recompute remade and its working set."""
-        return (0.0, remade + temps) if lay.compile else (remade, temps)
+    def moment(remade: float, temps: float, made: float = 0.0) -> tuple[float, float, float]:
+        """(activations, temporaries, gradients) a backward moment adds: what recompute remade, its working set and
+        the gradients it has left."""
+        return (0.0, remade + temps, made) if lay.compile else (remade, temps, made)
 
     if model.experts > 1:
         in_block = moment(recomputed, mlp_backward_bytes(model, routed, mtp, num.act))
@@ -1513,9 +1569,9 @@ def _block_peak(model, lay: Layout, num: Numerics, tokens: float, acts: float, r
             in_block = max(in_block, moment(recomputed + rows * model.hidden * (2 * num.residual + 2 * num.act), 0.0),
                            key=sum)
     else:
-        remade, temps = dense_mlp_backward_bytes(model, tokens, lay, num, fsdp_block > 0)
-        in_block = moment(recomputed + remade, temps)
-    mlp_kept, after_mlp = _mlp_kept_bytes(model, mt, mtp, num, lay.recompute, lay.ep), (0.0, 0.0)
+        remade, temps, made = dense_mlp_backward_bytes(model, tokens, lay, num, fsdp_block > 0, grad_bytes)
+        in_block = moment(recomputed + remade, temps, made)
+    mlp_kept, after_mlp = _mlp_kept_bytes(model, mt, mtp, num, lay.recompute, lay.ep), (0.0, 0.0, 0.0)
     if fsdp_mlp and model.experts > 1:
         # after the MoE's backward, before the block's FSDP post-backward: all its local experts' weight
         # gradients in the parameter dtype (FSDP casts them to the fp32 reduce dtype only then), beside
@@ -1534,14 +1590,14 @@ def _block_peak(model, lay: Layout, num: Numerics, tokens: float, acts: float, r
         # when a block's parameters outweigh its activations (MoE experts), near the bottom (j = L-2)
         j = max(0, part - 2)                 # part: the blocks of one of the rank's pipeline stages
         past = max(after_mlp, moment(recomputed, 0.0), key=sum)
-        top = (acts + in_block[0], in_block[1], gathered, gathered)
-        in_mlp = (acts - j * per_layer + in_block[0], in_block[1], (j + 1) * gathered, gathered)
-        past_mlp = (acts - j * per_layer - mlp_kept + past[0], past[1], (j + 1) * gathered, gathered)
+        top = (acts + in_block[0], in_block[1], gathered, gathered, in_block[2])
+        in_mlp = (acts - j * per_layer + in_block[0], in_block[1], (j + 1) * gathered, gathered, in_block[2])
+        past_mlp = (acts - j * per_layer - mlp_kept + past[0], past[1], (j + 1) * gathered, gathered, past[2])
         return max(top, in_mlp, past_mlp, key=sum)
     # the top block's backward: ZeRO 3 prefetches the block below; nothing is reduce-scattered yet (the
     # blocks' post-backwards are priced in rank_memory)
-    extra, temps = max(in_block, after_mlp, key=sum)
-    return acts + extra, temps, gathered, gathered
+    extra, temps, made = max(in_block, after_mlp, key=sum)
+    return acts + extra, temps, gathered, gathered, made
 
 
 def _mlp_kept_bytes(model, tokens: float, tp: int, num: Numerics, mode: str, ep: int = 1) -> float:
