@@ -1256,6 +1256,10 @@ def _interleaved_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, 
     block = {n: _block_peak(model, lay, num, tokens, 0.0, recomputed, rp.block if fsdp else 0.0, lay.zero,
                             per_layer, rp.block_mlp if fsdp else 0.0, n)
              for n in set(chunk_layers)}
+    # a chunk's first backward without FSDP: each of a block's finished linears leaves its gradient in .grad
+    first_block = block if fsdp else {
+        n: _block_peak(model, lay, num, tokens, 0.0, recomputed, 0.0, lay.zero, per_layer, 0.0, n, gw)
+        for n in set(chunk_layers)}
     # pipeline_buffer_bytes per moment: one stage tensor's bytes times received + kept - shared stage tensors
     buffer_bytes, received, shares = _pipeline_buffers(model, lay, num, tokens, r)
     base = state.params
@@ -1279,6 +1283,8 @@ def _interleaved_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, 
         if kept is None:
             kept = kept_by_finished[finished] = [g * (sharded if f else 1.0) for g, f in zip(chunk_grads, finished)]
         n, head_chunk, first_stage, end_gathered, blk = per_chunk[k]
+        if j == 0:
+            blk = first_block[n]
         acts = state.activations + per_layer * live + \
             buffer_bytes * (received + kept_n - (shared_n if shares else 0))
         before = 0.0
@@ -1290,7 +1296,7 @@ def _interleaved_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, 
                 acts + loss[0] * held_k + loss[1] + loss[2] + loss[3] >= acts + blk[0] + blk[1] + blk[2] + blk[3]:
             top = (base + loss[2], before + own, opt, acts + loss[0] * held_k, loss[1], loss[3])
         else:
-            top = (base + blk[2], before + own, opt, acts + blk[0], blk[1], blk[3])
+            top = (base + blk[2], before + own + blk[4], opt, acts + blk[0], blk[1], blk[3])
         total = top[0] + top[1] + top[2] + top[3] + top[4] + top[5]
         if total > best_total:
             best_total, best = total, (*top, "forward/backward")
@@ -1308,7 +1314,7 @@ def _interleaved_peak(model, train, lay: Layout, num: Numerics, rp: RankParams, 
             # ... and its bottom block: the blocks above have freed this micro-batch's activations and left their
             # gradients (accumulated on the first backward)
             bottom = kept[k] * (n - 1) / n if j == 0 else own
-            low = (base, before + bottom, opt, acts - per_layer * (n - 1) + blk[0], blk[1], 0.0)
+            low = (base, before + bottom + blk[4], opt, acts - per_layer * (n - 1) + blk[0], blk[1], 0.0)
             total = low[0] + low[1] + low[2] + low[3] + low[4] + low[5]
             if total > best_total:
                 best_total, best = total, (*low, "bottom block's backward")

@@ -103,15 +103,18 @@ TESTED = [
     # .grad as each linear finishes) and a first backward's loss runs before any gradient exists (2-30 s CPU each)
     "tiny-cpu example", "llama3-8b/2L dp8 z3 none fp8", "llama3-70b/4L tp8 cp2 pp2 gpipe z2 none",
     "dense dp8 z3 full fp8", "dense dp8 z3 none fp8", "dense dp8 z1 none fp8",
+    # a lean chunk's first backward under interleaving with each finished linear's gradient in .grad (pp 0 and 1
+    # +0.3 %: the ledger's peak is the chunk's top block, the trace's its bottom one, 9 MB apart in the ledger)
+    "llama3-70b/16L tp2 cp2 pp4 interleaved z0 none",
 ]
 # Not met since the lean trainer (bf16 weights) made this small rank smaller, so the 3 % floor is tighter: its
 # total agrees but the peak is a near-tie of two moments the ledger and the trace pick differently:
-# "mha-gelu tp8 cp1 pp2 interleaved z3 full" (pp 1, +0.8 %: gradients +35 %, activations -12 %).
-# benchmarks/ledger_vs_trace.py prints them.
-# "llama3-70b/16L tp2 cp2 pp4 interleaved z0 none" (pp 0 and 1's totals agree, -0.1 %, but the ledger's peak is a
-# moment before any chunk holds gradients, 14.6 GB of activations, the trace's one after, 13.2 GB and 1.1 GB of
-# gradients beside the sequence-parallel w1/w3's backward).
-KNOWN_MISSES = {"mha-gelu tp8 cp1 pp2 interleaved z3 full", "llama3-70b/16L tp2 cp2 pp4 interleaved z0 none"}
+# "mha-gelu tp8 cp1 pp2 interleaved z3 full" (pp 1, +0.8 %: gradients +35 %, activations -12 %): the ledger's peak
+# is chunk 0's top block of micro-batch 1 (8.166 MB), priced with one gathered block and its prefetch's all-gather
+# buffer, where the trace holds no all-gather buffer there (8.040 MB: the chunk stays gathered from its previous
+# backward); the trace's is chunk 1's top of micro-batch 1 (8.104 MB, the ledger's 8.035: 0.05 MB fewer
+# activations). benchmarks/ledger_vs_trace.py prints them.
+KNOWN_MISSES = {"mha-gelu tp8 cp1 pp2 interleaved z3 full"}
 #: layouts whose busiest pipeline rank is a middle one (uneven split): the trace's busiest is the ledger's
 BUSIEST = {"uneven pp4 1f1b z2": 1}
 
