@@ -4,7 +4,8 @@
 mesh, TP plan, pipeline stages, FSDP wrapping, CP, optimizer — as that rank of the full job
 would, under a fake process group and FakeTensorMode, runs one optimizer step through the plan's
 schedule and measures the rank's peak memory by category with torch's tracker
-(launcher/verify/memtrace.py). Pipeline ranks whose shards are identical share traces
+(memtrace.py steps it, in fakeworld.py's world, counted by tracker.py; replay.py replays the
+schedule's actions for more micro-batches than were traced). Pipeline ranks whose shards are identical share traces
 (roles.py says how). It also builds the world's last rank. Nothing here imports
 torch at module level: the trainer side is imported inside trace_plan.
 """
@@ -112,12 +113,12 @@ def trace_plan(plan: Plan, progress: Callable[[str], None] | None = None,
         notes.append("fp8 traced as on the nodes: the converted linears' e4m3 casts and their backward GEMMs' "
                      "tensorwise kernel with the output rescaled (torchao's rowwise recipe on a GPU)")
     if plan.layout.compile:
-        from launcher.verify.memtrace import TRACE_BACKEND
+        from launcher.verify.fakeworld import TRACE_BACKEND
 
         notes.append(f"compiled blocks traced through {TRACE_BACKEND}: inductor's decompositions and min-cut partition "
                      "(what a compiled block saves for backward), the graphs run op by op on fake tensors")
     if (plan.model.experts or 1) > 1:
-        from launcher.verify.memtrace import ROUTING_ASSUMPTION
+        from launcher.verify.fakeworld import ROUTING_ASSUMPTION
 
         notes.append(ROUTING_ASSUMPTION)
     if replay:

@@ -99,7 +99,7 @@ REPLAY_MICRO_BATCHES = 3
 
 def replay_micro_batches(plan: Plan) -> int:
     """What replays traces at: REPLAY_MICRO_BATCHES; under the split-backward schedules 4, whose micro-batch 1
-    is a kind of its own (memtrace.action_keys: FSDP's post-backward at the second input-gradient step), and
+    is a kind of its own (replay.action_keys: FSDP's post-backward at the second input-gradient step), and
     DualPipe-V's 2·pp, or 5 at pp 2 (torch's ScheduleDualPipeV runs no fewer than 2·pp; from there every rank's
     order has each kind of action of its micro-batches: the overlapped pairs, the zero-bubble halves, the full
     backwards; tests/unit/test_schedule_orders.py derives it from torch's orders)."""
@@ -110,13 +110,13 @@ def replay_micro_batches(plan: Plan) -> int:
 
 def replays(plan: Plan) -> bool:
     """Whether interleaved 1F1B roles are traced action by action at REPLAY_MICRO_BATCHES and each pp
-    rank's peak replayed through its own action order at the plan's micro-batches (memtrace.replay_peak).
+    rank's peak replayed through its own action order at the plan's micro-batches (replay.replay_peak).
 
     Why it holds: what an action (a stage's forward or backward of one micro-batch, a send, a receive,
     FSDP's unshard / wait for it / reshard / gradient reduction) allocates and frees depends on its
     stage, on whether its micro-batch is the first, the last or one in between (identical
     micro-batches), and for a reshard on whether the stage's last backward came before
-    (memtrace.action_keys), not on what else is in flight; the rank's order is torch's own at the
+    (replay.action_keys), not on what else is in flight; the rank's order is torch's own at the
     plan's count. With more than 3 stages per rank torch's runtime evicts and re-gathers stages within
     the step, so any forward or backward may be the one that waits for a gather: the wait is its own
     step, and a probe before the step gathers and reshards each stage once (what an eviction frees).

@@ -41,7 +41,7 @@ def run_one(plan: Plan, rank: int, bf16: bool, counts: list[int] | None,
     """Build `rank` of the full plan (its state from local shard shapes), then trace one step per
     micro-batch count of each (layers, plan) variant (default: the plan itself), all in one fake
     world. `replay`: the pp ranks whose peaks are replayed from this trace's actions at the plan's
-    micro-batch count (interleaved 1F1B: memtrace.replay_peak), in "derived" of each trace.
+    micro-batch count (interleaved 1F1B: replay.replay_peak), in "derived" of each trace.
     Returns {"state", "traces": [{"layers", "steps"}]} when traced; {"state", "error"} when it
     builds but a step cannot be traced; {"error"} when the plan does not build at this rank."""
     import logging
@@ -50,12 +50,13 @@ def run_one(plan: Plan, rank: int, bf16: bool, counts: list[int] | None,
 
     from launcher.trainer.config import config_from_plan
     from launcher.verify import memtrace
+    from launcher.verify.fakeworld import fake_world, real_device_meshes
 
     logging.getLogger("launcher.trainer").setLevel(logging.WARNING)
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     out: dict = {}
-    with memtrace.fake_world(rank, plan.world_size), memtrace.real_device_meshes():
+    with fake_world(rank, plan.world_size), real_device_meshes():
         try:
             out["state"] = memtrace.build_state(config_from_plan(plan), bf16)
         except Exception as exc:  # noqa: BLE001 - the plan does not build at this rank

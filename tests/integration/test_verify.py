@@ -142,7 +142,7 @@ def test_three_micro_batches_hold_every_action_of_the_405b_pick():
     smaller shapes. Without the probe the middle ranks lack a reshard before the last backward."""
     from torch.distributed.pipelining.schedules import RESHARD, UNSHARD, _Action
 
-    from launcher.verify.memtrace import Wait, action_keys, interleaved_orders, with_waits
+    from launcher.verify.replay import Wait, action_keys, interleaved_orders, with_waits
 
     for pp, v, m in [(32, 4, 128), (32, 2, 128), (4, 4, 8), (4, 3, 12), (8, 4, 24), (2, 4, 8)]:
         real, short = interleaved_orders(pp, v, m), interleaved_orders(pp, v, 3)

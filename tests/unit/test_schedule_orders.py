@@ -22,7 +22,7 @@ KINDS = {"FORWARD": "F", "FULL_BACKWARD": "B", "BACKWARD_INPUT": "I", "BACKWARD_
 
 
 def torch_order(schedule: str, pp: int, v: int, m: int) -> dict[int, list]:
-    from launcher.verify.memtrace import compute_orders
+    from launcher.verify.replay import compute_orders
 
     out = {}
     for r, acts in compute_orders(schedule, pp, v, m).items():
@@ -41,7 +41,7 @@ def _valid(schedule: str, pp: int, v: int, m: int) -> bool:
         _simulate_comms_compute,
     )
 
-    from launcher.verify.memtrace import _built_without_stages
+    from launcher.verify.replay import _built_without_stages
 
     try:
         s = _built_without_stages(schedule, pp, v, m)
@@ -99,10 +99,10 @@ def test_every_action_once():
                                          ("zero-bubble-v", 2), ("dualpipe-v", 2)])
 def test_the_replay_count_traces_every_kind_of_action(schedule, v):
     """launch verify traces a split-backward plan at roles.replay_micro_batches and replays each rank's order
-    at the plan's count through the traced actions: every action key (memtrace.action_keys) of torch's orders
+    at the plan's count through the traced actions: every action key (replay.action_keys) of torch's orders
     at larger counts must be among those of the traced one."""
     pytest.importorskip("torch")
-    from launcher.verify.memtrace import action_keys, schedule_orders, with_waits
+    from launcher.verify.replay import action_keys, schedule_orders, with_waits
     from launcher.verify.roles import replay_micro_batches
     from tests.trainer_helpers import make_plan
 
