@@ -77,13 +77,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Every test is of exactly one kind, the folder it lives in (tests/unit, tests/integration, tests/e2e),
     and says so with a module-level `pytestmark = pytest.mark.<kind>`, so `-m unit` and the rest select the
     whole suite between them and a test cannot sit in one tier while claiming another."""
-    wrong = sorted({f"{module} (marked {'+'.join(marks) or 'nothing'})" for item in items
-                    for module in [item.nodeid.split("::")[0]]
-                    for marks in [[k for k in KINDS if item.get_closest_marker(k) is not None]]
-                    if marks != [module.split("/")[1] if module.count("/") >= 2 else "?"]})
+    wrong = set()
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        folder = module.split("/")[1] if module.count("/") >= 2 else None
+        marks = [k for k in KINDS if item.get_closest_marker(k) is not None]
+        if marks != [folder]:
+            wrong.add(f"{module} (marked {'+'.join(marks) or 'nothing'})")
     if wrong:
         raise pytest.UsageError("each test module lives in tests/<kind>/ and carries pytestmark = pytest.mark.<kind> "
-                                f"({'|'.join(KINDS)}): {', '.join(wrong)}")
+                                f"({'|'.join(KINDS)}): {', '.join(sorted(wrong))}")
 
 
 #: modules that name this session fixture share one pytest-xdist worker (one test Slurm, not one per worker)

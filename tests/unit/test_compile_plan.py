@@ -164,7 +164,10 @@ def test_ledger_counts_what_compiled_blocks_do_not_keep():
         comp = rank_memory(m, train, H100, dataclasses.replace(lay, compile=True), 0)
         # full recompute: since ef21f80 the ledger's peak moment under compiled blocks holds 1.4 GB fewer activations
         # than eager (not yet checked against a compiled full-recompute trace; closing note): compile must not add any
-        assert (comp.activations < eager.activations) == fewer if rc != "full" else comp.activations <= eager.activations, rc
+        if rc == "full":
+            assert comp.activations <= eager.activations, rc
+        else:
+            assert (comp.activations < eager.activations) == fewer, rc
         if fewer:
             saved = compiled_layer_savings(m, 8192, 1, num) * m.layers
             assert eager.activations - comp.activations == pytest.approx(saved, rel=1e-9)
